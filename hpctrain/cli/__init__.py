@@ -1,0 +1,98 @@
+"""The ``hpctrain`` command line: a thin Click layer over the library.
+
+Commands are registered by name and imported only when used (or listed by ``--help``), and no
+command module imports torch or megatron at import time: ``hpctrain --help`` and
+``hpctrain render`` must start fast. Every ``HpcTrainError`` becomes ``Error: <message>`` on
+stderr with the error's exit code (2 for usage errors); an unexpected exception becomes a
+one-line internal error (``HPCTRAIN_DEBUG=1`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import HpcTrainError
+
+# name -> "module:attribute" (modules under hpctrain.cli)
+COMMANDS = {
+    "profiles": "profiles_cmd:profiles",
+    "validate": "render_cmd:validate",
+    "render": "render_cmd:render",
+    "submit": "submit_cmd:submit",
+    "plan": "plan_cmd:plan",
+    "preflight": "preflight_cmd:preflight",
+    "data": "data_cmd:data",
+    "runs": "runs_cmd:runs",
+    "status": "runs_cmd:status",
+    "logs": "runs_cmd:logs",
+    "cancel": "runs_cmd:cancel",
+    "requeue": "runs_cmd:requeue",
+    "resume": "runs_cmd:resume",
+    "report": "report_cmd:report",
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a command's module only when that command is needed."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(f"{__name__}.{module_name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"{__name__}.{module_name}":
+                return None
+            raise
+        return getattr(module, attr, None)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except HpcTrainError as e:
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:  # a bug in hpctrain: say so in one line, keep the traceback opt-in
+            if os.environ.get("HPCTRAIN_DEBUG"):
+                raise
+            click.echo(f"Error: internal error: {type(e).__name__}: {e} "
+                       "(set HPCTRAIN_DEBUG=1 for the traceback)", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                              "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpctrain")
+def cli():
+    """Train large models on Slurm from a YAML description: render, plan, preflight, submit,
+    and keep the run alive through preemption.
+
+    \b
+    Example:
+      hpctrain submit examples/tiny.yaml              # the local profile, this machine
+      hpctrain submit examples/tiny.yaml --profile dev-slurm
+      hpctrain status tiny-gpt                        # attempts, step, loss, checkpoints
+    """
+
+
+def main(argv=None):
+    """Console-script entry point."""
+    try:
+        cli.main(args=argv, prog_name="hpctrain", standalone_mode=True)
+    except SystemExit as e:
+        sys.exit(e.code)

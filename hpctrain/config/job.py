@@ -1,0 +1,209 @@
+"""Job files: one training run, in Megatron-LM's vocabulary.
+
+``model``, ``parallel`` and ``batch`` use Megatron-LM's argument names so its users can copy
+values across; ``train``, ``data`` and ``checkpoint`` hold the rest of a run. The layout checks
+that need the cluster (world size) live in ``checks.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import safety
+from .schema import Problems, doc
+
+
+@dataclass(kw_only=True)
+class ModelSection:
+    num_layers: int = doc("Transformer layers.")
+    hidden_size: int = doc("Hidden size h.")
+    num_attention_heads: int = doc("Attention heads a.")
+    num_query_groups: int | None = doc("Key/value groups for GQA (null: = heads, plain MHA).",
+                                       default=None)
+    ffn_hidden_size: int | None = doc("MLP hidden size (null: 4h).", default=None)
+    kv_channels: int | None = doc("Per-head size (null: h / a).", default=None)
+    vocab_size: int = doc("Tokenizer vocabulary size (padded as Megatron pads it).")
+    make_vocab_size_divisible_by: int = doc("Pad the vocabulary to a multiple of this × TP.",
+                                            default=128)
+    seq_length: int = doc("Sequence length s.")
+    max_position_embeddings: int | None = doc("Positions (null: seq_length).", default=None)
+    position_embedding_type: str = doc("learned_absolute or rope.",
+                                       choices=("learned_absolute", "rope"),
+                                       default="learned_absolute")
+    rotary_base: int = doc("RoPE base.", default=10000)
+    activation: str = doc("MLP activation.", choices=("gelu", "swiglu"), default="gelu")
+    normalization: str = doc("Norm layer.", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
+    layernorm_epsilon: float = doc("Norm epsilon.", default=1e-5)
+    add_bias_linear: bool = doc("Biases in linear layers.", default=True)
+    untie_embeddings_and_output_weights: bool = doc("Separate output layer (false: tied to the "
+                                                    "input embedding).", default=False)
+    attention_backend: str = doc("auto, flash, fused, unfused or local. flash drops the stored "
+                                 "attention scores (planner); CPU always runs local.",
+                                 choices=("auto", "flash", "fused", "unfused", "local"),
+                                 default="auto")
+    hidden_dropout: float = doc("Dropout after attention/MLP.", default=0.0)
+    attention_dropout: float = doc("Dropout on attention probabilities.", default=0.0)
+    init_method_std: float = doc("Std of the normal weight init.", default=0.02)
+
+
+@dataclass(kw_only=True)
+class ParallelSection:
+    tensor_model_parallel_size: int = doc("TP: ranks splitting each layer (within a node).",
+                                          default=1)
+    pipeline_model_parallel_size: int = doc("PP: pipeline stages.", default=1)
+    virtual_pipeline_model_parallel_size: int | None = doc("VPP: model chunks per stage "
+                                                           "(interleaved 1F1B); null: off.",
+                                                           default=None)
+    data_parallel_size: int | None = doc("DP (null: world size / (TP × PP)).", default=None)
+    sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs TP>1).",
+                                  default=False)
+    use_distributed_optimizer: bool = doc("ZeRO-1: shard optimizer state across DP ranks.",
+                                          default=False)
+
+
+@dataclass(kw_only=True)
+class BatchSection:
+    micro_batch_size: int = doc("Sequences per microbatch per rank.")
+    global_batch_size: int = doc("Sequences per optimizer step, all ranks together.")
+
+
+@dataclass(kw_only=True)
+class StabilitySection:
+    skip_nonfinite: bool = doc("Skip the update when the loss or grad norm is NaN/inf.", default=True)
+    spike_factor: float = doc("Skip the update when loss > factor × running mean (0: off).",
+                              default=3.0)
+    spike_window: int = doc("Steps in the running mean for spike detection.", default=20)
+    max_skipped_steps: int = doc("Stop the run after this many skipped updates in a row.",
+                                 default=5)
+
+
+@dataclass(kw_only=True)
+class TrainSection:
+    steps: int = doc("Optimizer steps (Megatron: train_iters).")
+    lr: float = doc("Peak learning rate.", default=3e-4)
+    min_lr: float = doc("Learning rate at the end of decay.", default=0.0)
+    schedule: str = doc("Decay after warmup (Megatron: lr_decay_style).",
+                        choices=("cosine", "wsd", "linear", "constant"), default="cosine")
+    warmup_steps: int = doc("Linear warmup steps.", default=0)
+    wsd_decay_steps: int | None = doc("wsd: steps of the final decay (null: 10% of steps).",
+                                      default=None)
+    weight_decay: float = doc("AdamW weight decay.", default=0.01)
+    adam_beta1: float = doc("Adam beta1.", default=0.9)
+    adam_beta2: float = doc("Adam beta2.", default=0.95)
+    adam_eps: float = doc("Adam epsilon.", default=1e-8)
+    clip_grad: float = doc("Gradient clipping by global norm (0: off).", default=1.0)
+    precision: str = doc("bf16 or fp16 (with fp32 main params) on GPU; CPU always runs fp32.",
+                         choices=("bf16", "fp16", "fp32"), default="bf16")
+    grad_reduce_in_fp32: bool = doc("Keep and reduce gradients in fp32 (megatron-core's default).",
+                                    default=True)
+    recompute_granularity: str | None = doc("Activation recomputation: null, selective or full.",
+                                            choices=("selective", "full"), default=None)
+    recompute_method: str = doc("full recompute: uniform or block.", choices=("uniform", "block"),
+                                default="uniform")
+    recompute_num_layers: int = doc("full recompute: layers per recompute group.", default=1)
+    seed: int = doc("Seed for weights, data order and dropout.", default=1234)
+    log_interval: int = doc("Print/record metrics every N steps.", default=1)
+    init_from: str | None = doc("Model-only checkpoint to start from (a fresh run's weights).",
+                                default=None)
+    init_timeout_s: int = doc("Give up forming the process group after this long (names host:port).",
+                              default=300)
+    stability: StabilitySection = doc("Loss-spike and NaN guard.", default_factory=StabilitySection)
+
+
+@dataclass(kw_only=True)
+class DataSection:
+    path: str = doc("Prefix of a Megatron indexed dataset (PATH.bin + PATH.idx), relative to the "
+                    "job file.")
+    tokenizer: str = doc("byte (built in) or a local Hugging Face tokenizer folder (for prepare).",
+                         default="byte")
+    prepare_from: list[str] = doc("Text/JSONL files to prepare into `path` when it does not exist "
+                                  "yet (hpctrain data prepare).", default_factory=list)
+    json_key: str = doc("Field of JSONL records holding the text.", default="text")
+
+
+@dataclass(kw_only=True)
+class CheckpointSection:
+    dir: str | None = doc("Checkpoint folder (null: <storage.checkpoint_root>/<run>, or the run "
+                          "folder).", default=None)
+    interval_steps: int = doc("Save every N steps (0: off).", default=0)
+    interval_minutes: float = doc("Save when this many minutes passed since the last save (0: off).",
+                                  default=15.0)
+    keep_last: int = doc("Complete checkpoints kept; the newest is never deleted.", default=3)
+    async_save: bool = doc("Write periodic checkpoints in the background.", default=True)
+    save_at_end: bool = doc("Save when training finishes.", default=True)
+    deadline_safety_factor: float = doc("Save and exit when the time left < save time × this + "
+                                        "margin.", default=2.0)
+    deadline_margin_s: float = doc("Margin added to the deadline check.", default=30.0)
+
+
+@dataclass(kw_only=True)
+class JobConfig:
+    name: str = doc("Run name: letters, digits and _.+- (becomes the Slurm job name).")
+    model: ModelSection = doc("The GPT model.")
+    parallel: ParallelSection = doc("Parallel layout.", default_factory=ParallelSection)
+    batch: BatchSection = doc("Batch sizes.")
+    train: TrainSection = doc("Optimization.")
+    data: DataSection = doc("Training data.")
+    checkpoint: CheckpointSection = doc("Checkpointing.", default_factory=CheckpointSection)
+
+
+def check_job(j: JobConfig, problems: Problems) -> None:
+    """Checks that need only the job itself (not the cluster's world size)."""
+    safety.check(safety.JOB_NAME, j.name, "name", problems,
+                 "job name (1-128 of letters, digits and _.+-)")
+    m = j.model
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
+                "make_vocab_size_divisible_by"):
+        v = getattr(m, key)
+        if isinstance(v, int) and v < 1:
+            problems.add(f"model.{key}", f"must be at least 1, got {v}")
+    for key in ("num_query_groups", "ffn_hidden_size", "kv_channels", "max_position_embeddings"):
+        v = getattr(m, key)
+        if isinstance(v, int) and v < 1:
+            problems.add(f"model.{key}", f"must be at least 1 (or null), got {v}")
+    if isinstance(m.hidden_size, int) and isinstance(m.num_attention_heads, int) \
+            and m.num_attention_heads > 0 and m.kv_channels is None \
+            and m.hidden_size % m.num_attention_heads:
+        problems.add("model.hidden_size", f"{m.hidden_size} is not divisible by num_attention_heads "
+                                          f"({m.num_attention_heads}); set kv_channels or change one")
+    if isinstance(m.num_query_groups, int) and isinstance(m.num_attention_heads, int) \
+            and m.num_query_groups > 0 and m.num_attention_heads % m.num_query_groups:
+        problems.add("model.num_query_groups", f"num_attention_heads ({m.num_attention_heads}) must "
+                                               f"be divisible by num_query_groups ({m.num_query_groups})")
+    if isinstance(m.max_position_embeddings, int) and isinstance(m.seq_length, int) \
+            and m.max_position_embeddings < m.seq_length:
+        problems.add("model.max_position_embeddings", f"{m.max_position_embeddings} is shorter than "
+                                                      f"seq_length ({m.seq_length})")
+    p = j.parallel
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        v = getattr(p, key)
+        if isinstance(v, int) and v < 1:
+            problems.add(f"parallel.{key}", f"must be at least 1, got {v}")
+    b = j.batch
+    for key in ("micro_batch_size", "global_batch_size"):
+        v = getattr(b, key)
+        if isinstance(v, int) and v < 1:
+            problems.add(f"batch.{key}", f"must be at least 1, got {v}")
+    t = j.train
+    if isinstance(t.steps, int) and t.steps < 1:
+        problems.add("train.steps", f"must be at least 1, got {t.steps}")
+    if isinstance(t.warmup_steps, int) and isinstance(t.steps, int) and t.warmup_steps > t.steps:
+        problems.add("train.warmup_steps", f"{t.warmup_steps} is more than train.steps ({t.steps})")
+    if isinstance(t.lr, float) and t.lr <= 0:
+        problems.add("train.lr", "must be positive")
+    if isinstance(t.min_lr, float) and isinstance(t.lr, float) and t.min_lr > t.lr:
+        problems.add("train.min_lr", f"{t.min_lr} is above train.lr ({t.lr})")
+    if isinstance(t.log_interval, int) and t.log_interval < 1:
+        problems.add("train.log_interval", "must be at least 1")
+    if isinstance(t.stability.max_skipped_steps, int) and t.stability.max_skipped_steps < 1:
+        problems.add("train.stability.max_skipped_steps", "must be at least 1")
+    if t.recompute_granularity == "full" and isinstance(t.recompute_num_layers, int) \
+            and t.recompute_num_layers < 1:
+        problems.add("train.recompute_num_layers", "must be at least 1")
+    c = j.checkpoint
+    if isinstance(c.keep_last, int) and c.keep_last < 1:
+        problems.add("checkpoint.keep_last", "must be at least 1 (the newest checkpoint is always kept)")
+    if isinstance(c.interval_steps, int) and c.interval_steps < 0:
+        problems.add("checkpoint.interval_steps", "must be 0 (off) or more")
+    if isinstance(c.interval_minutes, float) and c.interval_minutes < 0:
+        problems.add("checkpoint.interval_minutes", "must be 0 (off) or more")

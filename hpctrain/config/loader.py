@@ -1,0 +1,129 @@
+"""Finding and loading profiles and jobs.
+
+Profiles are found by path, or by name in (first match wins): ``$HPCTRAIN_PROFILE_PATH``
+(colon-separated folders), ``~/.config/hpctrain/profiles/``, then the packaged
+``cluster_profiles/``. Loading checks everything and raises one ConfigError listing every
+problem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import resources
+from ..errors import ConfigError, UsageError
+from . import yamlio
+from .job import JobConfig, check_job
+from .layout import Layout, layout_problems
+from .profile import ClusterProfile, check_profile
+from .schema import Problems, build, did_you_mean
+
+DEFAULT_PROFILE = "local"
+
+
+def profile_search_path() -> list[Path]:
+    dirs = [Path(d) for d in os.environ.get("HPCTRAIN_PROFILE_PATH", "").split(":") if d]
+    dirs.append(Path.home() / ".config" / "hpctrain" / "profiles")
+    dirs.append(resources.profiles_dir())
+    return dirs
+
+
+def list_profiles() -> dict[str, Path]:
+    """name -> file for every profile on the search path (earlier folders win)."""
+    found: dict[str, Path] = {}
+    for d in profile_search_path():
+        if not d.is_dir():
+            continue
+        for f in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
+            found.setdefault(f.stem, f)
+    return found
+
+
+def find_profile(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not p.is_file():
+            raise UsageError(f"profile file {p} does not exist")
+        return p
+    found = list_profiles()
+    if name_or_path in found:
+        return found[name_or_path]
+    names = ", ".join(sorted(found)) or "none"
+    raise UsageError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, found)}; "
+                     f"known profiles: {names} (or give a path to a .yaml file)")
+
+
+def _cross_check(check, obj, problems: Problems) -> None:
+    """Run cross-field checks even when some fields failed their type check, so the user sees
+    every problem at once; checks that trip over a broken field (None) are skipped."""
+    try:
+        check(obj, problems)
+    except (AttributeError, TypeError):
+        if not problems:
+            raise
+
+
+def profile_from_mapping(data: dict, source: str, default_name: str = "") -> ClusterProfile:
+    problems = Problems()
+    profile = build(ClusterProfile, data, "", problems)
+    _cross_check(check_profile, profile, problems)
+    if problems:
+        raise ConfigError(source, problems.items)
+    if not profile.name:
+        profile.name = default_name
+    return profile
+
+
+def load_profile(name_or_path: str | None = None) -> ClusterProfile:
+    path = find_profile(name_or_path or DEFAULT_PROFILE)
+    return profile_from_mapping(yamlio.read_mapping(path, "profile"), str(path), path.stem)
+
+
+def job_from_mapping(data: dict, source: str) -> JobConfig:
+    problems = Problems()
+    job = build(JobConfig, data, "", problems)
+    _cross_check(check_job, job, problems)
+    if problems:
+        raise ConfigError(source, problems.items)
+    return job
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Load a job file. ``data.path``, ``data.prepare_from`` and ``train.init_from`` are made
+    absolute relative to the job file, so the resolved job works from any folder."""
+    p = Path(path)
+    job = job_from_mapping(yamlio.read_mapping(p, "job file"), str(p))
+    base = p.resolve().parent
+    job.data.path = str((base / os.path.expanduser(job.data.path)).resolve())
+    job.data.prepare_from = [str((base / os.path.expanduser(f)).resolve())
+                             for f in job.data.prepare_from]
+    if job.data.tokenizer != "byte":
+        job.data.tokenizer = str((base / os.path.expanduser(job.data.tokenizer)).resolve())
+    if job.train.init_from:
+        job.train.init_from = str((base / os.path.expanduser(job.train.init_from)).resolve())
+    if job.checkpoint.dir:
+        job.checkpoint.dir = str((base / os.path.expanduser(job.checkpoint.dir)).resolve())
+    return job
+
+
+@dataclass
+class Resolved:
+    """A job on a profile, checked together: what render, plan, submit and the runtime use."""
+
+    job: JobConfig
+    profile: ClusterProfile
+    layout: Layout
+    source: str = "job"
+
+
+def resolve(job: JobConfig, profile: ClusterProfile, source: str = "job") -> Resolved:
+    """Cross-check a job against a profile; raise one ConfigError with every problem."""
+    problems = Problems()
+    layout = layout_problems(job, profile.world_size, profile.slurm.gpus_per_node, problems)
+    if problems:
+        raise ConfigError(f"{source} on profile {profile.name!r} "
+                          f"({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node} GPUs)",
+                          problems.items)
+    return Resolved(job=job, profile=profile, layout=layout, source=source)

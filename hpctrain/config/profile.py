@@ -1,0 +1,235 @@
+"""Cluster profiles: where and how a job runs.
+
+A profile describes one cluster (or this machine): the scheduler, the Slurm request, the
+software environment, the container, the interconnect and what it should deliver, the
+preemption contract and where checkpoints live. The dataclasses below are the schema; their
+``doc`` strings feed the README's reference and the error messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from . import safety
+from .schema import Problems, doc
+
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+
+
+@dataclass(kw_only=True)
+class SlurmSection:
+    partition: str | None = doc("Partition to submit to (null: the cluster's default).", default=None)
+    account: str | None = doc("Account to charge.", default=None)
+    qos: str | None = doc("Quality of service.", default=None)
+    reservation: str | None = doc("Reservation to run in.", default=None)
+    time_limit: str = doc("Wall-clock limit in Slurm's format (e.g. 04:00:00, 2-00:00:00).",
+                          default="01:00:00")
+    nodes: int = doc("Nodes per job (--nodes on the command line overrides).", default=1)
+    gpus_per_node: int = doc("GPUs used per node; one task (rank) per GPU. On a CPU profile: "
+                             "processes per node.", default=1)
+    cpus_per_task: int | None = doc("CPUs per task (rank).", default=None)
+    mem: str | None = doc("Memory per node, Slurm format (e.g. 0 for all, 480G).", default=None)
+    constraint: str | None = doc("Node features required (--constraint).", default=None)
+    exclusive: bool = doc("Ask for whole nodes (--exclusive).", default=False)
+    exclude: list[str] = doc("Nodes never to run on (--exclude).", default_factory=list)
+    gpu_directive: str = doc("How GPUs are requested: gpus-per-node, gres (--gres=gpu:N) or none.",
+                             choices=("gpus-per-node", "gres", "none"), default="gpus-per-node")
+    extra_directives: list[str] = doc("Raw #SBATCH directives, e.g. --comment=pretrain. Validated; "
+                                      "directives hpctrain sets itself are refused.",
+                                      default_factory=list)
+
+
+@dataclass(kw_only=True)
+class NodeSection:
+    gpus: int = doc("GPUs a node has (the most slurm.gpus_per_node may ask for). 0 on CPU.",
+                    default=0)
+    gpu_model: str | None = doc("GPU model preflight expects (substring of nvidia-smi's name).",
+                                default=None)
+    gpu_memory_gb: float | None = doc("Memory per GPU in GiB; the planner's fit limit.", default=None)
+    peak_tflops: float | None = doc("Peak dense TFLOP/s per GPU at the training precision (MFU).",
+                                    default=None)
+    device: str = doc("cuda on GPU clusters; cpu to rehearse on CPUs with gloo.",
+                      choices=("cuda", "cpu"), default="cuda")
+
+
+@dataclass(kw_only=True)
+class ContainerSection:
+    image: str | None = doc("Container image for pyxis/enroot (srun --container-image).", default=None)
+    mounts: list[str] = doc("Bind mounts SRC:DST[:FLAGS] (srun --container-mounts).",
+                            default_factory=list)
+    workdir: str | None = doc("Working directory inside the container.", default=None)
+    python: str = doc("Python inside the container.", default="python3")
+
+
+@dataclass(kw_only=True)
+class InterconnectSection:
+    kind: str = doc("Inter-node fabric.", choices=("infiniband", "roce", "ethernet", "none"),
+                    default="none")
+    hcas: list[str] = doc("HCAs every node must have, e.g. mlx5_0 (preflight checks each port).",
+                          default_factory=list)
+    port_rate_gbps: float | None = doc("Expected link rate of each HCA port in Gb/s (e.g. 400).",
+                                       default=None)
+    link_layer: str | None = doc("Expected link layer of the HCA ports.",
+                                 choices=("InfiniBand", "Ethernet"), default=None)
+    socket_ifname: str | None = doc("Interface for bootstrap/socket traffic (NCCL_SOCKET_IFNAME).",
+                                    default=None)
+    intra_node_busbw_gbs: float | None = doc("Expected all-reduce bus bandwidth inside a node, GB/s.",
+                                             default=None)
+    inter_node_busbw_gbs: float | None = doc("Expected all-reduce bus bandwidth across nodes, GB/s.",
+                                             default=None)
+    min_bandwidth_fraction: float = doc("Preflight fails below this fraction of the expected "
+                                        "bandwidth.", default=0.8)
+
+
+@dataclass(kw_only=True)
+class PreemptionSection:
+    signal: str = doc("Signal Slurm sends before the end (--signal=B:SIG@lead).", choices=SIGNALS,
+                      default="USR1")
+    lead_time_s: int = doc("Seconds before the end the signal comes; the emergency checkpoint must "
+                           "fit in it.", default=120)
+    max_requeues: int = doc("Requeues allowed per run before hpctrain stops requeueing.", default=10)
+    requeue_on_failure: bool = doc("Also requeue after a crash (not only after preemption or time "
+                                   "limit), while the step advances.", default=False)
+
+
+@dataclass(kw_only=True)
+class StorageSection:
+    checkpoint_root: str | None = doc("Shared folder under which each run keeps its checkpoints "
+                                      "(null: inside the run folder).", default=None)
+    runs_root: str | None = doc("Shared folder for run folders (null: ./runs, or $HPCTRAIN_RUNS_DIR).",
+                                default=None)
+    min_free_gb: float = doc("Preflight fails when the checkpoint folder has less free space.",
+                             default=1.0)
+
+
+@dataclass(kw_only=True)
+class PreflightSection:
+    gate: bool = doc("Run preflight as the first step of every training job; failing nodes are "
+                     "excluded and the job requeued.", default=False)
+    sizes_mb: list[float] = doc("All-reduce sweep sizes in MB (null: 1 MB-1 GB on GPUs, 0.25-16 MB "
+                                "on CPU).", default_factory=list)
+    timeout_s: int = doc("Each collective's timeout; a hang becomes a failure naming the ranks.",
+                         default=120)
+
+
+@dataclass(kw_only=True)
+class ClusterProfile:
+    name: str = doc("Profile name (defaults to the file name).", default="")
+    description: str = doc("One line about the cluster.", default="")
+    scheduler: str = doc("slurm, or local (this machine, submitit's local executor).",
+                         choices=("slurm", "local"), default="slurm")
+    python: str | None = doc("Python on the nodes (null: the interpreter that submits).", default=None)
+    slurm: SlurmSection = doc("The Slurm request.", default_factory=SlurmSection)
+    node: NodeSection = doc("What one node has.", default_factory=NodeSection)
+    modules: list[str] = doc("Environment modules to load (module load ...).", default_factory=list)
+    env: dict[str, str] = doc("Environment variables exported to every rank (NCCL_*, ...).",
+                              default_factory=dict)
+    container: ContainerSection = doc("pyxis container for the training step.",
+                                      default_factory=ContainerSection)
+    interconnect: InterconnectSection = doc("Fabric and the bandwidth it should deliver.",
+                                            default_factory=InterconnectSection)
+    preemption: PreemptionSection = doc("Signal, lead time and requeue budget.",
+                                        default_factory=PreemptionSection)
+    storage: StorageSection = doc("Where checkpoints and run folders live.",
+                                  default_factory=StorageSection)
+    preflight: PreflightSection = doc("Preflight settings.", default_factory=PreflightSection)
+
+    @property
+    def world_size(self) -> int:
+        return self.slurm.nodes * self.slurm.gpus_per_node
+
+    def with_nodes(self, nodes: int | None) -> "ClusterProfile":
+        if nodes is None:
+            return self
+        return dataclasses.replace(self, slurm=dataclasses.replace(self.slurm, nodes=nodes))
+
+
+def _time_limit_seconds(text: str) -> int | None:
+    """Slurm time format -> seconds (None if unparseable). A bare number is minutes."""
+    if not safety.TIME_LIMIT.match(text or ""):
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(x) for x in text.split(":")]
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    else:
+        parts = [int(x) for x in text.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def time_limit_seconds(profile: ClusterProfile) -> int:
+    return _time_limit_seconds(profile.slurm.time_limit) or 0
+
+
+def check_profile(p: ClusterProfile, problems: Problems) -> None:
+    """Cross-field and safety checks; schema types are already checked by the loader."""
+    s = p.slurm
+    for key in ("partition", "account", "qos", "reservation"):
+        safety.check(safety.SLURM_NAME, getattr(s, key), f"slurm.{key}", problems, f"Slurm {key} name")
+    if isinstance(s.time_limit, str) and _time_limit_seconds(s.time_limit) is None:
+        problems.add("slurm.time_limit", f"{s.time_limit!r} is not a Slurm time limit "
+                                         "(use MM, HH:MM:SS or D-HH:MM:SS)")
+    for key in ("nodes", "gpus_per_node"):
+        v = getattr(s, key)
+        if isinstance(v, int) and v < 1:
+            problems.add(f"slurm.{key}", f"must be at least 1, got {v}")
+    if isinstance(s.cpus_per_task, int) and s.cpus_per_task < 1:
+        problems.add("slurm.cpus_per_task", f"must be at least 1, got {s.cpus_per_task}")
+    safety.check(safety.MEMORY, s.mem, "slurm.mem", problems, "memory size (e.g. 0, 64G, 480000M)")
+    safety.check(safety.CONSTRAINT, s.constraint, "slurm.constraint", problems, "constraint")
+    for i, node in enumerate(s.exclude or []):
+        safety.check(safety.NODE_LIST, node, f"slurm.exclude[{i}]", problems, "node name")
+    for i, d in enumerate(s.extra_directives or []):
+        safety.check_directive(d, f"slurm.extra_directives[{i}]", problems)
+    n = p.node
+    if isinstance(n.gpus, int) and n.gpus > 0 and isinstance(s.gpus_per_node, int) \
+            and s.gpus_per_node > n.gpus:
+        problems.add("slurm.gpus_per_node", f"asks for {s.gpus_per_node} GPUs per node but node.gpus "
+                                            f"says a node has {n.gpus}; lower slurm.gpus_per_node")
+    if p.scheduler == "local" and isinstance(s.nodes, int) and s.nodes != 1:
+        problems.add("slurm.nodes", "a local profile runs on this machine only; set it to 1")
+    for i, m in enumerate(p.modules or []):
+        safety.check(safety.MODULE, m, f"modules[{i}]", problems, "module name")
+    for k, v in (p.env or {}).items():
+        safety.check_env_value(k, v, f"env.{k}", problems)
+    c = p.container
+    safety.check(safety.IMAGE, c.image, "container.image", problems, "container image")
+    for i, m in enumerate(c.mounts or []):
+        safety.check(safety.MOUNT, m, f"container.mounts[{i}]", problems, "mount (SRC:DST[:FLAGS])")
+    safety.check(safety.PATH_LIKE, c.workdir, "container.workdir", problems, "path")
+    safety.check(safety.MODULE, c.python, "container.python", problems, "python command")
+    if p.python is not None:
+        safety.check(safety.PATH_LIKE, p.python, "python", problems, "python path")
+    ic = p.interconnect
+    for i, h in enumerate(ic.hcas or []):
+        safety.check(safety.HCA, h, f"interconnect.hcas[{i}]", problems, "HCA name (e.g. mlx5_0)")
+    safety.check(safety.IFNAME, ic.socket_ifname, "interconnect.socket_ifname", problems,
+                 "interface name")
+    if ic.kind in ("infiniband", "roce") and not ic.hcas:
+        problems.add("interconnect.hcas", f"an {ic.kind} profile must name its HCAs (e.g. [mlx5_0])")
+    if isinstance(ic.min_bandwidth_fraction, float) and not 0 < ic.min_bandwidth_fraction <= 1:
+        problems.add("interconnect.min_bandwidth_fraction", "must be in (0, 1]")
+    pre = p.preemption
+    if isinstance(pre.lead_time_s, int):
+        if pre.lead_time_s < 1:
+            problems.add("preemption.lead_time_s", f"must be at least 1 second, got {pre.lead_time_s}")
+        limit = _time_limit_seconds(s.time_limit) if isinstance(s.time_limit, str) else None
+        if limit and pre.lead_time_s >= limit:
+            problems.add("preemption.lead_time_s", f"{pre.lead_time_s}s is not shorter than "
+                                                   f"slurm.time_limit ({s.time_limit}); lower it")
+    if isinstance(pre.max_requeues, int) and pre.max_requeues < 0:
+        problems.add("preemption.max_requeues", "must be 0 or more")
+    for key in ("checkpoint_root", "runs_root"):
+        safety.check(safety.PATH_LIKE, getattr(p.storage, key), f"storage.{key}", problems, "path")
+    if isinstance(p.preflight.timeout_s, int) and p.preflight.timeout_s < 1:
+        problems.add("preflight.timeout_s", "must be at least 1")

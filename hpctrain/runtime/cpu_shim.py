@@ -1,0 +1,67 @@
+"""Run megatron-core's CUDA-only code paths on a CPU build of torch, for rehearsal and tests.
+
+megatron-core hard-codes ``device="cuda"``, ``torch.cuda.current_device()`` and CUDA RNG calls
+in places the CPU path never avoids. Rather than patch megatron (and drift with it), this
+module makes CUDA requests land on the CPU:
+
+* a ``TorchFunctionMode`` rewrites ``device="cuda" | "cuda:N" | N`` in factory calls to CPU and
+  makes ``Tensor.type()`` report ``torch.cuda.*`` names (the distributed optimizer and grad
+  clipping check for them);
+* small stand-ins for ``torch.cuda.current_device/synchronize/manual_seed/get_rng_state``,
+  ``default_generators`` and ``_lazy_call`` (the RNG tracker) use the CPU generator.
+
+``install()`` must run before megatron is imported (``megatron.core.tensor_parallel.random``
+binds ``torch.cuda._lazy_call`` at import). It changes nothing on a machine that trains on GPUs:
+the runtime installs it only when the device is CPU. Validated on megatron-core 0.16.1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _as_cpu(device):
+    """'cuda', 'cuda:N', torch.device('cuda'), and bare ints (CUDA ordinals) -> CPU."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cpu")
+    if isinstance(device, (str, torch.device)) and str(device).startswith("cuda"):
+        return torch.device("cpu")
+    return device
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Redirects CUDA device arguments to the CPU for every torch function call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": _as_cpu(kwargs["device"])}
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
+
+
+_mode: CudaToCpuMode | None = None
+
+
+def installed() -> bool:
+    return _mode is not None
+
+
+def install() -> None:
+    """Install the shim in this process (idempotent)."""
+    global _mode
+    if _mode is not None:
+        return
+    cuda = torch.cuda
+    cuda.current_device = lambda: 0
+    cuda.synchronize = lambda *a, **k: None
+    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    cuda.get_rng_state = cuda.random.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    cuda.set_rng_state = cuda.random.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    cuda.default_generators = (torch.default_generator,)
+    cuda._lazy_call = lambda callback, **k: callback()
+    _mode = CudaToCpuMode()
+    _mode.__enter__()

@@ -1,0 +1,40 @@
+"""The megatron-core version hpctrain was validated against, and the check that enforces it.
+
+hpctrain depends on megatron-core internals (distributed-optimizer checkpoint metadata, the
+schedules' in-place loss division, the CPU shim's coverage). A different version may train
+silently wrong, so the runtime refuses it with a message naming the pinned version.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from ..errors import HpcTrainError
+
+MEGATRON_CORE_VERSION = "0.16.1"
+
+
+class UnsupportedVersionError(HpcTrainError):
+    pass
+
+
+def installed_megatron_core() -> str | None:
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_megatron_core(found: str | None = None) -> str:
+    """Return the installed version or raise with the fix. Reads package metadata only (no import)."""
+    found = installed_megatron_core() if found is None else found
+    if found is None:
+        raise UnsupportedVersionError(
+            f"megatron-core is not installed; install the validated version: "
+            f"pip install megatron-core=={MEGATRON_CORE_VERSION}")
+    if found != MEGATRON_CORE_VERSION:
+        raise UnsupportedVersionError(
+            f"megatron-core {found} is installed but hpctrain is validated against "
+            f"{MEGATRON_CORE_VERSION} only (it relies on its internals); "
+            f"pip install megatron-core=={MEGATRON_CORE_VERSION}")
+    return found
