@@ -1,0 +1,85 @@
+"""The end of one attempt: merge what the ranks and the scheduler know, decide, record.
+
+Rank 0 writes ``logs/attempt-N/result.json`` (steps, exit reason, checkpoints) just before it
+exits. Whoever outlives the ranks — the batch shell on Slurm, rank 0 itself under the local
+executor — then calls :func:`finish_attempt`, which adds the scheduler's facts (job id, restart
+count, nodes, the step's exit code), asks :mod:`hpctrain.requeue_policy` whether to requeue,
+and appends one ledger record. When the ranks died without a result (SIGKILL, node failure),
+the record still gets written, from the exit code alone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from . import exit_codes
+from .requeue_policy import Decision, decide
+from .runs import Run, now_iso
+
+RESULT_FILE = "result.json"
+
+
+def result_path(run: Run, attempt: int) -> Path:
+    return run.attempt_dir(attempt) / RESULT_FILE
+
+
+def write_result(run: Run, attempt: int, result: dict) -> None:
+    """Rank 0: record what this attempt did (atomic write)."""
+    from .config import yamlio
+    yamlio.write_atomic(result_path(run, attempt), json.dumps(result, indent=1))
+
+
+def read_result(run: Run, attempt: int) -> dict:
+    try:
+        return json.loads(result_path(run, attempt).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
+                   job_id: str | None = None, restart_count: int = 0,
+                   nodes: list[str] | None = None, started_at: float | None = None,
+                   extra: dict | None = None) -> tuple[dict, Decision]:
+    """Append the ledger record of ``attempt`` and return it with the requeue decision.
+
+    ``exit_code`` is the training step's exit code (srun's, or the rank's own under the local
+    executor). ``result.json``'s exit reason wins over one guessed from the code.
+    """
+    result = read_result(run, attempt)
+    reason = result.get("exit_reason") or exit_codes.reason_for(exit_code)
+    if exit_code not in (None, exit_codes.FINISHED) and reason == "finished":
+        reason = exit_codes.reason_for(exit_code)  # finished training but a rank failed after
+    ended = time.time()
+    started = started_at or result.get("start_time") or ended
+    record = {
+        "attempt": attempt,
+        "job_id": job_id,
+        "restart_count": restart_count,
+        "scheduler": scheduler,
+        "nodes": nodes or [],
+        "start_time": started,
+        "end_time": ended,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "duration_s": round(ended - started, 1),
+        "start_step": result.get("start_step"),
+        "end_step": result.get("end_step"),
+        "exit_reason": reason,
+        "exit_code": exit_code,
+        "checkpoint_loaded": result.get("checkpoint_loaded"),
+        "checkpoint_saved": result.get("checkpoint_saved"),
+        "last_loss": result.get("last_loss"),
+        "message": result.get("message"),
+    }
+    if extra:
+        record.update(extra)
+    profile = run.resolved_profile()
+    decision = decide(run.ledger(), record, profile.preemption.max_requeues,
+                      profile.preemption.requeue_on_failure)
+    record["decision"] = {"requeue": decision.requeue, "reason": decision.reason}
+    run.append_ledger(record)
+    run.event("attempt_end", attempt=attempt, job_id=job_id, exit_reason=reason,
+              end_step=record["end_step"], requeue=decision.requeue, reason=decision.reason,
+              recorded=now_iso())
+    return record, decision
