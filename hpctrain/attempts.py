@@ -74,6 +74,8 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
     }
     if extra:
         record.update(extra)
+    if any(e.get("event") == "cancel" for e in run.events()):
+        record["exit_reason"] = "cancelled"
     profile = run.resolved_profile()
     decision = decide(run.ledger(), record, profile.preemption.max_requeues,
                       profile.preemption.requeue_on_failure)

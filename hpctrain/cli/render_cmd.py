@@ -1,0 +1,79 @@
+"""``hpctrain validate`` and ``hpctrain render``: check a job on a profile, print its script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..config import load_job, load_profile, resolve
+from ..errors import UsageError
+from ..runs import default_runs_root
+from .common import json_option, echo_json, nodes_option, profile_option, runs_dir_option
+
+
+def load_resolved(job_file: str, profile_name: str, nodes: int | None):
+    """Job + profile (+ --nodes) checked together; every problem raised at once."""
+    job = load_job(job_file)
+    profile = load_profile(profile_name).with_nodes(nodes)
+    if nodes is not None and profile.scheduler == "local" and nodes != 1:
+        raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
+    return resolve(job, profile, source=job_file)
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
+@profile_option
+@nodes_option
+@json_option
+def validate(job_file, profile_name, nodes, as_json):
+    """Check a job file on a profile: schema, layout (TP × PP × DP = world size) and safety.
+
+    \b
+    Example:
+      hpctrain validate examples/tiny.yaml --profile dev-slurm
+    """
+    r = load_resolved(job_file, profile_name, nodes)
+    if as_json:
+        lay = r.layout
+        echo_json({"valid": True, "profile": r.profile.name, "world_size": r.profile.world_size,
+                   "layout": {"tensor_model_parallel_size": lay.tensor_model_parallel_size,
+                              "pipeline_model_parallel_size": lay.pipeline_model_parallel_size,
+                              "virtual_pipeline_model_parallel_size":
+                                  lay.virtual_pipeline_model_parallel_size,
+                              "data_parallel_size": lay.data_parallel_size,
+                              "num_microbatches": lay.num_microbatches}})
+        return
+    click.echo(f"{job_file}: ok on {r.profile.name} ({r.profile.slurm.nodes} node(s) × "
+               f"{r.profile.slurm.gpus_per_node}): {r.layout.describe()}, "
+               f"{r.layout.num_microbatches} microbatches per step")
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
+@profile_option
+@nodes_option
+@runs_dir_option
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run folder to render for (default: <runs dir>/<job name>).")
+def render(job_file, profile_name, nodes, runs_dir, run_dir):
+    """Print the sbatch script a submission would use (nothing is written or submitted).
+
+    The script is a pure function of the profile, the job and the run folder, rendered from
+    sbatch_templates/train.sbatch.j2 with every value validated and shell-quoted.
+
+    \b
+    Example:
+      hpctrain render examples/tiny.yaml --profile dev-slurm > tiny.sbatch
+      sbatch --test-only tiny.sbatch
+    """
+    from ..runs import Run
+    from ..slurm.render import render_sbatch
+    from ..slurm.submit import script_inputs
+    r = load_resolved(job_file, profile_name, nodes)
+    if r.profile.scheduler != "slurm":
+        raise UsageError(f"profile {r.profile.name!r} runs without Slurm (scheduler: "
+                         f"{r.profile.scheduler}); render a Slurm profile, e.g. --profile dev-slurm")
+    if run_dir is None:
+        run_dir = (runs_dir or default_runs_root(r.profile.storage.runs_root)) / r.job.name
+    click.echo(render_sbatch(r, script_inputs(Run(Path(run_dir).resolve()), r.profile)), nl=False)

@@ -1,0 +1,89 @@
+"""Follow a run to its end: progress lines, attempt outcomes and requeues as they happen.
+
+Used by ``hpctrain submit --wait`` (the local profile waits by default) and
+``hpctrain logs --follow``. It reads only files in the run folder and the scheduler's view of
+the run's jobs, so following can stop and restart at any time without touching the job.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from .runs import Run
+
+NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "DeprecationWarning")
+
+
+class Tail:
+    """New complete lines of a file since the last call (the file may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = ""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "r", errors="replace") as f:
+                f.seek(self.offset)
+                data = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return []
+        data = self.partial + data
+        *complete, self.partial = data.split("\n")
+        return complete
+
+
+def rank0_progress(line: str) -> bool:
+    """Lines worth showing from rank 0's log: hpctrain's own, not library warnings."""
+    return bool(line.strip()) and not any(n in line for n in NOISE)
+
+
+def follow(run: Run, is_active: Callable[[], bool], echo: Callable[[str], None], *,
+           poll_s: float = 1.0, rank: int = 0, attempt: int | None = None,
+           line_filter: Callable[[str], bool] = rank0_progress, timeout_s: float | None = None) -> dict:
+    """Print the run's progress until ``is_active()`` turns false; return the last ledger record.
+
+    ``attempt`` None follows whichever attempt is current (across requeues); a number follows
+    only that attempt.
+    """
+    tails: dict[int, Tail] = {}
+    batch_tails: dict[int, Tail] = {}
+    seen_ledger = len(run.ledger())
+    start = time.time()
+    idle_rounds = 0
+    while True:
+        attempts = [attempt] if attempt else run.attempts_started()
+        for n in attempts:
+            for line in tails.setdefault(n, Tail(run.rank_log(n, rank))).lines():
+                if line_filter(line):
+                    echo(line)
+            for line in batch_tails.setdefault(n, Tail(run.attempt_dir(n) / "batch.log")).lines():
+                if line.startswith("[hpctrain]"):
+                    echo(line)
+        ledger = run.ledger()
+        for rec in ledger[seen_ledger:]:
+            echo(describe_attempt(rec))
+        seen_ledger = len(ledger)
+        if not is_active():
+            idle_rounds += 1
+            if idle_rounds >= 2:  # one more round to drain the logs after the job ended
+                break
+        else:
+            idle_rounds = 0
+        if timeout_s is not None and time.time() - start > timeout_s:
+            break
+        time.sleep(poll_s)
+    ledger = run.ledger()
+    return ledger[-1] if ledger else {}
+
+
+def describe_attempt(rec: dict) -> str:
+    d = rec.get("decision", {})
+    steps = f"steps {rec.get('start_step')}→{rec.get('end_step')}"
+    then = ("requeued" if d.get("requeue") else "stopped") + (f": {d['reason']}" if d.get("reason") else "")
+    return (f"[hpctrain] attempt {rec.get('attempt')} ended: {rec.get('exit_reason')} ({steps}, "
+            f"{rec.get('duration_s')} s); {then}")

@@ -1,0 +1,162 @@
+"""The one place that runs Slurm's commands (sbatch, squeue, sacct, scontrol, scancel).
+
+Everything that turns their output into data is a pure ``parse_*`` function, tested on real
+output; the runners here are thin. A missing command or a refusal becomes a
+``SubmissionError``/``HpcTrainError`` carrying exactly what Slurm said.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from ..errors import HpcTrainError, SubmissionError
+
+TIMEOUT_S = 60
+
+
+def run(argv: list[str], *, check: bool = True, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    if shutil.which(argv[0]) is None:
+        raise HpcTrainError(f"`{argv[0]}` is not on PATH: is this a Slurm login node? "
+                            "(for this machine, use --profile local; for the dev cluster run "
+                            "tools/dev_cluster start and export SLURM_CONF)")
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise HpcTrainError(f"`{' '.join(argv)}` did not answer within {timeout:.0f} s "
+                            "(is slurmctld up?)") from None
+    if check and proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip()
+        raise SubmissionError(f"{argv[0]} failed: {said}" if said else
+                              f"{argv[0]} failed with exit code {proc.returncode}")
+    return proc
+
+
+def sbatch_test_only(script_path: str) -> str:
+    """``sbatch --test-only``: Slurm's own verdict on a script, without queueing it."""
+    proc = run(["sbatch", "--test-only", script_path], check=False)
+    out = (proc.stderr + proc.stdout).strip()
+    if proc.returncode != 0:
+        raise SubmissionError(f"sbatch --test-only refused the script: {out}")
+    return out
+
+
+# ---- squeue -----------------------------------------------------------------------------------
+
+SQUEUE_FIELDS = ["JobID", "Name", "State", "Reason", "Partition", "NodeList", "NumNodes",
+                 "TimeUsed", "TimeLimit", "StartTime", "EndTime", "RestartCnt"]
+_SQUEUE_FORMAT = "%i|%j|%T|%r|%P|%N|%D|%M|%l|%S|%e|%Y"  # %Y unused by 22.05 for restarts
+
+
+@dataclass
+class QueueEntry:
+    job_id: str
+    name: str
+    state: str
+    reason: str
+    partition: str
+    nodes: str
+    num_nodes: str
+    time_used: str
+    time_limit: str
+    start_time: str
+    end_time: str
+
+
+def parse_squeue(text: str) -> list[QueueEntry]:
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 11:
+            continue
+        out.append(QueueEntry(*parts[:11]))
+    return out
+
+
+def squeue(job_ids: list[str]) -> list[QueueEntry]:
+    if not job_ids:
+        return []
+    proc = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", _SQUEUE_FORMAT], check=False)
+    if proc.returncode != 0:  # squeue refuses ids it has forgotten; that is "not in queue"
+        return []
+    return parse_squeue(proc.stdout)
+
+
+# ---- sacct ----------------------------------------------------------------------------------
+
+SACCT_FIELDS = ["JobID", "JobName", "State", "ExitCode", "Elapsed", "Start", "End", "NodeList",
+                "Partition", "Reason"]
+
+
+def parse_sacct(text: str) -> list[dict]:
+    """``sacct --parsable2 -o <SACCT_FIELDS>`` (with header) -> one dict per line (steps too)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    header = lines[0].split("|")
+    return [dict(zip(header, ln.split("|"))) for ln in lines[1:]]
+
+
+def sacct(job_ids: list[str], *, duplicates: bool = False) -> list[dict]:
+    """Accounting rows of the jobs (``duplicates``: every requeued incarnation too)."""
+    if not job_ids:
+        return []
+    argv = ["sacct", "--parsable2", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(job_ids)]
+    if duplicates:
+        argv.append("--duplicates")
+    proc = run(argv, check=False)
+    if proc.returncode != 0:
+        return []
+    return parse_sacct(proc.stdout)
+
+
+# ---- scontrol / scancel -------------------------------------------------------------------
+
+
+def parse_scontrol_record(text: str) -> dict:
+    """``scontrol show node|job X`` (Key=Value pairs over several lines) -> dict."""
+    out: dict[str, str] = {}
+    for token in text.split():
+        if "=" in token:
+            k, v = token.split("=", 1)
+            out.setdefault(k, v)
+    return out
+
+
+def node_address(node: str) -> str:
+    """The address Slurm uses for a node (NodeAddr), which may differ from its name."""
+    proc = run(["scontrol", "show", "node", node])
+    return parse_scontrol_record(proc.stdout).get("NodeAddr", node)
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    proc = run(["scontrol", "show", "hostnames", hostlist])
+    return [h for h in proc.stdout.split() if h]
+
+
+def job_info(job_id: str) -> dict:
+    proc = run(["scontrol", "show", "job", job_id], check=False)
+    if proc.returncode != 0:
+        return {}
+    return parse_scontrol_record(proc.stdout)
+
+
+def requeue(job_id: str) -> None:
+    run(["scontrol", "requeue", job_id])
+
+
+def exclude_nodes(job_id: str, nodes: list[str]) -> None:
+    """Add nodes to a job's exclude list (the job must be pending or be requeued after)."""
+    run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])
+
+
+def cancel(job_ids: list[str], *, signal: str | None = None, full: bool = False) -> None:
+    if not job_ids:
+        return
+    argv = ["scancel"]
+    if signal:
+        argv += ["--signal", signal]
+    if full:
+        argv.append("--full")
+    run(argv + job_ids)

@@ -1,0 +1,186 @@
+"""Steps the batch shell delegates to Python: ``python -m hpctrain.slurm.hooks <command>``.
+
+They run in the batch shell on the first node, outside any container, and print shell
+assignments that the script ``eval``s. Every printed value is ``shlex.quote``d, and only
+names chosen here are assigned, so nothing from a profile or the environment can become code.
+
+* ``begin RUN`` — claim the next attempt number, compute the rendezvous address (the first
+  node's NodeAddr, checked to resolve: node names often do not), a free port, the job's end
+  time (the runtime's deadline), the signal flag file. Prints ``HPCTRAIN_SKIP=1`` when the run
+  has finished or was cancelled (a chained or requeued job then exits at once).
+* ``end RUN --attempt N --exit-code RC`` — write the ledger record and print
+  ``HPCTRAIN_REQUEUE=0|1`` from the requeue policy (budget and progress).
+* ``gate-failed RUN --attempt N --exit-code RC`` — the preflight gate failed: record it, add the
+  bad nodes to the job's exclude list and requeue it (within the budget).
+* ``master-addr`` — the first node's address (for non-training steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from .. import exit_codes
+from ..attempts import finish_attempt
+from ..runs import Run
+from . import commands
+
+
+def _assign(**values) -> str:
+    return "".join(f"{k}={shlex.quote(str(v))}\n" for k, v in values.items())
+
+
+def first_node_address() -> str:
+    """Address of the allocation's first node, which must resolve: gloo/NCCL rendezvous there."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    nodes = commands.expand_hostlist(nodelist) if nodelist else []
+    first = nodes[0] if nodes else socket.gethostname()
+    addr = commands.node_address(first) if nodes else first
+    try:
+        infos = socket.getaddrinfo(addr, None, socket.AF_INET)
+    except socket.gaierror:
+        raise SystemExit(f"[hpctrain] the first node {first!r} has address {addr!r}, which does not "
+                         "resolve on this host; fix the node's NodeAddr or DNS")
+    return infos[0][4][0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """squeue's %e (``2026-11-25T22:14:23``, local time) -> epoch seconds."""
+    try:
+        return _dt.datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def job_end_time(job_id: str) -> float | None:
+    rows = commands.squeue([job_id])
+    return parse_slurm_time(rows[0].end_time) if rows else None
+
+
+def cancelled(run: Run) -> bool:
+    return any(e.get("event") == "cancel" for e in run.events())
+
+
+def finished(run: Run) -> bool:
+    ledger = run.ledger()
+    return bool(ledger) and ledger[-1].get("exit_reason") == "finished"
+
+
+def cmd_begin(run: Run) -> str:
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if cancelled(run):
+        print(f"[hpctrain] run {run.id} was cancelled; job {job_id} exits", file=sys.stderr)
+        return _assign(HPCTRAIN_SKIP=1)
+    if finished(run):
+        print(f"[hpctrain] run {run.id} already finished; job {job_id} exits", file=sys.stderr)
+        return _assign(HPCTRAIN_SKIP=1)
+    attempt = run.begin_attempt()
+    attempt_dir = run.attempt_dir(attempt)
+    values = {
+        "HPCTRAIN_ATTEMPT": attempt,
+        "HPCTRAIN_ATTEMPT_DIR": attempt_dir,
+        "HPCTRAIN_SIGNAL_FLAG": attempt_dir / "signal.flag",
+        "MASTER_ADDR": first_node_address(),
+        "MASTER_PORT": free_port(),
+    }
+    end = job_end_time(job_id) if job_id else None
+    if end:
+        values["HPCTRAIN_DEADLINE"] = int(end)
+    run.event("attempt_start", attempt=attempt, job_id=job_id,
+              restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+              nodes=os.environ.get("SLURM_JOB_NODELIST", ""))
+    out = _assign(**values)
+    return out + "export " + " ".join(values) + "\n"
+
+
+def _scheduler_facts() -> dict:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        nodes = commands.expand_hostlist(nodelist) if nodelist else []
+    except Exception:
+        nodes = [nodelist] if nodelist else []
+    return {"scheduler": "slurm", "job_id": os.environ.get("SLURM_JOB_ID"),
+            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "nodes": nodes}
+
+
+def cmd_end(run: Run, attempt: int, exit_code: int, started: float | None) -> str:
+    record, decision = finish_attempt(run, attempt, exit_code, started_at=started,
+                                      **_scheduler_facts())
+    print(f"[hpctrain] attempt {attempt}: {record['exit_reason']} at step {record['end_step']}; "
+          f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
+    return _assign(HPCTRAIN_REQUEUE=int(decision.requeue))
+
+
+def cmd_gate_failed(run: Run, attempt: int, exit_code: int, started: float | None) -> int:
+    report_file = run.path / "preflight" / f"attempt-{attempt}.json"
+    try:
+        report = json.loads(report_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        report = {}
+    bad = [str(n) for n in report.get("bad_nodes", [])]
+    facts = _scheduler_facts()
+    code = exit_code if exit_code == exit_codes.PREFLIGHT_FAILED else exit_codes.PREFLIGHT_FAILED
+    record, decision = finish_attempt(
+        run, attempt, code, extra={"exit_reason": "preflight_failed", "excluded_nodes": bad,
+                                   "preflight_report": str(report_file)},
+        started_at=started, **facts)
+    print(f"[hpctrain] preflight failed on {', '.join(bad) or 'unknown nodes'}; "
+          f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
+    if not decision.requeue:
+        return 0
+    job_id = facts["job_id"]
+    # Requeueing kills this shell's processes with SIGTERM; ignore it so the hold -> exclude ->
+    # release sequence completes (a running job's exclude list cannot be changed).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    commands.run(["scontrol", "requeuehold", job_id])
+    if bad:
+        info = commands.job_info(job_id)
+        current = [n for n in info.get("ExcNodeList", "").split(",") if n and n != "(null)"]
+        commands.exclude_nodes(job_id, sorted(set(current + bad)))
+    commands.run(["scontrol", "release", job_id])
+    run.event("requeue", attempt=attempt, job_id=job_id, excluded=bad, reason="preflight gate")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpctrain.slurm.hooks")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("begin")
+    b.add_argument("run_dir")
+    for name in ("end", "gate-failed"):
+        e = sub.add_parser(name)
+        e.add_argument("run_dir")
+        e.add_argument("--attempt", type=int, required=True)
+        e.add_argument("--exit-code", type=int, required=True)
+        e.add_argument("--started", type=float, default=None)
+    sub.add_parser("master-addr")
+    args = ap.parse_args(argv)
+    if args.cmd == "master-addr":
+        sys.stdout.write(first_node_address() + "\n")
+        return 0
+    run = Run(Path(args.run_dir))
+    if args.cmd == "begin":
+        sys.stdout.write(cmd_begin(run))
+    elif args.cmd == "end":
+        sys.stdout.write(cmd_end(run, args.attempt, args.exit_code, args.started))
+    else:
+        return cmd_gate_failed(run, args.attempt, args.exit_code, args.started)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Live state of a run's jobs: Slurm's view (squeue, then sacct) or the local controller's.
+
+A run may own several jobs (a chain, a resume, preflight jobs); ``live_jobs`` says which are
+still pending or running. For the local executor the "job id" is the controller's pid, alive
+while ``/proc/<pid>/cmdline`` still names submitit's local controller and this run's folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runs import Run
+from . import commands
+
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING",
+          "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
+
+
+@dataclass
+class JobState:
+    job_id: str
+    state: str            # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ... (Slurm's words)
+    reason: str = ""
+    nodes: str = ""
+    elapsed: str = ""
+    time_limit: str = ""
+    end_time: str = ""
+    kind: str = "train"
+
+    @property
+    def active(self) -> bool:
+        return self.state.split()[0] in ACTIVE
+
+
+def _local_alive(pid: str, run: Run) -> bool:
+    try:
+        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    return b"submitit.local._local" in cmdline and str(run.submitit_dir).encode() in cmdline
+
+
+def job_states(run: Run, kind: str | None = "train") -> list[JobState]:
+    """States of the run's jobs of ``kind`` (None: all), oldest first."""
+    jobs = [j for j in run.meta().get("jobs", []) if kind is None or j.get("kind") == kind]
+    if not jobs:
+        return []
+    if run.meta().get("scheduler") == "local":
+        return [JobState(j["job_id"], "RUNNING" if _local_alive(j["job_id"], run) else "ENDED",
+                         kind=j.get("kind", "train")) for j in jobs]
+    ids = [j["job_id"] for j in jobs]
+    kinds = {j["job_id"]: j.get("kind", "train") for j in jobs}
+    states: dict[str, JobState] = {}
+    for q in commands.squeue(ids):
+        states[q.job_id] = JobState(q.job_id, q.state, q.reason, q.nodes, q.time_used, q.time_limit,
+                                    q.end_time, kinds.get(q.job_id, "train"))
+    missing = [i for i in ids if i not in states]
+    for row in commands.sacct(missing):
+        jid = row.get("JobID", "")
+        if jid in missing and jid not in states:
+            states[jid] = JobState(jid, row.get("State", "UNKNOWN"), row.get("Reason", ""),
+                                   row.get("NodeList", ""), row.get("Elapsed", ""), "",
+                                   row.get("End", ""), kinds.get(jid, "train"))
+    return [states.get(i, JobState(i, "UNKNOWN", kind=kinds.get(i, "train"))) for i in ids]
+
+
+def live_jobs(run: Run, kind: str | None = "train") -> list[JobState]:
+    return [s for s in job_states(run, kind) if s.active]
+
+
+def cancel_local(pid: str, run: Run) -> bool:
+    """SIGTERM the local controller (it forwards it to the ranks); False if it was gone."""
+    import signal
+    if not _local_alive(pid, run):
+        return False
+    os.kill(int(pid), signal.SIGTERM)
+    return True
