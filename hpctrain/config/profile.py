@@ -111,6 +111,13 @@ class PreflightSection:
                                 "on CPU).", default_factory=list)
     timeout_s: int = doc("Each collective's timeout; a hang becomes a failure naming the ranks.",
                          default=120)
+    outlier_fraction: float = doc("A node (or pair of nodes) whose all-reduce bus bandwidth is below "
+                                  "this fraction of the best one's is reported as slow, even without "
+                                  "expected bandwidths in the profile.", default=0.5)
+    counter_interval_s: float = doc("Seconds between the two reads of the InfiniBand error counters "
+                                    "(link_downed, symbol_error) that must not grow.", default=2.0)
+    storage_probe_mb: int = doc("MB written (with fsync) to measure checkpoint write bandwidth "
+                                "(0: skip).", default=64)
 
 
 @dataclass(kw_only=True)
@@ -233,3 +240,12 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
         safety.check(safety.PATH_LIKE, getattr(p.storage, key), f"storage.{key}", problems, "path")
     if isinstance(p.preflight.timeout_s, int) and p.preflight.timeout_s < 1:
         problems.add("preflight.timeout_s", "must be at least 1")
+    if isinstance(p.preflight.outlier_fraction, float) and not 0 < p.preflight.outlier_fraction <= 1:
+        problems.add("preflight.outlier_fraction", "must be in (0, 1]")
+    if isinstance(p.preflight.counter_interval_s, float) and p.preflight.counter_interval_s < 0:
+        problems.add("preflight.counter_interval_s", "must be 0 or more")
+    if isinstance(p.preflight.storage_probe_mb, int) and p.preflight.storage_probe_mb < 0:
+        problems.add("preflight.storage_probe_mb", "must be 0 or more")
+    for i, mb in enumerate(p.preflight.sizes_mb or []):
+        if isinstance(mb, (int, float)) and mb <= 0:
+            problems.add(f"preflight.sizes_mb[{i}]", f"must be a positive size in MB, got {mb}")

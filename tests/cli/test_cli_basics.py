@@ -1,0 +1,61 @@
+"""The CLI's contract: fast start (no torch), help with examples, clean errors and exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.cli import COMMANDS, cli
+from tests.conftest import REPO, hpctrain
+
+HEAVY = ("torch", "megatron", "submitit", "numpy", "matplotlib")
+
+PROBE = """
+import atexit, sys
+def report():
+    heavy = sorted({m.split('.')[0] for m in sys.modules} & set(%r))
+    sys.stderr.write('HEAVY=' + ','.join(heavy) + '\\n')
+atexit.register(report)
+from hpctrain.cli import main
+main(sys.argv[1:])
+"""
+
+
+def imported_heavy_modules(*args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", PROBE % (HEAVY,), *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("HEAVY=")][-1]
+    return [m for m in line[len("HEAVY="):].split(",") if m]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["render", "examples/tiny.yaml", "-p", "dev-slurm"],
+                                  ["validate", "examples/tiny.yaml"], ["profiles", "list"],
+                                  ["plan", "--help"], ["preflight", "--help"], ["runs", "--help"],
+                                  ["status", "--help"], ["data", "--help"]])
+def test_cli_paths_that_do_not_train_import_no_heavy_modules(args):
+    assert imported_heavy_modules(*args) == []
+
+
+def test_every_command_is_registered_and_has_an_example():
+    from click.testing import CliRunner
+    runner = CliRunner()
+    missing = []
+    for name in COMMANDS:
+        res = runner.invoke(cli, [name, "--help"])
+        if res.exit_code != 0 or "Example" not in res.output:
+            missing.append(name)
+    assert missing == [], f"commands without a working --help example: {missing}"
+
+
+def test_unknown_command_is_a_usage_error():
+    proc = hpctrain("sumbit")
+    assert proc.returncode == 2
+    assert "No such command 'sumbit'" in proc.stderr
+
+
+def test_missing_job_file_is_one_line():
+    proc = hpctrain("validate", "nope.yaml")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "Error: job file nope.yaml does not exist"
