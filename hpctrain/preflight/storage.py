@@ -1,0 +1,222 @@
+"""Checkpoint storage: writable, shared, big enough, fast enough for an emergency save.
+
+Why: a checkpoint folder on node-local disk looks fine until the requeued job lands on another
+node and resumes from nothing; a slow filesystem turns the preemption signal's lead time into
+a half-written checkpoint. Filesystem types come from ``/proc/mounts`` (path configurable for
+tests via ``HPCTRAIN_PREFLIGHT_MOUNTS``); bandwidth is measured with real writes and fsync.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .results import FAIL, PASS, WARN, Check
+
+LOCAL_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "ramfs", "f2fs",
+            "vfat", "devtmpfs", "squashfs"}
+SHARED_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "wekafs", "weka", "cephfs", "ceph",
+             "glusterfs", "fuse.glusterfs", "cifs", "smb3", "panfs", "pvfs2", "fuse.weka",
+             "fuse.juicefs", "fuse.cephfs", "virtiofs", "9p"}
+
+
+@dataclass
+class Mount:
+    device: str
+    point: str
+    fstype: str
+
+
+def _unescape(field: str) -> str:
+    """/proc/mounts escapes space, tab, newline and backslash as octal (\\040)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_proc_mounts(text: str) -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            mounts.append(Mount(_unescape(parts[0]), _unescape(parts[1]), parts[2]))
+    return mounts
+
+
+def mount_for(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount holding ``path`` (longest mount point that is a prefix; later mounts win)."""
+    p = os.path.abspath(path)
+    best = None
+    for m in mounts:
+        point = m.point.rstrip("/") or "/"
+        if p == point or p.startswith(point + "/") or point == "/":
+            if best is None or len(point) >= len(best.point.rstrip("/") or "/"):
+                best = m
+    return best
+
+
+def fs_kind(fstype: str) -> str:
+    if fstype in SHARED_FS or fstype.startswith("nfs"):
+        return "shared"
+    if fstype in LOCAL_FS:
+        return "local"
+    return "unknown"
+
+
+def measure_write_bandwidth(folder: Path, size_mb: int, block_mb: int = 4) -> float:
+    """Write ``size_mb`` MB in one file with fsync, then delete it; returns MB/s."""
+    path = folder / f".hpctrain-preflight-{os.getpid()}.tmp"
+    block = os.urandom(block_mb << 20)
+    t0 = time.perf_counter()
+    try:
+        with open(path, "wb") as f:
+            for _ in range(max(1, size_mb // block_mb)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        dt = time.perf_counter() - t0
+    finally:
+        path.unlink(missing_ok=True)
+    return max(1, size_mb // block_mb) * block_mb / max(dt, 1e-9)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_storage(folder: str, profile, nodes: int, node: str, *, probe_mb: int,
+                  checkpoint_bytes: int | None, one_host: bool = False, strict: bool = True,
+                  mounts_text: str | None = None) -> list[Check]:
+    path = Path(folder).expanduser()
+    out = []
+    # Never create the folder here: a missing mount must show up as missing, not be papered over.
+    base = _existing_ancestor(path)
+    if base != path and base == Path(path.anchor):
+        return [Check(node, "storage.writable", FAIL, f"{path} does not exist (nothing of it is "
+                      "mounted here)", "an existing shared folder",
+                      "mount the shared filesystem on this node or fix storage.checkpoint_root")]
+    try:
+        probe = base / f".hpctrain-write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+        note = "" if base == path else f" (not created yet; {base} is writable)"
+        out.append(Check(node, "storage.writable", PASS, f"{path}{note}", "writable"))
+    except OSError as e:
+        return [Check(node, "storage.writable", FAIL, f"{base}: {e.strerror or e}", "writable",
+                      "fix permissions or point storage.checkpoint_root at a writable shared folder")]
+    if mounts_text is None:
+        try:
+            mounts_text = Path(os.environ.get("HPCTRAIN_PREFLIGHT_MOUNTS", "/proc/mounts")).read_text()
+        except OSError:
+            mounts_text = ""
+    m = mount_for(str(base.resolve()), parse_proc_mounts(mounts_text))
+    out.append(_shared(m, path, nodes, node, one_host, strict))
+    st = os.statvfs(base)
+    free_gb = st.f_bavail * st.f_frsize / 1e9
+    need = profile.storage.min_free_gb
+    ck_gb = checkpoint_bytes / 1e9 if checkpoint_bytes else None
+    if free_gb < need:
+        out.append(Check(node, "storage.free", FAIL, f"{free_gb:.1f} GB free", f">= {need:g} GB "
+                         "(storage.min_free_gb)", "free space or move storage.checkpoint_root"))
+    elif ck_gb and free_gb < 2 * ck_gb:
+        out.append(Check(node, "storage.free", WARN, f"{free_gb:.1f} GB free", f">= {2 * ck_gb:.1f} GB "
+                         "(two checkpoints)", "a new checkpoint is written before the old one is "
+                         "removed: free space"))
+    else:
+        out.append(Check(node, "storage.free", PASS, f"{free_gb:.1f} GB free", f">= {need:g} GB"))
+    out += _bandwidth(path, profile, nodes, node, probe_mb, checkpoint_bytes)
+    return out
+
+
+def _shared(m: Mount | None, path: Path, nodes: int, node: str, one_host: bool,
+            strict: bool) -> Check:
+    if m is None:
+        return Check(node, "storage.shared", WARN, f"{path}: filesystem unknown", "shared filesystem",
+                     "check /proc/mounts")
+    kind = fs_kind(m.fstype)
+    measured = f"{m.fstype} at {m.point}"
+    if kind == "shared":
+        return Check(node, "storage.shared", PASS, measured, "shared filesystem")
+    if kind == "unknown":
+        return Check(node, "storage.shared", WARN, measured, "shared filesystem",
+                     "make sure every node sees this folder at the same path")
+    if nodes <= 1 or one_host:
+        return Check(node, "storage.shared", PASS, measured + (" (all nodes on one host)" if one_host
+                     else " (single node)"), "shared filesystem")
+    return Check(node, "storage.shared", FAIL if strict else WARN, measured + " is node-local",
+                 f"shared filesystem ({nodes} nodes)", "a requeued job on another node will not find "
+                 "these checkpoints: set storage.checkpoint_root to NFS/Lustre/GPFS/BeeGFS/Weka")
+
+
+def _bandwidth(path: Path, profile, nodes: int, node: str, probe_mb: int,
+               checkpoint_bytes: int | None) -> list[Check]:
+    if probe_mb <= 0:
+        return []
+    try:
+        mbs = measure_write_bandwidth(_existing_ancestor(path), probe_mb)
+    except OSError as e:
+        return [Check(node, "storage.write_bw", FAIL, f"write failed: {e.strerror or e}",
+                      f"{probe_mb} MB written", "free space or fix the filesystem")]
+    rows = [Check(node, "storage.write_bw", PASS, f"{mbs:.0f} MB/s ({probe_mb} MB, fsync)",
+                  "measured", detail={"mb_per_s": mbs})]
+    lead = profile.preemption.lead_time_s
+    if not checkpoint_bytes:
+        rows.append(Check(node, "storage.emergency_ckpt", WARN, "checkpoint size unknown",
+                          f"fits in {lead} s", "run preflight from a run folder (job.yaml or an "
+                          "existing checkpoint gives the size)"))
+        return rows
+    share_mb = checkpoint_bytes / 1e6 / max(nodes, 1)
+    secs = share_mb / mbs
+    level = FAIL if secs > lead else WARN if secs > 0.5 * lead else PASS
+    rows.append(Check(node, "storage.emergency_ckpt", level,
+                      f"~{secs:.0f} s for {share_mb / 1e3:.1f} GB per node at {mbs:.0f} MB/s",
+                      f"< {lead} s (preemption.lead_time_s)",
+                      "" if level == PASS else "raise preemption.lead_time_s or use faster "
+                      "storage; the estimate assumes every node writes at this rate at once",
+                      detail={"seconds": secs, "checkpoint_bytes": checkpoint_bytes}))
+    return rows
+
+
+def estimate_checkpoint_bytes(run_dir: str | None) -> int | None:
+    """Size of the newest checkpoint in the run, else an estimate from its job (Adam state)."""
+    if not run_dir:
+        return None
+    from ..runs import Run
+    run = Run(Path(run_dir))
+    ck = run.checkpoint_dir()
+    if ck.is_dir():
+        sizes = []
+        for d in ck.iterdir():
+            if d.is_dir():
+                sizes.append(sum(f.stat().st_size for f in d.rglob("*") if f.is_file()))
+        if sizes and max(sizes) > 0:
+            return max(sizes)
+    if not run.job_file.is_file():
+        return None
+    try:
+        job = run.resolved_job()
+    except Exception:  # a broken job file is reported elsewhere
+        return None
+    return params_estimate(job.model) * (12 if job.train.precision == "fp32" else 14)
+
+
+def params_estimate(m) -> int:
+    h, L = m.hidden_size, m.num_layers
+    kv = (m.num_query_groups or m.num_attention_heads) * (m.kv_channels or h // m.num_attention_heads)
+    ffn = m.ffn_hidden_size or 4 * h
+    per_layer = h * h + 2 * h * kv + h * h + (3 if m.activation == "swiglu" else 2) * h * ffn + 4 * h
+    emb = m.vocab_size * h * (2 if m.untie_embeddings_and_output_weights else 1)
+    pos = (m.max_position_embeddings or m.seq_length) * h \
+        if m.position_embedding_type == "learned_absolute" else 0
+    return L * per_layer + emb + pos
