@@ -44,9 +44,7 @@ def sbatch_test_only(script_path: str) -> str:
 
 # ---- squeue -----------------------------------------------------------------------------------
 
-SQUEUE_FIELDS = ["JobID", "Name", "State", "Reason", "Partition", "NodeList", "NumNodes",
-                 "TimeUsed", "TimeLimit", "StartTime", "EndTime", "RestartCnt"]
-_SQUEUE_FORMAT = "%i|%j|%T|%r|%P|%N|%D|%M|%l|%S|%e|%Y"  # %Y unused by 22.05 for restarts
+_SQUEUE_FORMAT = "%i|%j|%T|%r|%P|%N|%D|%M|%l|%S|%e"
 
 
 @dataclass

@@ -1,0 +1,54 @@
+"""The requeue decision: a reason to come back, budget left, and progress made."""
+
+import pytest
+
+from hpctrain.requeue_policy import decide
+
+
+def rec(reason, start, end, requeued=None):
+    r = {"exit_reason": reason, "start_step": start, "end_step": end}
+    if requeued is not None:
+        r["decision"] = {"requeue": requeued}
+    return r
+
+
+def test_preempted_with_progress_is_requeued():
+    d = decide([], rec("preempted", 0, 12), max_requeues=3)
+    assert d.requeue and "requeue 1 of 3" in d.reason
+
+
+@pytest.mark.parametrize("reason", ["finished", "unstable", "cancelled"])
+def test_terminal_reasons_are_not_requeued(reason):
+    assert not decide([], rec(reason, 0, 5), max_requeues=3).requeue
+
+
+def test_failures_need_requeue_on_failure():
+    assert not decide([], rec("failed", 0, 5), max_requeues=3).requeue
+    assert decide([], rec("failed", 0, 5), max_requeues=3, requeue_on_failure=True).requeue
+    assert decide([], rec("killed", 0, 5), max_requeues=3, requeue_on_failure=True).requeue
+
+
+def test_budget_is_counted_over_the_ledger():
+    ledger = [rec("preempted", 0, 5, True), rec("deadline", 5, 9, True)]
+    d = decide(ledger, rec("preempted", 9, 14), max_requeues=2)
+    assert not d.requeue and "budget spent (2 of preemption.max_requeues=2)" in d.reason
+
+
+def test_no_progress_stops_the_loop():
+    ledger = [rec("failed", 0, 3, True)]
+    d = decide(ledger, rec("failed", 0, 3), max_requeues=5, requeue_on_failure=True)
+    assert not d.requeue and d.reason.startswith("no progress")
+    # an attempt that never reported a step made no progress either
+    assert not decide([], rec("preempted", 0, None), max_requeues=5).requeue
+
+
+def test_progress_is_measured_against_the_previous_attempt():
+    ledger = [rec("preempted", 0, 20, True)]
+    assert not decide(ledger, rec("preempted", 10, 20), max_requeues=5).requeue
+    assert decide(ledger, rec("preempted", 10, 21), max_requeues=5).requeue
+
+
+def test_preflight_gate_requeue_needs_no_progress_but_spends_budget():
+    assert decide([], rec("preflight_failed", None, None), max_requeues=1).requeue
+    ledger = [rec("preflight_failed", None, None, True)]
+    assert not decide(ledger, rec("preflight_failed", None, None), max_requeues=1).requeue

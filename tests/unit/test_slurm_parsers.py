@@ -1,0 +1,39 @@
+"""Parsers of Slurm's output, on real captured output (tests/fixtures/slurm/README.md)."""
+
+from hpctrain.slurm.commands import parse_sacct, parse_scontrol_record, parse_squeue
+from hpctrain.slurm.hooks import parse_slurm_time
+from hpctrain.slurm.state import JobState
+from tests.conftest import REPO
+
+FIX = REPO / "tests" / "fixtures" / "slurm"
+
+
+def test_parse_squeue_running_and_pending():
+    pending, running = parse_squeue((FIX / "squeue_running_pending.txt").read_text())
+    assert (running.job_id, running.state, running.nodes, running.time_limit) == \
+        ("16", "RUNNING", "n[1-2]", "5:00")
+    assert (pending.state, pending.reason, pending.nodes) == ("PENDING", "Resources", "")
+    assert JobState(pending.job_id, pending.state).active
+
+
+def test_parse_sacct_rows_and_states():
+    rows = parse_sacct((FIX / "sacct_parsable2.txt").read_text())
+    jobs = {r["JobID"]: r for r in rows}
+    assert jobs["6"]["State"] == "COMPLETED" and jobs["6.0"]["NodeList"] == "n[1-2]"
+    assert jobs["16"]["State"] == "CANCELLED by 0"
+    assert not JobState("16", jobs["16"]["State"]).active
+    assert jobs["16.batch"]["ExitCode"] == "0:15"
+
+
+def test_parse_scontrol_records():
+    node = parse_scontrol_record((FIX / "scontrol_show_node.txt").read_text())
+    assert node["NodeName"] == "n1" and node["NodeAddr"] == "127.0.0.1" and node["Gres"] == "gpu:4"
+    job = parse_scontrol_record((FIX / "scontrol_show_job.txt").read_text())
+    assert job["JobState"] == "RUNNING" and job["NumNodes"] == "2"
+
+
+def test_parse_slurm_time():
+    import datetime as dt
+    t = parse_slurm_time("2026-11-25T22:28:51")
+    assert dt.datetime.fromtimestamp(t).strftime("%H:%M:%S") == "22:28:51"
+    assert parse_slurm_time("Unknown") is None and parse_slurm_time("N/A") is None
