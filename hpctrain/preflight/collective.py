@@ -43,11 +43,17 @@ class Store:
         return self.store.check([P + key])
 
     def get(self, key: str, timeout_s: float):
-        """The value, or None when it does not appear in time (or the store is gone)."""
+        """The value, or None when it does not appear in time (or the store is gone).
+
+        Polls with ``check`` rather than ``wait``: short waits make c10d log a warning each."""
+        deadline = time.monotonic() + timeout_s
         try:
-            self.store.wait([P + key], datetime.timedelta(seconds=max(timeout_s, 0.01)))
+            while not self.store.check([P + key]):
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(min(0.05 if timeout_s < 5 else 0.2, max(deadline - time.monotonic(), 0)))
             return json.loads(self.store.get(P + key))
-        except Exception:  # timeout, or rank 0 (the store's host) has gone
+        except Exception:  # rank 0 (the store's host) has gone
             return None
 
     def beat(self, rank: int) -> int:
@@ -141,11 +147,11 @@ class Collective:
             times = []
             try:
                 for it in range(self.warmup + self.iters):
-                    if self.delay:
+                    t0 = time.perf_counter()
+                    if self.delay:  # inside the timed window: this rank is slow, not late
                         self._sleep(self.delay)
                     if it == 0:
                         self.store.put(f"arr/{round_id}/{si}/{self.info.rank}", 1)
-                    t0 = time.perf_counter()
                     work = dist.all_reduce(buf, group=group, async_op=True)
                     work.wait(wait)
                     if self.cuda:
@@ -172,16 +178,16 @@ class Collective:
         self.store.put(f"res/{round_id}/{self.info.rank}", result)
 
     # ---- rank 0 ---------------------------------------------------------------------------------
-    def collect(self, round_id: int, ranks: list[int]) -> dict[int, dict]:
-        """Results of ``ranks``; waits while they keep beating, gives up after a silent timeout."""
+    def collect(self, round_id: int, ranks: list[int], since: float) -> dict[int, dict]:
+        """Results of ``ranks``; waits while they keep beating, gives up on a rank silent for
+        longer than a collective may take (counted from ``since``, the round's start)."""
         results: dict[int, dict] = {}
         pending = set(ranks)
-        last = {r: (self.store.beats(r), time.monotonic()) for r in pending}
+        last = {r: (self.store.beats(r), since) for r in pending}
         while pending:
             for r in sorted(pending):
-                v = self.store.get(f"res/{round_id}/{r}", 0.05)
-                if v is not None:
-                    results[r] = v
+                if self.store.has(f"res/{round_id}/{r}"):
+                    results[r] = self.store.get(f"res/{round_id}/{r}", 1)
                     pending.discard(r)
                     continue
                 beats = self.store.beats(r)
@@ -190,8 +196,8 @@ class Collective:
                 elif time.monotonic() - last[r][1] > self.timeout + 2:
                     pending.discard(r)  # silent for longer than a collective may take
             if pending:
-                time.sleep(0.05)
-        return results
+                time.sleep(0.1)
+        return {r: v for r, v in results.items() if v is not None}
 
     def publish_plan(self, round_id: int, plan: dict) -> None:
         self.store.put(f"plan/{round_id}", plan)

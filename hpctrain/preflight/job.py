@@ -136,12 +136,13 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
             plan = col.await_plan(round_id)
             if plan.get("done") or plan.get("abort"):
                 break
+        started = time.monotonic()
         col.take_part(round_id, plan)
         if round_id == 0 and leader and nccl_file is not None:
             col.store.put(f"transport/{info.node}",
                           nccl_log.parse_nccl_transport(_read(nccl_file)))
         if info.rank == 0:
-            results = col.collect(round_id, sorted(r for g in plan["groups"] for r in g))
+            results = col.collect(round_id, sorted(r for g in plan["groups"] for r in g), started)
             plan = planner.after(plan, results)
         round_id += 1
     return _finish(col, run, info, rows, facts, nodes, attempt, t0,

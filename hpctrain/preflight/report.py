@@ -51,7 +51,9 @@ def format_table(report: dict, show_skipped: bool = False) -> str:
     head = "PASSED" if report.get("passed") else "FAILED"
     where = f"profile {report.get('profile', '?')}"
     if report.get("nodes"):
-        where += f", {len(report['nodes'])} node(s), {report.get('world_size', '?')} rank(s)"
+        where += f", {len(report['nodes'])} node(s)"
+    if report.get("world_size"):
+        where += f", {report['world_size']} rank(s)"
     if report.get("duration_s") is not None:
         where += f", {report['duration_s']:.1f} s"
     out.append(f"Preflight {head} ({where})")
