@@ -1,0 +1,227 @@
+"""Activation memory: what each layer keeps for the backward pass, and how many are in flight.
+
+Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+count the bytes one transformer layer stores for one microbatch (16-bit activations, 1-byte
+dropout masks):
+
+    no parallelism              s·b·h·(34 + 5·a·s/h)
+    tensor parallel (t)         s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    + sequence parallel         s·b·h·(34/t + 5·a·s/(h·t))
+    + selective recompute       s·b·h·34/t              (the a·s² attention scores recomputed)
+    full recompute              2·s·b·h (/t with SP)    (only each layer's input)
+
+``activation_terms`` keeps the same terms one tensor at a time, generalized to what
+megatron-core actually saves: Q is a·d wide and K, V are g·d wide (GQA); a saved view of Q, K
+or V keeps linear_qkv's whole output alive, RoPE makes new Q and K, unfused attention repeats
+K and V to a heads; the MLP is f wide (SwiGLU keeps its 2f-wide fc1 output); dropout masks
+exist only when dropout is on; attention that stores no scores (flash, cuDNN fused) keeps an
+fp32 log-sum-exp of a·s per sequence instead of the 5·a·s² terms; norms keep fp32 statistics.
+Which kernel runs changes what is kept (``Kernels``): the GPU runtime fuses SwiGLU and the
+norms and keeps bool dropout masks; the CPU rehearsal runs torch's composite ops. With the
+paper's model (d = h/a, g = a, f = 4h, learned positions, dropout on, unfused attention) the
+terms reduce to the formulas above, plus the small norm statistics.
+
+A pipeline rank holds several microbatches at once: 1F1B keeps ``p − r`` on rank ``r`` (the
+first stage holds ``p``, so L layers' worth in total); the interleaved schedule keeps
+``2(p − r − 1) + (v − 1)·p + 1`` chunk-microbatches of L/(p·v) layers each, a factor
+``1 + (p − 1)/(p·v)`` more on the first stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .shape import ModelShape
+
+FP32 = 4
+BOOL = 1
+INT64 = 8
+ACTIVATION_NOTE = ("activations: Korthikanti et al. 2022 per-layer terms generalized to GQA, "
+                   "RoPE and SwiGLU as megatron-core saves them (fused SwiGLU and norms, 1-byte "
+                   "dropout masks on GPU), times the microbatches 1F1B/interleaving keeps in "
+                   "flight on each stage")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which implementation runs decides what it keeps for backward."""
+
+    fused_swiglu: bool = True          # bias_swiglu fusion keeps only fc1's output
+    fused_rmsnorm: bool = True         # torch's composite RMSNorm also keeps x·(1/rms)
+    dropout_mask_bytes: int | None = BOOL  # CUDA keeps a bool mask; CPU a noise tensor (None:
+                                           # the activation dtype)
+
+
+GPU_KERNELS = Kernels()
+CPU_KERNELS = Kernels(fused_swiglu=False, fused_rmsnorm=False, dropout_mask_bytes=None)
+
+
+def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence_parallel: bool,
+                     selective_recompute: bool, act_bytes: int,
+                     kernels: Kernels = GPU_KERNELS) -> list[tuple[str, int]]:
+    """Bytes one transformer layer stores for one microbatch, as (tensor, bytes) pairs."""
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    a, f, d = shape.num_attention_heads, shape.ffn_hidden_size, shape.kv_channels
+    sb = s * b
+    sp_split = tp if sequence_parallel else 1
+    hidden = sb * h // sp_split            # elements of one (sequence-parallel) hidden state
+    mask = kernels.dropout_mask_bytes or act_bytes
+    ad, kv = shape.query_width, shape.kv_width
+    scores_stored = shape.attention_stores_scores and not selective_recompute
+    rope = not shape.learned_positions
+    repeated = scores_stored and kv < ad
+    terms = []
+
+    def norm(name: str) -> None:
+        terms.append((f"{name} input", hidden * act_bytes))
+        if shape.norm_has_bias:
+            terms.append((f"{name} statistics (fp32 mean, 1/std)", 2 * (sb // sp_split) * FP32))
+        else:
+            terms.append((f"{name} statistics (fp32 1/rms)", (sb // sp_split) * FP32))
+            if not kernels.fused_rmsnorm:
+                terms.append((f"{name} normalized input (composite RMSNorm)", hidden * act_bytes))
+
+    norm("input_layernorm")
+    terms.append(("linear_qkv input", hidden * act_bytes))
+    if not (rope and repeated):   # Q (learned positions) or V (not repeated) is a saved view
+        terms.append(("linear_qkv output (Q, K, V views)", sb * (ad + 2 * kv) // tp * act_bytes))
+    if rope:
+        terms.append(("query after RoPE", sb * ad // tp * act_bytes))
+        if not repeated:
+            terms.append(("key after RoPE", sb * kv // tp * act_bytes))
+        terms.append(("RoPE cos/sin for Q and K", 4 * s * d * act_bytes))
+    if repeated:
+        terms += [("key repeated to all heads", sb * ad // tp * act_bytes),
+                  ("value repeated to all heads", sb * ad // tp * act_bytes)]
+    if scores_stored:
+        scores = b * a * s * s // tp
+        terms.append(("attention softmax output", scores * act_bytes))
+        if shape.attention_dropout > 0:
+            terms += [("attention dropout mask", scores * mask),
+                      ("attention dropout output", scores * act_bytes)]
+    elif not shape.attention_stores_scores:
+        terms.append(("attention log-sum-exp (fp32)", b * a * s // tp * FP32))
+    terms.append(("linear_proj input", sb * ad // tp * act_bytes))
+    if shape.hidden_dropout > 0:
+        terms.append(("attention output dropout mask", hidden * mask))
+    norm("pre_mlp_layernorm")
+    terms.append(("linear_fc1 input", hidden * act_bytes))
+    if shape.gated_mlp:
+        terms.append(("linear_fc1 output (SwiGLU input)", 2 * sb * f // tp * act_bytes))
+        if not kernels.fused_swiglu:
+            # unfused silu(x1) * (x2 + offset) also keeps silu(x1) and the shifted x2
+            terms += [("SiLU output", sb * f // tp * act_bytes),
+                      ("SwiGLU linear half", sb * f // tp * act_bytes)]
+    else:
+        terms.append(("GeLU input", sb * f // tp * act_bytes))
+    terms.append(("linear_fc2 input", sb * f // tp * act_bytes))
+    if shape.hidden_dropout > 0:
+        terms.append(("MLP dropout mask", hidden * mask))
+    return terms
+
+
+def activation_bytes_per_layer(shape: ModelShape, micro_batch_size: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str | None = None,
+                               act_bytes: int = 2, kernels: Kernels = GPU_KERNELS) -> int:
+    """Bytes one layer keeps for one microbatch; for full recompute, its stored input."""
+    if recompute == "full":
+        sp_split = tp if sequence_parallel else 1
+        return shape.seq_length * micro_batch_size * shape.hidden_size // sp_split * act_bytes
+    return sum(v for _, v in activation_terms(shape, micro_batch_size, tp, sequence_parallel,
+                                              recompute == "selective", act_bytes, kernels))
+
+
+def output_layer_bytes(shape: ModelShape, micro_batch_size: int, tp: int,
+                       sequence_parallel: bool, act_bytes: int,
+                       kernels: Kernels = GPU_KERNELS) -> int:
+    """The last stage: final norm, output-layer input and the fp32 softmax that the
+    vocab-parallel cross entropy keeps (s·b·V/t, plus its per-token target and mask)."""
+    sb = shape.seq_length * micro_batch_size
+    sp_split = tp if sequence_parallel else 1
+    hidden = sb * shape.hidden_size // sp_split * act_bytes
+    norm = hidden + (sb // sp_split) * FP32 * (2 if shape.norm_has_bias else 1)
+    if not shape.norm_has_bias and not kernels.fused_rmsnorm:
+        norm += hidden
+    return norm + hidden + sb * shape.padded_vocab(tp) // tp * FP32 + sb * (INT64 + BOOL)
+
+
+def embedding_bytes(shape: ModelShape, micro_batch_size: int, tp: int, sequence_parallel: bool,
+                    act_bytes: int, kernels: Kernels = GPU_KERNELS) -> int:
+    """The first stage: the embedding dropout's mask (its output is the first layer's input)."""
+    if shape.hidden_dropout <= 0:
+        return 0
+    sp_split = tp if sequence_parallel else 1
+    mask = kernels.dropout_mask_bytes or act_bytes
+    return shape.seq_length * micro_batch_size * shape.hidden_size // sp_split * mask
+
+
+def in_flight_microbatches(pp: int, vpp: int | None, pp_rank: int, num_microbatches: int) -> int:
+    """Chunk-microbatches whose activations pipeline rank ``pp_rank`` holds at its peak
+    (megatron-core's warmup count + 1, capped at everything it runs)."""
+    if pp == 1:
+        return 1
+    if vpp is None:
+        return min(pp - pp_rank, num_microbatches)
+    total = num_microbatches * vpp
+    warmup = (pp - pp_rank - 1) * 2 + (vpp - 1) * pp
+    return total if warmup >= total else warmup + 1
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    per_layer: int            # one layer, one microbatch, in the chosen recompute form
+    layers_per_chunk: int
+    chunk_microbatch: int     # all layers of one chunk for one microbatch
+    in_flight: int            # chunk-microbatches held at the peak
+    recompute_working_set: int  # full recompute: one group's full activations while recomputing
+    embedding: int
+    output_layer: int
+
+    @property
+    def stored(self) -> int:
+        """What the forward passes leave for the backward passes at the peak."""
+        return self.in_flight * self.chunk_microbatch + self.embedding + self.output_layer
+
+    @property
+    def total(self) -> int:
+        return self.stored + self.recompute_working_set
+
+
+def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, pp_rank: int,
+                      micro_batch_size: int, num_microbatches: int, sequence_parallel: bool,
+                      recompute: str | None, recompute_method: str = "uniform",
+                      recompute_num_layers: int = 1, act_bytes: int = 2,
+                      kernels: Kernels = GPU_KERNELS) -> StageActivations:
+    """Peak activation bytes on one GPU of pipeline rank ``pp_rank``."""
+    layers = shape.num_layers // (pp * (vpp or 1))
+    in_flight = in_flight_microbatches(pp, vpp, pp_rank, num_microbatches)
+    args = (shape, micro_batch_size, tp, sequence_parallel)
+    full_layer = activation_bytes_per_layer(*args, None, act_bytes, kernels)
+    per_layer, chunk, working = full_layer, layers * full_layer, 0
+    if recompute == "full":
+        per_layer = activation_bytes_per_layer(*args, "full", act_bytes, kernels)
+        k = max(1, min(recompute_num_layers, layers))
+        if recompute_method == "block":
+            # the first k layers of each chunk keep only their input, the rest everything
+            chunk, working = k * per_layer + (layers - k) * full_layer, full_layer
+        else:
+            # groups of k layers keep the group's input; backward recomputes one group at a time
+            chunk, working = math.ceil(layers / k) * per_layer, k * full_layer
+        if not shape.learned_positions:
+            # the checkpoint also keeps the RoPE frequency table it is passed (fp32), once
+            chunk += shape.seq_length * shape.kv_channels * FP32
+    elif recompute == "selective":
+        per_layer = activation_bytes_per_layer(*args, "selective", act_bytes, kernels)
+        chunk = layers * per_layer
+    first_chunk_in_flight = min(in_flight, pp) if vpp else in_flight
+    return StageActivations(
+        per_layer=per_layer,
+        layers_per_chunk=layers,
+        chunk_microbatch=chunk,
+        in_flight=in_flight,
+        recompute_working_set=working,
+        embedding=embedding_bytes(*args, act_bytes, kernels) * first_chunk_in_flight
+        if pp_rank == 0 else 0,
+        output_layer=output_layer_bytes(*args, act_bytes, kernels) if pp_rank == pp - 1 else 0,
+    )

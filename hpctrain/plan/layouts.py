@@ -1,0 +1,274 @@
+"""Plan one layout, or every valid layout of a job on a number of GPUs, ranked.
+
+A layout here is TP × PP (× VPP) × DP plus the knobs that trade memory for time: micro batch
+size, sequence parallelism and activation recomputation. ``config.layout.layout_problems``
+decides validity (the same check the runtime makes); this module prices each valid layout
+(memory per GPU on its most loaded rank, bubble, FLOPs, step time) and ranks them: layouts
+that fit first, fastest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config.job import JobConfig
+from ..config.layout import Layout, layout_problems
+from ..config.profile import ClusterProfile
+from ..config.schema import Problems
+from .activations import StageActivations, stage_activations
+from .memory import allowance_bytes, state_bytes_per_pipeline_rank
+from .parameters import ParameterCount, count_parameters
+from .shape import PRECISION_BYTES, ModelShape
+from .timing import Hardware, StepTime, estimate_step_time, mfu, model_flops_per_step
+
+GiB = 2**30
+RECOMPUTE_CHOICES = (None, "selective", "full")
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    pipeline_rank: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    allowance: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.allowance
+
+    def to_json(self) -> dict:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "allowance": self.allowance, "total": self.total}
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    layout: Layout
+    sequence_parallel: bool
+    recompute: str | None
+    parameters: ParameterCount
+    memory: MemoryBreakdown                 # the most loaded pipeline rank
+    per_stage: tuple[MemoryBreakdown, ...]
+    activations: StageActivations           # of the most loaded pipeline rank
+    pipeline_bubble_fraction: float
+    model_flops_per_step: float
+    step: StepTime | None
+    mfu: float | None
+    fits: bool | None
+    is_job_layout: bool = False
+
+    def describe(self) -> str:
+        rec = self.recompute or "no"
+        return (f"{self.layout.describe()} mbs {self.layout.micro_batch_size}"
+                f"{' SP' if self.sequence_parallel else ''} {rec} recompute")
+
+    @property
+    def step_time_s(self) -> float | None:
+        return self.step.total_s if self.step else None
+
+    def to_json(self) -> dict:
+        lay = self.layout
+        step = self.step
+        return {
+            "tensor_model_parallel_size": lay.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": lay.pipeline_model_parallel_size,
+            "virtual_pipeline_model_parallel_size": lay.virtual_pipeline_model_parallel_size,
+            "data_parallel_size": lay.data_parallel_size,
+            "micro_batch_size": lay.micro_batch_size,
+            "num_microbatches": lay.num_microbatches,
+            "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute,
+            "memory_bytes_per_gpu": self.memory.to_json(),
+            "pipeline_bubble_fraction": self.pipeline_bubble_fraction,
+            "model_flops_per_step": self.model_flops_per_step,
+            "step_time_s": self.step_time_s,
+            "mfu": self.mfu,
+            "fits": self.fits,
+            "job_layout": self.is_job_layout,
+            "most_loaded_pipeline_rank": self.memory.pipeline_rank,
+            "parameters_on_most_loaded_rank": self.parameters.most_loaded_rank,
+            "memory_bytes_per_pipeline_rank": [m.to_json() for m in self.per_stage],
+            "step_time_breakdown_s": None if step is None else {
+                "compute_with_bubble": step.compute_s, "tensor_parallel_comm": step.tp_comm_s,
+                "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s},
+        }
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the job would run: GPUs, node size, and what each GPU offers (None: unknown)."""
+
+    world_size: int
+    gpus_per_node: int | None
+    gpu_memory_bytes: int | None
+    hardware: Hardware
+
+    @classmethod
+    def from_profile(cls, profile: ClusterProfile | None, gpus: int | None = None) -> "Target":
+        if profile is None:
+            if not gpus:
+                raise ValueError("a target needs a profile or a GPU count")
+            return cls(gpus, None, None, Hardware(None, None, None, None))
+        gpn = profile.slurm.gpus_per_node
+        world = gpus if gpus else profile.world_size
+        if gpus and gpus < gpn:
+            gpn = gpus
+        mem = profile.node.gpu_memory_gb
+        ic = profile.interconnect
+        return cls(world, gpn, int(mem * GiB) if mem else None,
+                   Hardware(profile.node.peak_tflops, ic.intra_node_busbw_gbs,
+                            ic.inter_node_busbw_gbs, gpn))
+
+
+def _recompute_knobs(job: JobConfig, recompute: str | None) -> tuple[str, int]:
+    t = job.train
+    if recompute == "full" and t.recompute_granularity == "full":
+        return t.recompute_method, t.recompute_num_layers
+    return "uniform", 1
+
+
+def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_parallel: bool,
+                recompute: str | None) -> LayoutPlan:
+    """Price one valid layout: memory on every pipeline rank, bubble, FLOPs, step time."""
+    shape = ModelShape.from_job(job)
+    t = job.train
+    tp, pp = layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size
+    vpp, dp = layout.virtual_pipeline_model_parallel_size, layout.data_parallel_size
+    act_bytes = PRECISION_BYTES[t.precision]
+    dist_opt = job.parallel.use_distributed_optimizer
+    states = state_bytes_per_pipeline_rank(
+        shape, tp=tp, pp=pp, vpp=vpp, dp=dp, precision=t.precision,
+        grad_reduce_in_fp32=t.grad_reduce_in_fp32, distributed_optimizer=dist_opt)
+    method, num_layers = _recompute_knobs(job, recompute)
+    stages, acts = [], []
+    for rank, st in enumerate(states):
+        act = stage_activations(shape, tp=tp, pp=pp, vpp=vpp, pp_rank=rank,
+                                micro_batch_size=layout.micro_batch_size,
+                                num_microbatches=layout.num_microbatches,
+                                sequence_parallel=sequence_parallel, recompute=recompute,
+                                recompute_method=method, recompute_num_layers=num_layers,
+                                act_bytes=act_bytes)
+        itemized = st.total + act.total
+        stages.append(MemoryBreakdown(rank, st.weights, st.gradients, st.optimizer, act.total,
+                                      allowance_bytes(itemized)))
+        acts.append(act)
+    worst = max(range(pp), key=lambda r: stages[r].total)
+    flops = model_flops_per_step(shape, layout.global_batch_size, tp)
+    bubble = (pp - 1) / ((vpp or 1) * layout.num_microbatches)
+    step = estimate_step_time(
+        shape, target.hardware, tp=tp, pp=pp, vpp=vpp, dp=dp,
+        micro_batch_size=layout.micro_batch_size, num_microbatches=layout.num_microbatches,
+        sequence_parallel=sequence_parallel, recompute=recompute, act_bytes=act_bytes,
+        grad_buffer_bytes=max(s.gradients for s in states),
+        weight_bytes=max(s.weights for s in states), distributed_optimizer=dist_opt)
+    fits = None if target.gpu_memory_bytes is None else stages[worst].total <= target.gpu_memory_bytes
+    return LayoutPlan(
+        layout=layout, sequence_parallel=sequence_parallel, recompute=recompute,
+        parameters=count_parameters(shape, tp, pp, vpp), memory=stages[worst],
+        per_stage=tuple(stages), activations=acts[worst], pipeline_bubble_fraction=bubble,
+        model_flops_per_step=flops, step=step,
+        mfu=mfu(flops, step.total_s, layout.world_size, target.hardware.peak_tflops) if step else None,
+        fits=fits, is_job_layout=_is_job_layout(job, layout, sequence_parallel, recompute))
+
+
+def _is_job_layout(job: JobConfig, layout: Layout, sp: bool, recompute: str | None) -> bool:
+    par = job.parallel
+    return (layout.tensor_model_parallel_size == par.tensor_model_parallel_size
+            and layout.pipeline_model_parallel_size == par.pipeline_model_parallel_size
+            and layout.virtual_pipeline_model_parallel_size == par.virtual_pipeline_model_parallel_size
+            and layout.micro_batch_size == job.batch.micro_batch_size
+            and sp == par.sequence_parallel and recompute == job.train.recompute_granularity)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    layout: str
+    reasons: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"layout": self.layout, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    target: Target
+    layouts: tuple[LayoutPlan, ...]       # ranked: fitting first, fastest first
+    rejected: tuple[Rejected, ...]
+
+    @property
+    def best(self) -> LayoutPlan | None:
+        return self.layouts[0] if self.layouts and self.layouts[0].fits is not False else None
+
+    @property
+    def job_layout(self) -> LayoutPlan | None:
+        return next((p for p in self.layouts if p.is_job_layout), None)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _describe(tp: int, pp: int, vpp: int | None, mbs: int, sp: bool) -> str:
+    return (f"TP{tp}×PP{pp}" + (f"×VPP{vpp}" if vpp else "")
+            + f" mbs {mbs}" + (" SP" if sp else ""))
+
+
+def _rank_key(plan: LayoutPlan):
+    fit_order = {True: 0, None: 1, False: 2}[plan.fits]
+    if plan.fits is False or plan.step is None:
+        return (fit_order, plan.memory.total, 0.0)
+    return (fit_order, plan.step.total_s, plan.memory.total)
+
+
+def plan_layouts(job: JobConfig, target: Target, *, tp: int | None = None, pp: int | None = None,
+                 vpp: int | None | str = "any") -> PlanResult:
+    """Every layout of ``job`` on ``target`` (or only those with the pinned TP/PP/VPP)."""
+    world, gpn = target.world_size, target.gpus_per_node
+    tp_max = gpn or min(world, 8)
+    tps = [tp] if tp else [d for d in _divisors(tp_max) if world % d == 0]
+    layouts: list[LayoutPlan] = []
+    rejected: list[Rejected] = []
+    mbs_choices = sorted(set(MICRO_BATCH_CHOICES) | {job.batch.micro_batch_size})
+    for t in tps:
+        pps = [pp] if pp else [d for d in _divisors(world // t)] if world % t == 0 else [1]
+        for p in pps:
+            if vpp != "any":
+                vpps = [vpp]
+            elif p > 1:
+                per_stage = job.model.num_layers // p if job.model.num_layers % p == 0 else 0
+                vpps = [None] + [v for v in _divisors(per_stage) if v > 1]
+            else:
+                vpps = [None]
+            for v in vpps:
+                for mbs in mbs_choices:
+                    for sp in ([False, True] if t > 1 else [False]):
+                        problems = Problems()
+                        lay = layout_problems(job, world, gpn, problems, tp=t, pp=p, vpp=v,
+                                              mbs=mbs, sequence_parallel=sp)
+                        if lay is None:
+                            rejected.append(Rejected(_describe(t, p, v, mbs, sp), tuple(
+                                f"{path}: {msg}" for path, msg in problems.items)))
+                            continue
+                        for rec in RECOMPUTE_CHOICES:
+                            layouts.append(plan_layout(job, lay, target, sequence_parallel=sp,
+                                                       recompute=rec))
+    layouts.sort(key=_rank_key)
+    return PlanResult(target, tuple(layouts), tuple(rejected))
+
+
+def explain_layout(job: JobConfig, target: Target, *, tp: int | None = None,
+                   pp: int | None = None, vpp: int | None | str = "job",
+                   mbs: int | None = None, sequence_parallel: bool | None = None,
+                   recompute: str | None = "job") -> tuple[LayoutPlan | None, list[tuple[str, str]]]:
+    """The job's layout with some of it pinned: its plan, or every reason it is invalid."""
+    problems = Problems()
+    sp = job.parallel.sequence_parallel if sequence_parallel is None else sequence_parallel
+    lay = layout_problems(job, target.world_size, target.gpus_per_node, problems, tp=tp, pp=pp,
+                          vpp=vpp, mbs=mbs, sequence_parallel=sp)
+    if lay is None:
+        return None, problems.items
+    rec = job.train.recompute_granularity if recompute == "job" else recompute
+    return plan_layout(job, lay, target, sequence_parallel=sp, recompute=rec), []

@@ -1,0 +1,105 @@
+"""Bytes per GPU for weights, gradients and optimizer state, as megatron-core allocates them.
+
+* Weights: the model's parameters in the training precision (bf16/fp16: 2 bytes, fp32: 4).
+  With the distributed optimizer DDP moves them into one flat buffer of the padded size.
+* Gradients: DDP's gradient buffer (padded with the distributed optimizer), fp32 when
+  ``train.grad_reduce_in_fp32`` is true (megatron's default) or the precision is fp32, else
+  16-bit.
+* Optimizer (Adam): exp_avg and exp_avg_sq in fp32 (8 bytes), plus an fp32 master copy of the
+  parameters under bf16/fp16 (4 bytes), plus an fp32 copy of the gradients when those are kept
+  in 16-bit (the optimizer's ``main_grad.float()``, 4 bytes). The distributed optimizer keeps
+  all of this only for the elements of its 1/DP slice of each gradient bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .grad_buffer import bucket_elements, grad_buffer_layout
+from .parameters import chunk_parameters, pipeline_chunks
+from .shape import PRECISION_BYTES, ModelShape
+
+# A stated allowance for what the model above does not itemize: the CUDA context, NCCL and
+# cuBLAS workspaces (not in PyTorch's allocator), transient tensors (logits before the loss,
+# activation gradients in backward), and the caching allocator's fragmentation.
+ALLOWANCE_FIXED_BYTES = 2 * 2**30
+ALLOWANCE_FRACTION = 0.10
+
+
+def grad_bytes(precision: str, grad_reduce_in_fp32: bool) -> int:
+    return 4 if precision == "fp32" or grad_reduce_in_fp32 else PRECISION_BYTES[precision]
+
+
+@dataclass(frozen=True)
+class OptimizerBytesPerElement:
+    """Bytes of optimizer state per parameter element the optimizer owns."""
+
+    master_params: int   # fp32 copy of 16-bit parameters
+    moments: int         # Adam exp_avg + exp_avg_sq
+    main_grads: int      # fp32 copy of 16-bit gradients at the step
+
+    @property
+    def total(self) -> int:
+        return self.master_params + self.moments + self.main_grads
+
+
+def optimizer_bytes_per_element(precision: str, grad_reduce_in_fp32: bool) -> OptimizerBytesPerElement:
+    sixteen_bit = precision in ("bf16", "fp16")
+    return OptimizerBytesPerElement(
+        master_params=4 if sixteen_bit else 0,
+        moments=8,
+        main_grads=4 if sixteen_bit and not grad_reduce_in_fp32 else 0,
+    )
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    weights: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+def state_bytes_for_parameters(num_params: float, precision: str = "bf16",
+                               grad_reduce_in_fp32: bool = True, data_parallel_size: int = 1,
+                               distributed_optimizer: bool = False) -> StateBytes:
+    """Back-of-the-envelope form for a parameter count (no padding): bytes per GPU."""
+    opt = optimizer_bytes_per_element(precision, grad_reduce_in_fp32).total
+    shards = data_parallel_size if distributed_optimizer else 1
+    return StateBytes(int(num_params * PRECISION_BYTES[precision]),
+                      int(num_params * grad_bytes(precision, grad_reduce_in_fp32)),
+                      int(num_params * opt / shards))
+
+
+@lru_cache(maxsize=1024)
+def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: int | None,
+                                  dp: int, precision: str, grad_reduce_in_fp32: bool,
+                                  distributed_optimizer: bool,
+                                  overlap_grad_reduce: bool = False) -> tuple[StateBytes, ...]:
+    """Exact bytes on one GPU of each pipeline rank (the most loaded DP rank's optimizer)."""
+    w_bytes = PRECISION_BYTES[precision]
+    g_bytes = grad_bytes(precision, grad_reduce_in_fp32)
+    o_bytes = optimizer_bytes_per_element(precision, grad_reduce_in_fp32).total
+    out = []
+    for rank, chunks in enumerate(pipeline_chunks(shape.num_layers, pp, vpp)):
+        weights = grads = 0
+        owned = [0] * dp
+        for chunk in chunks:
+            params = chunk_parameters(shape, tp, pp, chunk)
+            bucket = bucket_elements(overlap_grad_reduce, dp, rank == 0 and chunk.virtual_index == 0)
+            layout = grad_buffer_layout(params, dp, distributed_optimizer, bucket)
+            weights += (layout.numel if distributed_optimizer else layout.numel_unpadded) * w_bytes
+            grads += layout.numel * g_bytes
+            for r in range(dp if distributed_optimizer else 1):
+                owned[r] += layout.owned_numel(dp, r) if distributed_optimizer \
+                    else layout.numel_unpadded
+        out.append(StateBytes(weights, grads, max(owned) * o_bytes))
+    return tuple(out)
+
+
+def allowance_bytes(itemized: int) -> int:
+    return int(ALLOWANCE_FIXED_BYTES + ALLOWANCE_FRACTION * itemized)

@@ -1,0 +1,141 @@
+"""What ``hpctrain plan`` prints: a ranked table, one layout explained, and the JSON contract."""
+
+from __future__ import annotations
+
+from ..config.job import JobConfig
+from .activations import ACTIVATION_NOTE
+from .layouts import GiB, LayoutPlan, PlanResult, Rejected, Target
+from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optimizer_bytes_per_element
+from .parameters import ParameterCount
+from .shape import PRECISION_BYTES, ModelShape
+from .timing import MATMUL_EFFICIENCY
+
+
+def assumptions(job: JobConfig, target: Target) -> list[str]:
+    t, m = job.train, job.model
+    shape = ModelShape.from_job(job)
+    opt = optimizer_bytes_per_element(t.precision, t.grad_reduce_in_fp32)
+    attention = ("keeps the a·s² softmax scores" if shape.attention_stores_scores
+                 else "stores no attention scores (flash/fused; auto is taken to resolve to them)")
+    out = [
+        f"precision {t.precision}: weights {PRECISION_BYTES[t.precision]} B/param, gradient "
+        f"buffer {grad_bytes(t.precision, t.grad_reduce_in_fp32)} B/param, Adam state "
+        f"{opt.total} B/param ({'distributed over DP' if job.parallel.use_distributed_optimizer else 'on every DP rank'})",
+        f"attention backend {m.attention_backend}: {attention}",
+        ACTIVATION_NOTE,
+        f"allowance {ALLOWANCE_FIXED_BYTES / GiB:.0f} GiB + {ALLOWANCE_FRACTION:.0%} of the itemized "
+        "memory (CUDA context, NCCL/cuBLAS workspaces, transient tensors, fragmentation)",
+    ]
+    hw = target.hardware
+    if hw.peak_tflops:
+        out.append(f"compute at {MATMUL_EFFICIENCY:.0%} of {hw.peak_tflops:g} TFLOP/s per GPU; "
+                   "communication not overlapped with compute (megatron-core defaults); "
+                   f"bus bandwidth intra-node {hw.intra_node_busbw_gbs or '?'} GB/s, "
+                   f"inter-node {hw.inter_node_busbw_gbs or '?'} GB/s")
+    else:
+        out.append("no peak TFLOP/s known (profile node.peak_tflops): step time and MFU are not "
+                   "estimated; layouts are ranked by memory per GPU")
+    if target.gpu_memory_bytes is None:
+        out.append("GPU memory unknown (no profile, or node.gpu_memory_gb unset): fits is null")
+    return out
+
+
+def reference_parameters(job: JobConfig, result: PlanResult) -> tuple[ParameterCount, str]:
+    ref = result.job_layout or (result.layouts[0] if result.layouts else None)
+    if ref is not None:
+        return ref.parameters, ref.layout.describe()
+    from .parameters import count_parameters
+    return count_parameters(ModelShape.from_job(job)), "TP1×PP1"
+
+
+def plan_json(job: JobConfig, result: PlanResult, layouts: list[LayoutPlan] | None = None,
+              rejected: list[Rejected] | None = None) -> dict:
+    params, described = reference_parameters(job, result)
+    layouts = list(result.layouts) if layouts is None else layouts
+    rejected = list(result.rejected) if rejected is None else rejected
+    t = result.target
+    return {
+        "parameters": {"total": params.total, "most_loaded_rank": params.most_loaded_rank,
+                       "layout": described, "padded_vocab_size": params.padded_vocab_size},
+        "world_size": t.world_size,
+        "gpus_per_node": t.gpus_per_node,
+        "gpu_memory_bytes": t.gpu_memory_bytes,
+        "assumptions": assumptions(job, t),
+        "layouts": [p.to_json() for p in layouts],
+        "rejected": [r.to_json() for r in rejected],
+    }
+
+
+def _g(n: int) -> str:
+    return f"{n / GiB:6.1f}"
+
+
+def _fits(plan: LayoutPlan) -> str:
+    return {True: "yes", False: "NO", None: "?"}[plan.fits]
+
+
+def table(plans: list[LayoutPlan], start: int = 1) -> list[str]:
+    head = (f"{'#':>4}  {'layout':<20} {'mbs':>3} {'nmb':>4} {'SP':<2} {'recompute':<9} "
+            f"{'weights':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'total':>6}  "
+            f"{'bubble':>6} {'step s':>7} {'MFU':>5}  fits")
+    lines = [head, "      " + "(memory per GPU in GiB, most loaded pipeline stage)"]
+    for i, p in enumerate(plans, start):
+        m, lay = p.memory, p.layout
+        step = f"{p.step_time_s:7.2f}" if p.step_time_s is not None else f"{'-':>7}"
+        mfu = f"{p.mfu:5.0%}" if p.mfu is not None else f"{'-':>5}"
+        mark = "*" if p.is_job_layout else " "
+        lines.append(
+            f"{i:>3}{mark}  {lay.describe():<20} {lay.micro_batch_size:>3} {lay.num_microbatches:>4} "
+            f"{'SP' if p.sequence_parallel else '':<2} {p.recompute or '-':<9} {_g(m.weights):>7} "
+            f"{_g(m.gradients)} {_g(m.optimizer)} {_g(m.activations)} {_g(m.total)}  "
+            f"{p.pipeline_bubble_fraction:6.1%} {step} {mfu}  {_fits(p)}")
+    return lines
+
+
+def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
+    """One layout in full: where each byte goes on its most loaded GPU, and the time."""
+    m, lay, act = plan.memory, plan.layout, plan.activations
+    t = job.train
+    pp, v = lay.pipeline_model_parallel_size, lay.virtual_pipeline_model_parallel_size or 1
+    limit = f" of {target.gpu_memory_bytes / GiB:g} GiB" if target.gpu_memory_bytes else ""
+    verdict = {True: f"fits in {target.gpu_memory_bytes / GiB:g} GiB per GPU" if plan.fits else "",
+               False: f"does NOT fit in {(target.gpu_memory_bytes or 0) / GiB:g} GiB per GPU",
+               None: "fit unknown (GPU memory not given)"}[plan.fits]
+    stage = f"pipeline stage {m.pipeline_rank} (the most loaded)" if pp > 1 else "every GPU"
+    opt = optimizer_bytes_per_element(t.precision, t.grad_reduce_in_fp32)
+    dist = job.parallel.use_distributed_optimizer
+    form = (f"{plan.recompute} recompute" if plan.recompute else "no recompute") + \
+        (", sequence parallel" if plan.sequence_parallel else "")
+    lines = [
+        f"{plan.describe()}: {verdict}",
+        f"  memory on {stage}, {plan.parameters.per_pipeline_rank[m.pipeline_rank]:,} parameters:",
+        f"    weights      {_g(m.weights)} GiB  ({t.precision}"
+        + (", in the distributed optimizer's padded buffer)" if dist else ")"),
+        f"    gradients    {_g(m.gradients)} GiB  ({grad_bytes(t.precision, t.grad_reduce_in_fp32)}"
+        "-byte gradient buffer)",
+        f"    optimizer    {_g(m.optimizer)} GiB  ({opt.total} B per element: master "
+        f"{opt.master_params}, Adam moments {opt.moments}, fp32 grads {opt.main_grads}"
+        + (f"; 1/{lay.data_parallel_size} of the buffer per DP rank)" if dist else ")"),
+        f"    activations  {_g(m.activations)} GiB  ({act.layers_per_chunk} layers × "
+        f"{act.in_flight} microbatch(es) in flight × {act.per_layer / 2**20:.1f} MiB per layer "
+        f"[{form}]"
+        + (f" + recompute working set {act.recompute_working_set / 2**20:.0f} MiB"
+           if act.recompute_working_set else "")
+        + (f" + output layer/loss {act.output_layer / 2**20:.0f} MiB" if act.output_layer else "")
+        + ")",
+        f"    allowance    {_g(m.allowance)} GiB",
+        f"    total        {_g(m.total)} GiB{limit}",
+    ]
+    if pp > 1:
+        per = ", ".join(f"{s.total / GiB:.1f}" for s in plan.per_stage)
+        lines.append(f"  total per pipeline stage (GiB): {per}")
+    lines.append(f"  pipeline bubble (p−1)/(v·m) = {pp - 1}/({v}·{lay.num_microbatches}) = "
+                 f"{plan.pipeline_bubble_fraction:.1%}")
+    lines.append(f"  model FLOPs per step {plan.model_flops_per_step:.3e}")
+    if plan.step:
+        s = plan.step
+        lines.append(f"  step ≈ {s.total_s:.2f} s (compute with bubble {s.compute_s:.2f}, TP comm "
+                     f"{s.tp_comm_s:.2f}, PP comm {s.pp_comm_s:.2f}, DP comm {s.dp_comm_s:.2f}); "
+                     f"MFU ≈ {plan.mfu:.0%}")
+        lines += [f"  note: {n}" for n in s.notes]
+    return lines

@@ -1,0 +1,135 @@
+"""Estimated step time and MFU of a layout, from the profile's peak FLOP/s and bandwidths.
+
+The estimate is for ranking layouts, not a promise. Its assumptions, all shown to the user:
+
+* dense matrix multiplies run at ``MATMUL_EFFICIENCY`` of the profile's ``node.peak_tflops``;
+* a step costs 3 forward passes of FLOPs per token (``hpctrain.flops``) plus what
+  recomputation repeats: one more forward for full recompute, the attention core again for
+  selective; the most loaded pipeline stage (the last, with the logits) sets the pace;
+* the pipeline runs ``m + (p − 1)/v`` microbatch slots per step (bubble (p − 1)/(v·m));
+* communication does not overlap compute (megatron-core's defaults): per layer and
+  microbatch, TP does 2 all-reduces forward and 2 backward (SP's all-gather/reduce-scatter
+  pairs cost the same), 2 more forward under full recompute, on the intra-node link; DP
+  reduce-scatters (distributed optimizer) or all-reduces the gradient buffer and all-gathers
+  the parameters on the inter-node link unless the DP group fits in a node; PP sends one
+  activation forward and one gradient backward per microbatch and chunk;
+* a collective over n ranks moves ``bytes × 2(n−1)/n`` (all-reduce) or ``bytes × (n−1)/n``
+  (reduce-scatter, all-gather) at the profile's bus bandwidth; point-to-point sends run at it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import flops as model_flops
+from .shape import ModelShape
+
+MATMUL_EFFICIENCY = 0.70
+
+
+@dataclass(frozen=True)
+class Hardware:
+    peak_tflops: float | None
+    intra_node_busbw_gbs: float | None
+    inter_node_busbw_gbs: float | None
+    gpus_per_node: int | None
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float          # the pipeline's compute, bubble included
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    notes: tuple[str, ...]
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s
+
+
+def flops_shape(shape: ModelShape, tp: int) -> model_flops.ModelShape:
+    return model_flops.ModelShape(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads, num_query_groups=shape.num_query_groups,
+        kv_channels=shape.kv_channels, ffn_hidden_size=shape.ffn_hidden_size,
+        vocab_size=shape.padded_vocab(tp), seq_length=shape.seq_length,
+        gated_mlp=shape.gated_mlp, add_bias_linear=shape.add_bias_linear,
+        untied_output=not shape.tied_output, learned_positions=shape.learned_positions,
+        max_position_embeddings=shape.max_position_embeddings)
+
+
+def model_flops_per_step(shape: ModelShape, global_batch_size: int, tp: int = 1) -> float:
+    return model_flops.model_flops_per_step(flops_shape(shape, tp), global_batch_size)
+
+
+def _allreduce_s(nbytes: float, n: int, busbw_gbs: float) -> float:
+    return nbytes * 2 * (n - 1) / n / (busbw_gbs * 1e9) if n > 1 else 0.0
+
+
+def _gather_or_scatter_s(nbytes: float, n: int, busbw_gbs: float) -> float:
+    return nbytes * (n - 1) / n / (busbw_gbs * 1e9) if n > 1 else 0.0
+
+
+def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp: int | None,
+                       dp: int, micro_batch_size: int, num_microbatches: int,
+                       sequence_parallel: bool, recompute: str | None, act_bytes: int,
+                       grad_buffer_bytes: int, weight_bytes: int,
+                       distributed_optimizer: bool) -> StepTime | None:
+    """Seconds per optimizer step on the slowest pipeline stage; None without a peak."""
+    if not hw.peak_tflops:
+        return None
+    notes: list[str] = []
+    s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
+    fs = flops_shape(shape, tp)
+    tokens = s * b
+    layer_fwd = tokens * (2 * model_flops.layer_matmul_params(fs) + 4 * s * fs.attention_width)
+    attention_core_fwd = tokens * 4 * s * fs.attention_width
+    layer_cost = 3 * layer_fwd
+    if recompute == "full":
+        layer_cost += layer_fwd
+    elif recompute == "selective":
+        layer_cost += attention_core_fwd
+    logits_cost = 3 * tokens * 2 * h * fs.vocab_size
+    stage_flops = (shape.num_layers // pp * layer_cost + logits_cost) / tp
+    v = vpp or 1
+    slots = num_microbatches + (pp - 1) / v
+    compute = stage_flops / (hw.peak_tflops * 1e12 * MATMUL_EFFICIENCY) * slots
+
+    intra, inter, gpn = hw.intra_node_busbw_gbs, hw.inter_node_busbw_gbs, hw.gpus_per_node
+    tp_comm = pp_comm = dp_comm = 0.0
+    if tp > 1:
+        if intra:
+            per_layer = 4 + (2 if recompute == "full" else 0)
+            msg = tokens * h * act_bytes
+            tp_comm = per_layer * (shape.num_layers // pp) * _allreduce_s(msg, tp, intra) * slots
+        else:
+            notes.append("TP communication not counted: the profile has no "
+                         "interconnect.intra_node_busbw_gbs")
+    single_node = gpn is None or tp * pp * dp <= gpn
+    if pp > 1:
+        link = intra if single_node else inter
+        if link:
+            msg = tokens * h * act_bytes / (tp if sequence_parallel else 1)
+            pp_comm = 2 * num_microbatches * v * msg / (link * 1e9)
+        else:
+            notes.append("PP communication not counted: the profile has no bus bandwidth for "
+                         "the link between stages")
+    if dp > 1:
+        dp_in_node = gpn is not None and tp * dp <= gpn
+        link = intra if dp_in_node else inter
+        if link:
+            if distributed_optimizer:
+                dp_comm = (_gather_or_scatter_s(grad_buffer_bytes, dp, link)
+                           + _gather_or_scatter_s(weight_bytes, dp, link))
+            else:
+                dp_comm = _allreduce_s(grad_buffer_bytes, dp, link)
+        else:
+            notes.append("DP communication not counted: the profile has no "
+                         "interconnect.inter_node_busbw_gbs")
+    return StepTime(compute, tp_comm, pp_comm, dp_comm, tuple(notes))
+
+
+def mfu(flops_per_step: float, step_time_s: float, world_size: int,
+        peak_tflops: float | None) -> float | None:
+    return model_flops.mfu(flops_per_step, step_time_s, world_size, peak_tflops)
