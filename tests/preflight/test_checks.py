@@ -1,0 +1,243 @@
+"""Checks on parsed real output: healthy fixtures pass, degraded ones fail with the right fix."""
+
+from __future__ import annotations
+
+import shutil
+
+from hpctrain.preflight import infiniband
+from hpctrain.preflight.gpu import check_gpus, parse_gpu_query
+from hpctrain.preflight.locate import Locator, pair_up
+from hpctrain.preflight.nccl_env import check_nccl_env
+from hpctrain.preflight.nccl_log import check_transport, parse_nccl_transport
+from hpctrain.preflight.results import bad_nodes, passed, summary
+from hpctrain.preflight.software import compare_versions
+from hpctrain.preflight.storage import check_storage
+from hpctrain.preflight.topology import check_topology, parse_topo_matrix
+from tests.preflight.helpers import FIXTURES, fixture_text, h100_profile, make_profile
+
+
+def by_check(rows):
+    return {r.check: r for r in rows}
+
+
+def ib_rows(name: str, profile=None):
+    data = {"ports": infiniband.parse_ibstat(fixture_text(name)), "source": "ibstat",
+            "before": {}, "after": {}}
+    return by_check(infiniband.check_infiniband(data, profile or h100_profile(), "gpu-017"))
+
+
+def test_healthy_h100_ports_pass():
+    rows = ib_rows("ibstat/h100-all-active.txt")
+    assert all(rows[c].status == "pass" for c in ("ib.hcas", "ib.ports", "ib.rate", "ib.link_layer"))
+
+
+def test_port_down_fails_naming_the_port():
+    row = ib_rows("ibstat/h100-port-down.txt")["ib.ports"]
+    assert row.status == "fail" and "mlx5_5:1 Down/Polling" in row.measured
+    assert "cable" in row.fix
+
+
+def test_rate_100_on_a_400_link_fails():
+    row = ib_rows("ibstat/h100-rate-100.txt")["ib.rate"]
+    assert row.status == "fail" and row.measured == "mlx5_6:1 at 100 Gb/s" and row.expected == "400 Gb/s"
+
+
+def test_unknown_hca_in_profile_fails_with_the_names_found():
+    profile = h100_profile(interconnect={"hcas": ["mlx5_0", "mlx5_12"]})
+    row = ib_rows("ibstat/h100-all-active.txt", profile)["ib.hcas"]
+    assert row.status == "fail" and "missing mlx5_12" in row.measured and "mlx5_9" in row.measured
+
+
+def test_ethernet_port_on_an_infiniband_profile_fails_link_layer():
+    profile = h100_profile(interconnect={"hcas": ["mlx5_0", "mlx5_bond_0"], "port_rate_gbps": 200})
+    rows = ib_rows("ibstat/h100-all-active.txt", profile)
+    assert rows["ib.link_layer"].status == "fail" and "mlx5_bond_0:1 is Ethernet" in \
+        rows["ib.link_layer"].measured
+
+
+def test_counters_that_grow_between_two_reads(tmp_path):
+    root = tmp_path / "ib"
+    shutil.copytree(FIXTURES / "sysfs_ib" / "h100", root)
+    profile = h100_profile(interconnect={"hcas": ["mlx5_0", "mlx5_1"]})
+
+    def link_flaps(seconds):  # the clock between the two reads: mlx5_1 goes down and up
+        (root / "mlx5_1/ports/1/counters/link_downed").write_text("3\n")
+        (root / "mlx5_0/ports/1/counters/symbol_error").write_text("17\n")
+
+    data = infiniband.collect(root, interval_s=1, sleep=link_flaps)
+    assert data["source"] == "sysfs"
+    row = by_check(infiniband.check_infiniband(data, profile, "n1"))["ib.counters"]
+    assert row.status == "fail" and "mlx5_1:1 link_downed +3" in row.measured
+    assert "mlx5_0:1 symbol_error +17" in row.measured
+
+
+def test_gpu_missing_fails_count_and_model_checked():
+    profile = make_profile(slurm={"gpus_per_node": 8}, node={"gpus": 8, "gpu_model": "A100",
+                                                             "device": "cuda"})
+    rows = by_check(check_gpus(parse_gpu_query(fixture_text("query_gpu/a100x8-gpu7-missing.csv")),
+                               "", profile, "n3"))
+    assert rows["gpu.count"].status == "fail" and rows["gpu.count"].measured == "7 GPUs"
+    healthy = by_check(check_gpus(parse_gpu_query(fixture_text("query_gpu/a100x8.csv")), "", profile,
+                                  "n3"))
+    assert healthy["gpu.count"].status == "pass" and healthy["gpu.model"].status == "pass"
+    wrong = by_check(check_gpus(parse_gpu_query(fixture_text("query_gpu/h100x8.csv")), "", profile,
+                                "n3"))
+    assert wrong["gpu.model"].status == "fail" and "H100" in wrong["gpu.model"].measured
+
+
+def test_gpu_health_fields():
+    profile = h100_profile()
+    ok = by_check(check_gpus(parse_gpu_query(fixture_text("query_gpu/h100x8-health.csv")), "",
+                             profile, "n1"))
+    assert {c: r.status for c, r in ok.items()} == {
+        "gpu.count": "pass", "gpu.model": "pass", "gpu.ecc": "pass", "gpu.memory_pages": "pass",
+        "gpu.clocks": "pass", "gpu.persistence": "pass"}
+    bad = by_check(check_gpus(parse_gpu_query(fixture_text("query_gpu/h100x8-health-degraded.csv")),
+                              "", profile, "n1"))
+    assert bad["gpu.ecc"].status == "fail" and bad["gpu.ecc"].measured == "GPU 5: 2 uncorrected"
+    assert bad["gpu.memory_pages"].status == "fail" and "GPU 5" in bad["gpu.memory_pages"].measured
+    assert bad["gpu.clocks"].status == "fail" and "GPU 5: HW slowdown" in bad["gpu.clocks"].measured
+    assert bad["gpu.persistence"].status == "warn" and "GPU 2" in bad["gpu.persistence"].measured
+
+
+def test_nvidia_smi_missing_on_gpu_profile_is_a_failing_row():
+    rows = check_gpus(None, "`nvidia-smi` is not on PATH", h100_profile(), "n1")
+    assert rows[0].status == "fail" and "nvidia-smi" in rows[0].measured and rows[0].fix
+
+
+TOPO_NODE = h100_profile(interconnect={"hcas": [f"mlx5_{i}" for i in range(8)]})
+
+
+def test_topology_nvlink_down_on_one_gpu():
+    ok = by_check(check_topology(parse_topo_matrix(fixture_text("topo/h100-8gpu-8nic.txt")), "",
+                                 TOPO_NODE, "n1"))
+    assert ok["topology.nvlink"].status == "pass" and ok["topology.nvlink"].measured.startswith("NV18")
+    assert ok["topology.nic_affinity"].status == "pass"
+    bad = by_check(check_topology(parse_topo_matrix(fixture_text("topo/h100-gpu3-nvlink-down.txt")),
+                                  "", TOPO_NODE, "n1"))
+    row = bad["topology.nvlink"]
+    assert row.status == "fail" and "GPU0-GPU3 NODE" in row.measured and "GPU3" in row.fix
+    assert len(row.detail["weak_pairs"]) == 7
+
+
+def test_topology_nic_far_from_gpus():
+    # the ibstat node's HCA names (no mlx5_2/mlx5_3) on this topology: GPU2/3 lose their own NIC
+    partial = by_check(check_topology(parse_topo_matrix(fixture_text("topo/h100-8gpu-8nic.txt")), "",
+                                      h100_profile(), "n1"))["topology.nic_affinity"]
+    assert partial.status == "warn" and "GPU2: nearest mlx5_0 via NODE" in partial.measured
+    profile = h100_profile(interconnect={"hcas": ["mlx5_0"]})
+    row = by_check(check_topology(parse_topo_matrix(fixture_text("topo/h100-8gpu-8nic.txt")), "",
+                                  profile, "n1"))["topology.nic_affinity"]
+    assert row.status == "warn" and "GPU4: nearest mlx5_0 via SYS" in row.measured
+
+
+def test_nccl_env_hca_names_ports_and_prefixes():
+    devices = {p.device: {p.port} for p in
+               infiniband.parse_ibstat(fixture_text("ibstat/h100-all-active.txt"))}
+    profile = h100_profile(interconnect={"socket_ifname": "eth0"})
+
+    def rows(**env):
+        return by_check(check_nccl_env({"NCCL_SOCKET_IFNAME": "eth0", **env}, profile, devices,
+                                       ["eth0", "lo"], 2, "n1"))
+    assert rows(NCCL_IB_HCA="=mlx5_0:1,mlx5_4:1")["nccl.ib_hca"].status == "pass"
+    assert rows(NCCL_IB_HCA="mlx5")["nccl.ib_hca"].measured.startswith("selects mlx5_0, mlx5_1")
+    bad = rows(NCCL_IB_HCA="mlx5_0,mlx5_3")["nccl.ib_hca"]
+    assert bad.status == "fail" and "mlx5_3 matches no HCA" in bad.measured
+    assert rows(NCCL_IB_HCA="mlx5_0:2")["nccl.ib_hca"].status == "fail"
+    assert rows(NCCL_IB_HCA="^mlx5_42")["nccl.ib_hca"].status == "warn"
+    assert rows(NCCL_IB_DISABLE="1")["nccl.ib_disable"].status == "fail"
+    lo = by_check(check_nccl_env({"NCCL_SOCKET_IFNAME": "lo"}, profile, devices, ["eth0", "lo"], 2,
+                                 "n1"))["nccl.socket_ifname"]
+    assert lo.status == "fail" and "lo" in lo.fix
+    typo = by_check(check_nccl_env({"NCCL_SOCKET_IFNAME": "bond0"}, profile, devices,
+                                   ["eth0", "lo"], 2, "n1"))["nccl.socket_ifname"]
+    assert typo.status == "fail" and "no interface bond0" in typo.measured
+
+
+def test_nccl_env_footguns_warn():
+    env = {"NCCL_P2P_DISABLE": "1", "NCCL_NET_GDR_LEVEL": "LOC", "NCCL_DEBUG": "TRACE",
+           "NCCL_ALGO": "Ring", "NCCL_SOCKET_IFNAME": "eth0"}
+    row = by_check(check_nccl_env(env, h100_profile(), None, ["eth0"], 2, "n1"))["nccl.settings"]
+    assert row.status == "warn"
+    for word in ("NCCL_P2P_DISABLE", "GPUDirect RDMA", "TRACE", "NCCL_ALGO"):
+        assert word in row.measured
+    odd = by_check(check_nccl_env({"NCCL_NET_GDR_LEVEL": "FAST"}, h100_profile(), None, ["eth0"], 2,
+                                  "n1"))["nccl.settings"]
+    assert "not one of LOC/PIX/PXB/PHB/SYS" in odd.measured
+
+
+def test_transport_socket_on_ib_profile_fails_loudly():
+    sock = check_transport(parse_nccl_transport(fixture_text("nccl_log/socket-fallback.log")),
+                           h100_profile(), "n2", 2)
+    assert sock.status == "fail" and "NET/Socket x4" in sock.measured and "no IB device" in sock.measured
+    ib = check_transport(parse_nccl_transport(fixture_text("nccl_log/roce-net-ib.log")),
+                         h100_profile(interconnect={"kind": "roce"}), "n2", 2)
+    assert ib.status == "pass" and "NET/IB x2" in ib.measured
+
+
+MOUNTS = "overlay / overlay rw 0 0\n{dev} {point} {fs} rw 0 0\n"
+
+
+def test_storage_local_disk_on_multi_node_fails(tmp_path):
+    profile = make_profile(slurm={"nodes": 4}, preemption={"lead_time_s": 120})
+    rows = by_check(check_storage(str(tmp_path / "ck"), profile, 4, "n1", probe_mb=2,
+                                  checkpoint_bytes=None,
+                                  mounts_text=MOUNTS.format(dev="/dev/sda1", point=tmp_path, fs="xfs")))
+    assert rows["storage.shared"].status == "fail" and "xfs" in rows["storage.shared"].measured
+    assert rows["storage.writable"].status == "pass" and not (tmp_path / "ck").exists()
+    shared = by_check(check_storage(str(tmp_path / "ck"), profile, 4, "n1", probe_mb=0,
+                                    checkpoint_bytes=None,
+                                    mounts_text=MOUNTS.format(dev="srv:/x", point=tmp_path, fs="nfs4")))
+    assert shared["storage.shared"].status == "pass"
+
+
+def test_storage_free_space_and_emergency_checkpoint(tmp_path):
+    profile = make_profile(storage={"min_free_gb": 1e9}, preemption={"lead_time_s": 1})
+    rows = by_check(check_storage(str(tmp_path), profile, 1, "n1", probe_mb=4,
+                                  checkpoint_bytes=int(500e9), mounts_text=""))
+    assert rows["storage.free"].status == "fail"
+    ck = rows["storage.emergency_ckpt"]
+    assert ck.status == "fail" and ck.detail["seconds"] > 1 and "lead_time_s" in ck.expected
+    assert rows["storage.write_bw"].detail["mb_per_s"] > 0
+
+
+def test_storage_unmounted_root_is_reported_not_created(tmp_path):
+    rows = check_storage("/hpctrain-no-such-mount/ckpt", make_profile(), 2, "n1", probe_mb=0,
+                         checkpoint_bytes=None, mounts_text="")
+    assert rows[0].status == "fail" and "does not exist" in rows[0].measured
+
+
+def test_versions_mismatch_blames_the_minority():
+    v = {"torch": "2.5.1", "nccl": "2.21.5", "megatron-core": "0.16.1"}
+    rows = by_check(compare_versions({"n1": v, "n2": v, "n3": {**v, "nccl": "2.18.3"}}))
+    assert rows["software.nccl"].status == "fail" and rows["software.nccl"].measured == "n3: 2.18.3"
+    assert rows["software.torch"].status == "pass"
+    assert bad_nodes(list(rows.values())) == ["n3"]
+
+
+def test_locator_pairs_then_cross_checks():
+    assert pair_up(["a", "b", "c", "d", "e"]) == [["a", "b"], ["c", "d", "e"]]
+    loc = Locator(["n1", "n2", "n3", "n4"], floor=None, outlier_fraction=0.5)
+    speed = {"n1": 10, "n2": 10, "n3": 10, "n4": 1}  # a group runs at its slowest node
+
+    def measure(groups):
+        return {tuple(g): min(speed[n] for n in g) for g in groups}
+
+    while (groups := loc.next_groups()) is not None:
+        loc.record(measure(groups))
+    assert loc.culprits == ["n4"] and "n3" in loc.cleared
+    assert [r["stage"] for r in loc.rounds] == ["pairs", "cross"]
+
+
+def test_locator_blames_nobody_when_every_pair_is_slow():
+    loc = Locator(["n1", "n2", "n3", "n4"], floor=20.0, outlier_fraction=0.5)
+    groups = loc.next_groups()
+    loc.record({tuple(g): 5.0 for g in groups})
+    assert loc.next_groups() is None and loc.culprits == [] and "fabric" in loc.note
+
+
+def test_summary_names_bad_nodes():
+    rows = ib_rows("ibstat/h100-port-down.txt")
+    rows = list(rows.values())
+    assert not passed(rows) and bad_nodes(rows) == ["gpu-017"]
+    assert summary(rows).startswith("FAILED") and "gpu-017" in summary(rows)
