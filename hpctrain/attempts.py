@@ -74,7 +74,7 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
     }
     if extra:
         record.update(extra)
-    if any(e.get("event") == "cancel" for e in run.events()):
+    if run.cancelled():
         record["exit_reason"] = "cancelled"
     profile = run.resolved_profile()
     decision = decide(run.ledger(), record, profile.preemption.max_requeues,

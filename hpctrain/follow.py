@@ -42,27 +42,48 @@ def rank0_progress(line: str) -> bool:
     return bool(line.strip()) and not any(n in line for n in NOISE)
 
 
+def hpctrain_line(line: str) -> bool:
+    return line.startswith("[hpctrain]")
+
+
 def follow(run: Run, is_active: Callable[[], bool], echo: Callable[[str], None], *,
-           poll_s: float = 1.0, rank: int = 0, attempt: int | None = None,
-           line_filter: Callable[[str], bool] = rank0_progress, timeout_s: float | None = None) -> dict:
+           poll_s: float = 1.0, rank: int | None = 0, attempt: int | None = None,
+           line_filter: Callable[[str], bool] = rank0_progress, timeout_s: float | None = None,
+           from_attempt: int | None = None,
+           batch_filter: Callable[[str], bool] = hpctrain_line,
+           start_offsets: dict[Path, int] | None = None) -> dict:
     """Print the run's progress until ``is_active()`` turns false; return the last ledger record.
 
     ``attempt`` None follows whichever attempt is current (across requeues); a number follows
-    only that attempt.
+    only that attempt. ``from_attempt`` skips older attempts' logs (``hpctrain logs --follow``
+    starts at the current one). ``rank`` None shows the batch shell's log only.
+    ``start_offsets`` skips what was already shown of some files (path -> bytes).
     """
+    offsets = start_offsets or {}
+
+    def tail(path: Path) -> Tail:
+        t = Tail(path)
+        t.offset = offsets.get(path, 0)
+        return t
     tails: dict[int, Tail] = {}
     batch_tails: dict[int, Tail] = {}
     seen_ledger = len(run.ledger())
     start = time.time()
     idle_rounds = 0
     while True:
-        attempts = [attempt] if attempt else run.attempts_started()
+        attempts = [attempt] if attempt else [n for n in run.attempts_started()
+                                               if from_attempt is None or n >= from_attempt]
         for n in attempts:
-            for line in tails.setdefault(n, Tail(run.rank_log(n, rank))).lines():
-                if line_filter(line):
-                    echo(line)
-            for line in batch_tails.setdefault(n, Tail(run.attempt_dir(n) / "batch.log")).lines():
-                if line.startswith("[hpctrain]"):
+            if rank is not None:
+                if n not in tails:
+                    tails[n] = tail(run.rank_log(n, rank))
+                for line in tails[n].lines():
+                    if line_filter(line):
+                        echo(line)
+            if n not in batch_tails:
+                batch_tails[n] = tail(run.attempt_dir(n) / "batch.log")
+            for line in batch_tails[n].lines():
+                if batch_filter(line):
                     echo(line)
         ledger = run.ledger()
         for rec in ledger[seen_ledger:]:

@@ -81,6 +81,30 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def read_last_jsonl(path: Path, max_bytes: int = 1 << 16) -> dict | None:
+    """The last complete record of a JSONL file, reading only its end (metrics files grow)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line, or the first line cut by the seek
+        if isinstance(record, dict):
+            return record
+    return None
+
+
+# Events that reopen a run a user had cancelled, or a finished run resumed with --force.
+REOPEN_EVENTS = ("resume", "requeue")
+
+
 @dataclass
 class Run:
     """A run folder. Cheap to create: it only holds the path."""
@@ -174,6 +198,27 @@ class Run:
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_file)
+
+    def cancelled(self, events: list[dict] | None = None) -> bool:
+        """A user cancelled the run and did not requeue or resume it since."""
+        for e in reversed(self.events() if events is None else events):
+            if e.get("event") == "cancel":
+                return True
+            if e.get("event") in REOPEN_EVENTS:
+                return False
+        return False
+
+    def finished(self, ledger: list[dict] | None = None, events: list[dict] | None = None) -> bool:
+        """The last attempt reached train.steps (and no forced resume reopened the run since)."""
+        ledger = self.ledger() if ledger is None else ledger
+        if not ledger or ledger[-1].get("exit_reason") != "finished":
+            return False
+        for e in reversed(self.events() if events is None else events):
+            if e.get("event") == "attempt_end":
+                return True
+            if e.get("event") == "resume" and e.get("force"):
+                return False
+        return True
 
     def attempts_started(self) -> list[int]:
         if not self.logs_dir.is_dir():

@@ -60,8 +60,17 @@ def failure_detail(sub) -> str:
 @click.option("--wait/--no-wait", default=None,
               help="Follow the run to its end (default: wait on the local profile, not on Slurm).")
 @click.option("--force", is_flag=True, help="Submit even if the planner says it does not fit.")
+@click.option("--chain", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
+              help="Submit K jobs of the same run, each starting when the previous one ended "
+                   "(afterany): a run longer than the partition's time limit.")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
+              help="One run per combination of values (repeatable: the cartesian product), "
+                   "submitted as one Slurm job array.")
+@click.option("--max-parallel", type=int, default=None, metavar="N",
+              help="With --sweep: at most N runs at once (the array's %N).")
 @json_option
-def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, as_json):
+def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain, sweeps,
+           max_parallel, as_json):
     """Submit a training run: validate, plan, create a run folder, submit through submitit.
 
     On a Slurm profile the rendered sbatch script is submitted (its job requeues itself on
@@ -73,9 +82,24 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, as_jso
       hpctrain submit examples/tiny.yaml                       # local profile, waits
       hpctrain submit examples/tiny.yaml -p dev-slurm --wait   # the dev Slurm cluster
       hpctrain submit job.yaml -p h100-ib-pyxis -N 32 --json
+      hpctrain submit job.yaml -p dev-slurm --chain 3          # 3 jobs, one after another
+      hpctrain submit job.yaml -p dev-slurm --sweep train.lr=1e-4,3e-4 --max-parallel 1
     """
     from ..slurm.submit import prepare_run, submit_training
     resolved = load_resolved(job_file, profile_name, nodes)
+    if sweeps:
+        from .sweep_submit import submit_sweep
+        if chain > 1:
+            raise UsageError("--chain with --sweep: submit the sweep, then extend a run with "
+                             "`hpctrain resume RUN`")
+        return submit_sweep(job_file, resolved.profile, list(sweeps), runs_dir=runs_dir,
+                            max_parallel=max_parallel, dry_run=dry_run, wait=wait, force=force,
+                            as_json=as_json)
+    if max_parallel is not None:
+        raise UsageError("--max-parallel limits a sweep; add --sweep KEY=V1,V2 or drop it")
+    if chain > 1 and resolved.profile.scheduler != "slurm":
+        raise UsageError(f"--chain needs a Slurm profile; {resolved.profile.name!r} runs on this "
+                         "machine, where one job already runs to the end (drop --chain)")
     check_fits(resolved, force)
     check_data(resolved.job)
     root = runs_dir or default_runs_root(resolved.profile.storage.runs_root)
@@ -94,14 +118,24 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, as_jso
         else:
             click.echo(f"Dry run: run folder {run.path} prepared; nothing submitted.")
         return
-    sub = submit_training(resolved, run)
+    if chain > 1:
+        from ..ops.launch import submit_chain
+        subs = submit_chain(resolved, run, chain)
+        sub = subs[0]
+    else:
+        sub = submit_training(resolved, run)
+        subs = [sub]
     if wait is None:
         wait = resolved.profile.scheduler == "local" and not as_json
     if as_json:
         echo_json({"run": run.id, "run_dir": str(run.path), "job_id": sub.job_id,
+                   "job_ids": [s.job_id for s in subs],
                    "profile": resolved.profile.name, "layout": resolved.layout.describe()})
     else:
-        click.echo(f"Submitted {run.id} as job {sub.job_id} on {resolved.profile.name} "
+        jobs = (f"job {sub.job_id}" if len(subs) == 1 else
+                f"a chain of {len(subs)} jobs ({', '.join(s.job_id for s in subs)}; each starts "
+                "when the previous one ended)")
+        click.echo(f"Submitted {run.id} as {jobs} on {resolved.profile.name} "
                    f"({resolved.layout.describe()}).")
         click.echo(f"Run folder: {run.path}")
     if wait:
@@ -110,16 +144,33 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, as_jso
 
 def follow_to_end(sub, quiet: bool = False) -> None:
     from ..follow import follow
+    from ..ops.progress import ProgressLine
+    from ..runs import read_last_jsonl
     from ..slurm.state import live_jobs
+    from .common import interactive
     run = sub.run
     if run.meta().get("scheduler") == "local":
-        def active():
+        def still_running():
             return not sub.job.done()
     else:
-        def active():
+        def still_running():
             return bool(live_jobs(run))
-    echo = (lambda s: None) if quiet else click.echo
-    last = follow(run, active, echo)
+    try:
+        total = run.resolved_job().train.steps
+    except HpcTrainError:
+        total = None
+    bar = ProgressLine(total, enabled=interactive() and not quiet, echo=click.echo)
+
+    def active():
+        running = still_running()
+        m = read_last_jsonl(run.metrics_file) or {}
+        bar.update(m.get("step"), f"loss {m['loss']:.4g}" if isinstance(m.get("loss"), float) else "")
+        return running
+    echo = (lambda s: None) if quiet else bar.echo
+    try:
+        last = follow(run, active, echo)
+    finally:
+        bar.close()
     reason = last.get("exit_reason")
     if reason == "finished":
         if not quiet:

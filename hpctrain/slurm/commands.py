@@ -75,10 +75,33 @@ def parse_squeue(text: str) -> list[QueueEntry]:
 def squeue(job_ids: list[str]) -> list[QueueEntry]:
     if not job_ids:
         return []
-    proc = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", _SQUEUE_FORMAT], check=False)
+    # -r: one line per array task (a pending array is otherwise folded into "12_[1-3%2]")
+    proc = run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", _SQUEUE_FORMAT], check=False)
     if proc.returncode != 0:  # squeue refuses ids it has forgotten; that is "not in queue"
         return []
     return parse_squeue(proc.stdout)
+
+
+def parse_duration(text: str) -> int | None:
+    """Slurm's durations (squeue %M/%l, sacct Elapsed: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``)
+    -> seconds; None for ``UNLIMITED``, ``N/A``, ``INVALID`` and anything else unreadable."""
+    text = (text or "").strip()
+    days = 0
+    if "-" in text:
+        head, text = text.split("-", 1)
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    nums = [int(p) for p in parts]
+    if days and len(nums) < 3:
+        nums += [0] * (3 - len(nums))  # "1-02" is one day two hours
+        h, m, s = nums
+    else:
+        h, m, s = [0] * (3 - len(nums)) + nums
+    return ((days * 24 + h) * 60 + m) * 60 + s
 
 
 # ---- sacct ----------------------------------------------------------------------------------

@@ -70,17 +70,25 @@ def job_end_time(job_id: str) -> float | None:
     return parse_slurm_time(rows[0].end_time) if rows else None
 
 
+def job_id_of_run() -> str:
+    """The id the run recorded at submission: ``A_i`` for task i of job array A (a sweep), which
+    Slurm also accepts everywhere; else ``SLURM_JOB_ID``."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID", "")
+
+
 def cancelled(run: Run) -> bool:
-    return any(e.get("event") == "cancel" for e in run.events())
+    return run.cancelled()  # a later `hpctrain requeue/resume` reopens the run
 
 
 def finished(run: Run) -> bool:
-    ledger = run.ledger()
-    return bool(ledger) and ledger[-1].get("exit_reason") == "finished"
+    return run.finished()
 
 
 def cmd_begin(run: Run) -> str:
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = job_id_of_run()
     if cancelled(run):
         print(f"[hpctrain] run {run.id} was cancelled; job {job_id} exits", file=sys.stderr)
         return _assign(HPCTRAIN_SKIP=1)
@@ -112,7 +120,7 @@ def _scheduler_facts() -> dict:
         nodes = commands.expand_hostlist(nodelist) if nodelist else []
     except Exception:
         nodes = [nodelist] if nodelist else []
-    return {"scheduler": "slurm", "job_id": os.environ.get("SLURM_JOB_ID"),
+    return {"scheduler": "slurm", "job_id": job_id_of_run() or None,
             "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "nodes": nodes}
 
 

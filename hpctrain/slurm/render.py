@@ -33,6 +33,10 @@ class ScriptInputs:
     kind: str = "train"              # train | preflight
     dependency: str | None = None    # --chain
     extra_excludes: list[str] = field(default_factory=list)
+    # --sweep: a job array; task i runs in array_run_dirs[i] (run_dir then holds the sweep's
+    # script and batch logs); array_parallelism is the %N limit on tasks running at once
+    array_run_dirs: list[str] = field(default_factory=list)
+    array_parallelism: int | None = None
 
 
 def _q(value) -> str:
@@ -79,7 +83,12 @@ def sbatch_directives(resolved: Resolved, inputs: ScriptInputs) -> list[tuple[st
     else:
         d.append(("no-requeue", None))
     d.append(("open-mode", "append"))
-    d.append(("output", f"{inputs.run_dir}/logs/slurm-%j.log"))
+    if inputs.array_run_dirs:
+        limit = f"%{inputs.array_parallelism}" if inputs.array_parallelism else ""
+        d.append(("array", f"0-{len(inputs.array_run_dirs) - 1}{limit}"))
+        d.append(("output", f"{inputs.run_dir}/logs/slurm-%A_%a.log"))
+    else:
+        d.append(("output", f"{inputs.run_dir}/logs/slurm-%j.log"))
     if inputs.dependency:
         d.append(("dependency", inputs.dependency))
     return d
@@ -95,8 +104,9 @@ def render_sbatch(resolved: Resolved, inputs: ScriptInputs) -> str:
     if p.container.image:
         container.append(f"--container-image={p.container.image}")
         mounts = list(p.container.mounts)
-        if inputs.run_dir not in [m.split(":")[0] for m in mounts]:
-            mounts.append(f"{inputs.run_dir}:{inputs.run_dir}")
+        for d in [inputs.run_dir] + list(inputs.array_run_dirs):
+            if d not in [m.split(":")[0] for m in mounts]:
+                mounts.append(f"{d}:{d}")
         container.append(f"--container-mounts={','.join(mounts)}")
         if p.container.workdir:
             container.append(f"--container-workdir={p.container.workdir}")
@@ -123,5 +133,6 @@ def render_sbatch(resolved: Resolved, inputs: ScriptInputs) -> str:
         "gate": inputs.kind == "train" and p.preflight.gate,
         "gpus_per_node": p.slurm.gpus_per_node,
         "nodes": p.slurm.nodes,
+        "array_run_dirs": list(inputs.array_run_dirs),
     }
     return _env().get_template(TRAIN_TEMPLATE).render(**context)

@@ -1,0 +1,245 @@
+"""``hpctrain runs|status|logs|cancel|requeue|resume``: the run folder, day to day.
+
+Thin Click commands over ``hpctrain.ops``; every RUN argument accepts a run folder, a run id,
+a unique prefix of one, or a job id the run submitted, and completes in the shell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import echo_json, json_option, runs_dir_option
+
+
+def runs_root(runs_dir: Path | None) -> Path:
+    """--runs-dir / $HPCTRAIN_RUNS_DIR, else the default profile's storage.runs_root, else ./runs."""
+    from ..runs import default_runs_root
+    if runs_dir:
+        return Path(runs_dir).expanduser().resolve()
+    try:
+        from ..config import load_profile
+        profile_root = load_profile().storage.runs_root
+    except Exception:
+        profile_root = None
+    return default_runs_root(profile_root)
+
+
+def complete_runs(ctx, param, incomplete: str):
+    """Shell completion of RUN: the run ids under the runs folder, newest first."""
+    from click.shell_completion import CompletionItem
+
+    from ..runs import iter_runs
+    root = runs_root(ctx.params.get("runs_dir"))
+    runs = sorted(iter_runs(root), key=lambda r: r.path.stat().st_mtime, reverse=True)
+    return [CompletionItem(r.id) for r in runs if r.id.startswith(incomplete)]
+
+
+def run_argument(f):
+    return click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)(f)
+
+
+def find(run_ref: str, runs_dir):
+    from ..runs import find_run
+    return find_run(run_ref, runs_root(runs_dir))
+
+
+# ---- runs ------------------------------------------------------------------------------------
+
+
+@click.command()
+@runs_dir_option
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="Show the newest N runs.")
+@json_option
+def runs(runs_dir, limit, as_json):
+    """List run folders, newest first: profile, current job, state, step, attempts, last event.
+
+    \b
+    Example:
+      hpctrain runs
+      hpctrain runs -n 5 --json | jq '.[] | select(.state == "RUNNING") | .run'
+    """
+    from ..ops.listing import format_runs, sorted_runs
+    from ..ops.runview import build_views
+    from ..runs import iter_runs
+    root = runs_root(runs_dir)
+    found = sorted_runs(list(iter_runs(root)))[:limit]
+    rows = [v.summary() for v in build_views(found)]
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo(f"No runs under {root} (`hpctrain submit JOB` creates one; --runs-dir picks "
+                   "another folder).")
+        return
+    click.echo(format_runs(rows))
+
+
+# ---- status ------------------------------------------------------------------------------------
+
+
+@click.command()
+@run_argument
+@runs_dir_option
+@json_option
+def status(run_ref, runs_dir, as_json):
+    """Show a run: live Slurm state and reason, nodes, time left, step and loss, the attempts
+    table (one row per attempt: job, restart, steps, exit, checkpoints, decision), last checkpoint.
+
+    \b
+    Example:
+      hpctrain status tiny-gpt            # a run id or unique prefix
+      hpctrain status 4242 --json         # by Slurm job id
+    """
+    from ..ops.checkpoints import inspect_checkpoints
+    from ..ops.runview import build_view
+    from ..ops.status import format_status, status_data
+    run = find(run_ref, runs_dir)
+    data = status_data(build_view(run), inspect_checkpoints(run))
+    if as_json:
+        echo_json(data)
+    else:
+        click.echo(format_status(data))
+
+
+# ---- logs ------------------------------------------------------------------------------------
+
+
+@click.command()
+@run_argument
+@click.option("--rank", "-r", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which rank's log.")
+@click.option("--attempt", "-a", type=click.IntRange(min=1), default=None,
+              help="Which attempt (default: the latest).")
+@click.option("--batch", is_flag=True, help="The batch shell's log (hooks, signals, requeues) "
+                                             "instead of a rank's.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new lines until the run stops, across requeues.")
+@click.option("--tail", "-t", "tail_lines", type=click.IntRange(min=1), default=None,
+              help="Only the last N lines (before following).")
+@runs_dir_option
+def logs(run_ref, rank, attempt, batch, follow, tail_lines, runs_dir):
+    """Print the log of one rank of one attempt of a run (default: rank 0, latest attempt).
+
+    \b
+    Example:
+      hpctrain logs tiny-gpt                     # rank 0 of the latest attempt
+      hpctrain logs tiny-gpt --rank 3 --attempt 1
+      hpctrain logs tiny-gpt -f                  # follow, across requeues
+      hpctrain logs tiny-gpt --batch             # the batch shell: signals, requeue decisions
+    """
+    from ..ops.logs import choose_log, follow_logs
+    run = find(run_ref, runs_dir)
+    path = choose_log(run, rank=rank, attempt=attempt, batch=batch, must_exist=not follow)
+    if path is not None and path.exists():
+        lines = path.read_text(errors="replace").splitlines()
+        for line in lines[-tail_lines:] if tail_lines else lines:
+            click.echo(line)
+    if follow:
+        follow_logs(run, rank=None if batch else rank, attempt=attempt, skip_existing=path,
+                    echo=click.echo)
+
+
+# ---- cancel ------------------------------------------------------------------------------------
+
+
+@click.command()
+@run_argument
+@runs_dir_option
+@json_option
+def cancel(run_ref, runs_dir, as_json):
+    """Cancel every pending or running job of a run. Recorded in the run (no requeue, chained
+    jobs skip); checkpoints are kept, so `hpctrain resume` can continue it later.
+
+    \b
+    Example:
+      hpctrain cancel tiny-gpt-20250101-120000-ab12
+    """
+    from ..ops.control import cancel_run
+    from ..ops.runview import build_view
+    run = find(run_ref, runs_dir)
+    ids = cancel_run(run)
+    if as_json:
+        echo_json({"run": run.id, "cancelled": ids})
+        return
+    if not ids:
+        click.echo(f"Run {run.id} has no pending or running job ({build_view(run).state}); "
+                   "nothing to cancel.")
+        return
+    click.echo(f"Cancelled run {run.id}: job(s) {', '.join(ids)}. Checkpoints are kept in "
+               f"{run.checkpoint_dir()} (`hpctrain resume {run.id}` continues from them).")
+
+
+# ---- requeue / resume ----------------------------------------------------------------------------
+
+wait_option = click.option("--wait/--no-wait", default=None,
+                           help="Follow the new job to its end (default: on the local profile).")
+
+
+def _after_resubmit(run, res, wait, as_json: bool, verb: str) -> None:
+    where = f"step {res.from_step}" if res.from_step is not None else "the start (no complete checkpoint)"
+    if as_json:
+        echo_json({"run": run.id, "job_id": res.job_id, "how": res.how, "from_step": res.from_step,
+                   "profile": res.profile, "world_size": res.world_size})
+    elif res.how == "scontrol requeue":
+        click.echo(f"Requeued job {res.job_id} of run {run.id}: Slurm stops it (the ranks save on "
+                   f"SIGTERM) and starts it again from the newest checkpoint ({where}).")
+    else:
+        click.echo(f"{verb} run {run.id} as job {res.job_id} on {res.profile} ({res.world_size} ranks), "
+                   f"from {where}.")
+    if res.submitted is None:
+        return
+    if wait is None:
+        wait = run.meta().get("scheduler") == "local" and not as_json
+    if wait:
+        from .submit_cmd import follow_to_end
+        follow_to_end(res.submitted, quiet=as_json)
+
+
+@click.command()
+@run_argument
+@wait_option
+@runs_dir_option
+@json_option
+def requeue(run_ref, wait, runs_dir, as_json):
+    """Requeue a run: a running job goes back to the queue (`scontrol requeue`) and resumes from
+    the newest checkpoint; a run whose jobs ended is resubmitted on its profile.
+
+    \b
+    Example:
+      hpctrain requeue tiny-gpt
+    """
+    from ..ops.control import requeue_run
+    run = find(run_ref, runs_dir)
+    _after_resubmit(run, requeue_run(run), wait, as_json, "Resubmitted")
+
+
+@click.command()
+@run_argument
+@click.option("--profile", "-p", "profile_name", default=None, metavar="NAME|FILE",
+              help="Resume on another cluster profile (default: the run's own).")
+@click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
+              help="Resume on another node count (the layout is checked again; the checkpoint "
+                   "is resharded on load).")
+@click.option("--force", is_flag=True, help="Resume even if the run looks running or finished.")
+@wait_option
+@runs_dir_option
+@json_option
+def resume(run_ref, profile_name, nodes, force, wait, runs_dir, as_json):
+    """Resubmit a stopped run from its newest complete checkpoint, possibly on another profile
+    or node count. The old profile is kept as profile.N.yaml in the run folder.
+
+    \b
+    Example:
+      hpctrain resume tiny-gpt
+      hpctrain resume tiny-gpt --nodes 1          # after losing a node: DP shrinks
+      hpctrain resume tiny-gpt -p h100-ib-pyxis -N 16
+    """
+    from ..ops.control import resume_run
+    from .submit_cmd import check_fits
+    run = find(run_ref, runs_dir)
+    res = resume_run(run, profile_name, nodes, force=force,
+                     check=lambda resolved: check_fits(resolved, force))
+    _after_resubmit(run, res, wait, as_json, "Resumed")
+

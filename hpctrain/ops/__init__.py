@@ -1,0 +1,7 @@
+"""Day-to-day operations on run folders: list, inspect, follow, cancel, requeue, resume, report,
+and the multi-job launches (chains and sweeps).
+
+Everything here reads the run folder (run.yaml, ledger, events, metrics, checkpoints) and asks
+the scheduler through ``hpctrain.slurm`` only; nothing imports torch, and matplotlib is
+imported by the report alone, when a report is drawn.
+"""

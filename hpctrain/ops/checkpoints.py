@@ -1,0 +1,90 @@
+"""What a run's checkpoint folder holds, as ``status``, ``resume`` and ``report`` show it.
+
+Reads the folder the runtime publishes into (``step-N/`` with ``manifest.json`` written last, a
+``latest`` pointer, ``.partial-*`` leftovers, ``quarantine/``) through the runtime's own
+pure-file helpers, with the cheap check only (manifest present, every file at its size): the
+full CRC check is the runtime's job when it loads. Never writes or moves anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..runs import Run
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: str
+    complete: bool          # manifest present and every listed file has its size
+    bytes: int | None = None
+    created: str | None = None
+    problem: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CheckpointFolder:
+    root: str
+    checkpoints: list[CheckpointInfo]  # newest first
+    latest: str | None                 # what the ``latest`` pointer names
+    partial: int                       # .partial-* folders (a save in progress, or a killed one)
+    quarantined: int
+
+    @property
+    def newest_complete(self) -> CheckpointInfo | None:
+        return next((c for c in self.checkpoints if c.complete), None)
+
+    def to_dict(self) -> dict:
+        newest = self.newest_complete
+        return {"root": self.root, "latest": self.latest, "partial": self.partial,
+                "quarantined": self.quarantined,
+                "newest_complete": newest.to_dict() if newest else None,
+                "checkpoints": [c.to_dict() for c in self.checkpoints]}
+
+
+def inspect_checkpoints(run: Run) -> CheckpointFolder:
+    from ..runtime.checkpoint import store
+    root = run.checkpoint_dir()
+    found = []
+    for step, folder in store.complete_checkpoints(root):
+        manifest = store.read_manifest(folder)
+        problems = store.manifest_problems(folder, manifest)
+        found.append(CheckpointInfo(step=step, path=str(folder), complete=not problems,
+                                    bytes=(manifest or {}).get("total_bytes"),
+                                    created=(manifest or {}).get("created"),
+                                    problem=problems[0] if problems else None))
+    qdir = root / store.QUARANTINE
+    quarantined = sum(1 for d in qdir.iterdir() if d.is_dir()) if qdir.is_dir() else 0
+    return CheckpointFolder(root=str(root), checkpoints=found, latest=store.read_latest(root),
+                            partial=len(store.partial_checkpoints(root)), quarantined=quarantined)
+
+
+def describe_checkpoint_ref(value) -> str | None:
+    """A ledger/result ``checkpoint_loaded``/``checkpoint_saved`` value, short: ``step 50``."""
+    if value in (None, "", False):
+        return None
+    if isinstance(value, bool):
+        return "yes"
+    if isinstance(value, int):
+        return f"step {value}"
+    if isinstance(value, dict):
+        if value.get("step") is not None:
+            return f"step {value['step']}"
+        return describe_checkpoint_ref(value.get("path"))
+    name = Path(str(value)).name
+    if name.startswith("step-") and name[5:].isdigit():
+        return f"step {int(name[5:])}"
+    return name
+
+
+def checkpoint_step(value) -> int | None:
+    """The step a ledger/result checkpoint value names, if it names one."""
+    text = describe_checkpoint_ref(value)
+    if text and text.startswith("step ") and text[5:].isdigit():
+        return int(text[5:])
+    return None

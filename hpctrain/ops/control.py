@@ -1,0 +1,180 @@
+"""What a person does to a run by hand: cancel it, requeue it, resume it elsewhere.
+
+Each action is recorded in the run's events before it touches the scheduler, because the batch
+script reads them: a ``cancel`` event makes the attempt recorder refuse to requeue and makes
+chained or requeued jobs exit at once; a later ``requeue`` or ``resume`` event reopens the run.
+Nothing here deletes a checkpoint or a run folder.
+"""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
+from ..config.schema import to_dict
+from ..errors import ConfigError, UsageError
+from ..runs import Run, now_iso
+from ..slurm import commands
+from ..slurm.state import cancel_local, live_jobs
+from ..slurm.submit import Submitted
+from .checkpoints import inspect_checkpoints
+from .launch import submit_run_job
+from .runview import RunView, build_view
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+# ---- cancel --------------------------------------------------------------------------------
+
+
+def cancel_run(run: Run) -> list[str]:
+    """Cancel every pending or running job of the run (all kinds); return their ids.
+
+    The ``cancel`` event is written first, so an attempt ending because of this cancel is
+    recorded as cancelled and not requeued, and chained jobs skip.
+    """
+    jobs = live_jobs(run, kind=None)
+    if not jobs:
+        return []
+    ids = [j.job_id for j in jobs]
+    run.event("cancel", jobs=ids, by=_user())
+    if run.meta().get("scheduler") == "local":
+        for job_id in ids:
+            cancel_local(job_id, run)
+    else:
+        commands.cancel(ids)
+    return ids
+
+
+# ---- requeue / resume ------------------------------------------------------------------------
+
+
+@dataclass
+class Resubmitted:
+    submitted: Submitted | None      # None: a running job was requeued in place
+    job_id: str
+    how: str                         # "scontrol requeue" | "resubmitted"
+    from_step: int | None            # the newest complete checkpoint's step (None: from scratch)
+    profile: str
+    world_size: int
+
+
+def _newest_step(run: Run) -> int | None:
+    try:
+        newest = inspect_checkpoints(run).newest_complete
+    except OSError:
+        return None
+    return newest.step if newest else None
+
+
+def _refuse_finished(view: RunView, what: str) -> None:
+    raise UsageError(f"run {view.run.id} finished at step {view.step}; nothing to {what} "
+                     f"(to train further, raise train.steps in {view.run.job_file} and run "
+                     f"`hpctrain resume {view.run.id} --force`)")
+
+
+def requeue_run(run: Run) -> Resubmitted:
+    """Running: ``scontrol requeue`` (Slurm stops it, the ranks save on SIGTERM, it comes back
+    and resumes from the newest checkpoint). Ended: resubmit the same run on its profile."""
+    view = build_view(run)
+    if view.finished:
+        _refuse_finished(view, "requeue")
+    if view.active_jobs:
+        job = view.current_job
+        if view.meta.get("scheduler") == "local":
+            raise UsageError(f"run {run.id} is running on this machine, where a job cannot be "
+                             f"requeued in place; `hpctrain cancel {run.id}` then "
+                             f"`hpctrain resume {run.id}`")
+        if job.state.split()[0] != "RUNNING":
+            why = f" ({job.reason})" if job.reason not in ("", "None") else ""
+            raise UsageError(f"run {run.id}'s job {job.job_id} is {job.state.lower()}{why}; it will "
+                             "start by itself, there is nothing to requeue")
+        run.event("requeue", job_id=job.job_id, how="scontrol requeue", by=_user())
+        commands.requeue(job.job_id)
+        profile = run.resolved_profile()
+        return Resubmitted(None, job.job_id, "scontrol requeue", _newest_step(run), profile.name,
+                           profile.world_size)
+    profile = run.resolved_profile()
+    resolved = _resolve_for(run, profile)
+    return _resubmit(run, resolved, "requeue", force=False)
+
+
+def resume_run(run: Run, profile_name: str | None = None, nodes: int | None = None, *,
+               force: bool = False, check: Callable[[Resolved], None] | None = None) -> Resubmitted:
+    """Resubmit a stopped run from its newest complete checkpoint, on its profile or another
+    one (``profile_name``/``nodes``). The runtime reshards the checkpoint to the new layout.
+    ``check`` may refuse the new layout (the planner's memory fit) before anything changes."""
+    view = build_view(run)
+    if view.active_jobs and not force:
+        job = view.current_job
+        raise UsageError(f"run {run.id} is still {view.state.lower()} (job {job.job_id}); a "
+                         f"preempted job resumes by itself. `hpctrain cancel {run.id}` first, or "
+                         "pass --force if the scheduler's view is wrong")
+    if view.finished and not force:
+        _refuse_finished(view, "resume")
+    old = run.resolved_profile()
+    new = load_profile(profile_name) if profile_name else old
+    new = new.with_nodes(nodes)
+    if new.scheduler != old.scheduler:
+        raise UsageError(f"--profile: run {run.id} ran with scheduler {old.scheduler!r} and "
+                         f"{new.name!r} uses {new.scheduler!r}; a run stays on one kind of "
+                         "scheduler (start a new run with `train.init_from` instead)")
+    if new.scheduler == "local" and new.slurm.nodes != 1:
+        raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
+    resolved = _resolve_for(run, new)
+    if check is not None:
+        check(resolved)
+    changed = to_dict(new) != to_dict(old)
+    if changed:
+        _archive_profile(run, old, new, resolved)
+    return _resubmit(run, resolved, "resume", force=force, previous_world_size=old.world_size)
+
+
+def _resolve_for(run: Run, profile: ClusterProfile) -> Resolved:
+    job = run.resolved_job()
+    try:
+        return resolve(job, profile, source=str(run.job_file))
+    except ConfigError as e:
+        raise UsageError(f"run {run.id} cannot run on {profile.name!r} with {profile.world_size} "
+                         f"ranks ({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node}): "
+                         f"{e}\nPick a --nodes count whose world size fits the run's "
+                         "TP × PP layout.") from None
+
+
+def _archive_profile(run: Run, old: ClusterProfile, new: ClusterProfile, resolved: Resolved) -> str:
+    """Keep the profile the run ran on so far as ``profile.N.yaml``; write the new one."""
+    n = 1
+    while (run.path / f"profile.{n}.yaml").exists():
+        n += 1
+    kept = run.path / f"profile.{n}.yaml"
+    yamlio.write_atomic(kept, run.profile_file.read_text())
+    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
+    meta = run.meta()
+    history = list(meta.get("profile_history", []))
+    history.append({"file": kept.name, "profile": old.name, "world_size": old.world_size,
+                    "layout": meta.get("layout"), "until": now_iso()})
+    run.update_meta(profile=new.name, world_size=new.world_size, layout=resolved.layout.describe(),
+                    profile_history=history)
+    return kept.name
+
+
+def _resubmit(run: Run, resolved: Resolved, event: str, *, force: bool,
+              previous_world_size: int | None = None) -> Resubmitted:
+    from_step = _newest_step(run)
+    data = {"how": "resubmitted", "by": _user(), "profile": resolved.profile.name,
+            "world_size": resolved.profile.world_size, "from_step": from_step}
+    if previous_world_size is not None:
+        data["previous_world_size"] = previous_world_size
+    if force:
+        data["force"] = True
+    run.event(event, **data)  # before submitting: it reopens a cancelled run for the new job
+    sub = submit_run_job(resolved, run)
+    return Resubmitted(sub, sub.job_id, "resubmitted", from_step, resolved.profile.name,
+                       resolved.profile.world_size)

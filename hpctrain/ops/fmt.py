@@ -1,0 +1,95 @@
+"""Plain-text formatting for terminal output: aligned tables, durations, ages, numbers.
+
+Pure functions, so the CLI's tables are tested without a terminal or a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+
+def format_table(headers: list[str], rows: list[list], *, indent: str = "") -> str:
+    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``; the last column is
+    not padded (it may be long, e.g. a decision's reason)."""
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, v in enumerate(row[:len(headers)]):
+            widths[i] = max(widths[i], len(v))
+
+    def line(values: list[str]) -> str:
+        padded = [v.ljust(widths[i]) if i < len(values) - 1 else v for i, v in enumerate(values)]
+        return (indent + "  ".join(padded)).rstrip()
+    return "\n".join([line(list(headers))] + [line(r) for r in cells])
+
+
+def cell(value) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return format_number(value)
+    return str(value)
+
+
+def format_number(x: float | int | None) -> str:
+    """Four significant digits, without exponent noise for everyday magnitudes."""
+    if x is None:
+        return "-"
+    if isinstance(x, int):
+        return str(x)
+    if x != x:  # NaN
+        return "nan"
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e5 or abs(x) < 1e-3:
+        return f"{x:.3e}"
+    return f"{x:.4g}"
+
+
+def format_duration(seconds: float | int | None) -> str:
+    """``42s``, ``3m05s``, ``2h03m``, ``1d04h`` (None: ``-``)."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 0:
+        return "-" + format_duration(-s)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def parse_iso(text: str | None) -> _dt.datetime | None:
+    """ISO times from run folders (with offset) or Slurm (local, no offset)."""
+    if not text:
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.astimezone()
+
+
+def format_age(text: str | None, now: _dt.datetime | None = None) -> str:
+    """How long ago an ISO time was: ``5m10s ago``."""
+    t = parse_iso(text)
+    if t is None:
+        return "-"
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return format_duration((now - t).total_seconds()) + " ago"

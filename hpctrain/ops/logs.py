@@ -1,0 +1,67 @@
+"""``hpctrain logs``: which file is "the log" of a run, and following it across requeues.
+
+Logs live in ``logs/attempt-N/``: ``rank-R.log`` per rank and ``batch.log`` for the batch shell.
+When the asked-for file is not there, the error lists what is, so the next command is obvious.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UsageError
+from ..runs import Run
+
+
+def ranks_logged(run: Run, attempt: int) -> list[int]:
+    d = run.attempt_dir(attempt)
+    if not d.is_dir():
+        return []
+    found = [re.fullmatch(r"rank-(\d+)\.log", p.name) for p in d.iterdir()]
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def choose_log(run: Run, *, rank: int, attempt: int | None, batch: bool,
+               must_exist: bool = True) -> Path | None:
+    """The log file asked for; None when following a run whose first attempt has not begun."""
+    started = run.attempts_started()
+    if attempt is None:
+        if not started:
+            if not must_exist:
+                return None
+            raise UsageError(f"run {run.id} has no attempt yet (its job has not started: "
+                             f"`hpctrain status {run.id}` says why; `hpctrain logs {run.id} -f` waits)")
+        attempt = started[-1]
+    elif attempt not in started:
+        have = f"attempts {', '.join(map(str, started))}" if started else "no attempt yet"
+        raise UsageError(f"--attempt {attempt}: run {run.id} has {have}")
+    path = run.attempt_dir(attempt) / "batch.log" if batch else run.rank_log(attempt, rank)
+    if must_exist and not path.exists():
+        ranks = ranks_logged(run, attempt)
+        have = (f"rank logs {', '.join(map(str, ranks))}" if ranks else "no rank logs")
+        raise UsageError(f"no {path.name} in attempt {attempt} of run {run.id} (it has {have}"
+                         f"{' and batch.log' if (run.attempt_dir(attempt) / 'batch.log').exists() else ''}); "
+                         "pick one with --rank or --batch")
+    return path
+
+
+def follow_logs(run: Run, *, rank: int | None, attempt: int | None, skip_existing: Path | None,
+                echo: Callable[[str], None], poll_s: float = 1.0) -> None:
+    """Print new lines until the run has no pending or running job; with no ``attempt``, go on
+    into the attempts that follow (requeues). What was already printed is not repeated; a rank
+    log is shown whole, with the batch shell's ``[hpctrain]`` lines (signals, requeues) between."""
+    from ..follow import follow, hpctrain_line
+    from ..slurm.state import live_jobs
+    current = attempt or (run.attempts_started() or [1])[-1]
+    offsets = {}
+    if skip_existing is not None and skip_existing.exists():
+        offsets[skip_existing] = skip_existing.stat().st_size
+        if rank is not None:  # the batch lines of this attempt were not printed: start at the end
+            batch = run.attempt_dir(current) / "batch.log"
+            if batch.exists():
+                offsets[batch] = batch.stat().st_size
+    follow(run, lambda: bool(live_jobs(run)), echo, poll_s=poll_s, rank=rank, attempt=attempt,
+           from_attempt=current, line_filter=lambda line: True,
+           batch_filter=(lambda line: True) if rank is None else hpctrain_line,
+           start_offsets=offsets)

@@ -1,0 +1,173 @@
+"""``hpctrain report``: one PNG of a run (loss, tokens/s and MFU over steps, with preemptions,
+requeues and checkpoints marked) and the same story in a few lines of text.
+
+matplotlib is imported only here, when a report is drawn, with its Agg canvas (no display, no
+pyplot state). ``build_figure`` returns the Figure so tests can read the plotted data back.
+Metrics are taken one record per step, the last one written: steps redone after a resume from
+an older checkpoint replace the lost ones, as they did in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..runs import Run
+from .checkpoints import checkpoint_step, inspect_checkpoints
+from .fmt import format_duration, format_number
+
+WIDTH_PX, HEIGHT_PX, DPI = 1200, 900, 100
+STOP_REASONS = ("preempted", "deadline")
+
+
+@dataclass
+class ReportData:
+    run_id: str
+    steps: list[int]
+    loss: list[float | None]
+    tokens_per_s: list[float | None]
+    mfu: list[float | None]
+    preemptions: list[tuple[int, int]] = field(default_factory=list)   # (step, attempt)
+    resumes: list[tuple[int, int]] = field(default_factory=list)       # (step, attempt)
+    other_ends: list[tuple[int, str]] = field(default_factory=list)    # (step, exit reason)
+    checkpoints: list[int] = field(default_factory=list)
+    ledger: list[dict] = field(default_factory=list)
+    total_steps: int | None = None
+
+
+def per_step(metrics: list[dict]) -> list[dict]:
+    """One record per step (the last written), in step order."""
+    by_step: dict[int, dict] = {}
+    for m in metrics:
+        if isinstance(m.get("step"), int):
+            by_step[m["step"]] = m
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _num(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def collect(run: Run) -> ReportData:
+    records = per_step(run.metrics())
+    ledger = run.ledger()
+    data = ReportData(run_id=run.id, steps=[m["step"] for m in records],
+                      loss=[_num(m.get("loss")) for m in records],
+                      tokens_per_s=[_num(m.get("tokens_per_s")) for m in records],
+                      mfu=[_num(m.get("mfu")) for m in records], ledger=ledger)
+    for i, rec in enumerate(ledger):
+        end, reason = rec.get("end_step"), rec.get("exit_reason")
+        if isinstance(end, int) and reason in STOP_REASONS:
+            data.preemptions.append((end, int(rec.get("attempt") or i + 1)))
+        elif isinstance(end, int) and reason not in ("finished", None):
+            data.other_ends.append((end, str(reason)))
+        if i > 0 and isinstance(rec.get("start_step"), int):
+            data.resumes.append((rec["start_step"], int(rec.get("attempt") or i + 1)))
+    steps = {checkpoint_step(r.get("checkpoint_saved")) for r in ledger}
+    try:
+        steps |= {c.step for c in inspect_checkpoints(run).checkpoints if c.complete}
+    except OSError:
+        pass
+    data.checkpoints = sorted(s for s in steps if s is not None)
+    try:
+        data.total_steps = run.resolved_job().train.steps
+    except Exception:
+        data.total_steps = None
+    return data
+
+
+def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HEIGHT_PX,
+                 dpi: int = DPI):
+    """The report as a matplotlib Figure (Agg canvas): three panels sharing the step axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(3, 1, sharex=True)
+    panels = [("loss", data.loss, "loss", "tab:blue"),
+              ("tokens_per_s", data.tokens_per_s, "tokens/s", "tab:green"),
+              ("mfu", data.mfu, "MFU", "tab:purple")]
+    for ax, (name, values, label, color) in zip(axes, panels):
+        pts = [(s, v) for s, v in zip(data.steps, values) if v is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, color=color, linewidth=1.4, label=name, gid=name)
+        else:
+            ax.text(0.5, 0.5, f"no {label} recorded" + (" (set node.peak_tflops in the profile)"
+                                                        if name == "mfu" else ""),
+                    transform=ax.transAxes, ha="center", va="center", color="gray")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        for i, (step, attempt) in enumerate(data.preemptions):
+            ax.axvline(step, color="tab:red", linestyle="--", linewidth=1.2,
+                       label="preempted" if i == 0 else None, gid=f"preempted-{attempt}")
+        for i, (step, attempt) in enumerate(data.resumes):
+            ax.axvline(step, color="tab:orange", linestyle=":", linewidth=1.5,
+                       label="requeued / resumed" if i == 0 else None, gid=f"resumed-{attempt}")
+        for i, (step, reason) in enumerate(data.other_ends):
+            ax.axvline(step, color="black", linestyle="-.", linewidth=1,
+                       label="attempt ended" if i == 0 else None, gid=f"ended-{reason}")
+    loss_ax = axes[0]
+    if data.checkpoints:
+        at = dict(zip(data.steps, data.loss))
+        ys = [at.get(s) for s in data.checkpoints]
+        known = [y for y in data.loss if y is not None]
+        floor = min(known) if known else 0.0
+        loss_ax.plot(data.checkpoints, [y if y is not None else floor for y in ys], linestyle="none",
+                     marker="v", markersize=8, color="tab:gray", label="checkpoint", gid="checkpoints")
+    if data.total_steps:
+        loss_ax.set_xlim(0, 1.02 * max([data.total_steps] + data.steps))
+    loss_ax.legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("step")
+    attempts = len(data.ledger)
+    fig.suptitle(f"{data.run_id}: {attempts} attempt{'s' if attempts != 1 else ''}, "
+                 f"{len(data.preemptions)} preempted, {len(data.checkpoints)} checkpoints")
+    fig.tight_layout()
+    return fig
+
+
+def write_png(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=fig.dpi)  # no bbox_inches="tight": the PNG keeps the asked-for size
+    tmp.replace(path)
+
+
+def summarize(data: ReportData) -> dict:
+    def mean(xs):
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else None
+    losses = [(s, v) for s, v in zip(data.steps, data.loss) if v is not None]
+    best = min(losses, key=lambda p: p[1]) if losses else None
+    requeues = sum(1 for r in data.ledger if (r.get("decision") or {}).get("requeue"))
+    return {
+        "run": data.run_id, "first_step": data.steps[0] if data.steps else None,
+        "last_step": data.steps[-1] if data.steps else None, "total_steps": data.total_steps,
+        "attempts": len(data.ledger), "preemptions": len(data.preemptions), "requeues": requeues,
+        "checkpoints": data.checkpoints,
+        "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
+        "min_loss": best[1] if best else None, "min_loss_step": best[0] if best else None,
+        "mean_tokens_per_s": mean(data.tokens_per_s), "mean_mfu": mean(data.mfu),
+        "training_time_s": sum(r.get("duration_s") or 0 for r in data.ledger) or None,
+    }
+
+
+def format_summary(s: dict) -> str:
+    lines = []
+    if s["last_step"] is None:
+        lines.append("No metrics recorded yet.")
+    else:
+        total = f" of {s['total_steps']}" if s.get("total_steps") else ""
+        lines.append(f"Steps       {s['first_step']}→{s['last_step']}{total}")
+    lines.append(f"Attempts    {s['attempts']} ({s['preemptions']} preempted, {s['requeues']} requeued)"
+                 + (f", {format_duration(s['training_time_s'])} in jobs" if s.get("training_time_s") else ""))
+    ck = s["checkpoints"]
+    lines.append(f"Checkpoints {len(ck)}" + (f" (steps {', '.join(map(str, ck))})" if ck else ""))
+    if s["last_loss"] is not None:
+        lines.append(f"Loss        {format_number(s['first_loss'])} → {format_number(s['last_loss'])} "
+                     f"(min {format_number(s['min_loss'])} at step {s['min_loss_step']})")
+    if s["mean_tokens_per_s"] is not None:
+        lines.append(f"Throughput  {format_number(s['mean_tokens_per_s'])} tokens/s (mean)")
+    if s["mean_mfu"] is not None:
+        lines.append(f"MFU         {100 * s['mean_mfu']:.1f}% (mean)")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""One run as a user thinks of it: its state, current job, progress and history, in one object.
+
+A run's state joins three sources: the scheduler's view of its jobs (pending, running, gone),
+the ledger (how each attempt ended and whether it was requeued) and the events (cancel,
+resume). ``build_views`` asks Slurm once for many runs, so ``hpctrain runs`` stays quick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..runs import Run, read_last_jsonl
+from ..slurm.state import JobState, job_states_of_runs
+
+NOT_SUBMITTED = "NOT SUBMITTED"
+FINISHED = "FINISHED"
+CANCELLED = "CANCELLED"
+STOPPED = "STOPPED"
+
+
+@dataclass
+class RunView:
+    run: Run
+    meta: dict
+    jobs: list[JobState]
+    ledger: list[dict]
+    events: list[dict]
+    last_metric: dict | None = None
+    attempts_started: list[int] = field(default_factory=list)
+
+    # ---- jobs ------------------------------------------------------------------------------
+    @property
+    def active_jobs(self) -> list[JobState]:
+        return [j for j in self.jobs if j.active]
+
+    @property
+    def current_job(self) -> JobState | None:
+        """The job that is running (else the first pending one), else the newest."""
+        running = [j for j in self.active_jobs if j.state.split()[0] != "PENDING"]
+        if running:
+            return running[0]
+        if self.active_jobs:
+            return self.active_jobs[0]
+        return self.jobs[-1] if self.jobs else None
+
+    # ---- state ----------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.run.finished(self.ledger, self.events)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.run.cancelled(self.events)
+
+    @property
+    def state(self) -> str:
+        """RUNNING, PENDING, ... (Slurm's word) while a job is active; else FINISHED,
+        CANCELLED, STOPPED (the ledger says why), NOT SUBMITTED, or the last job's final state."""
+        if self.active_jobs:
+            return self.current_job.state.split()[0]
+        if self.finished:
+            return FINISHED
+        if self.cancelled:
+            return CANCELLED
+        if not self.jobs:
+            return NOT_SUBMITTED
+        if self.ledger:
+            return STOPPED
+        return self.jobs[-1].state.split()[0]
+
+    @property
+    def state_detail(self) -> str:
+        """Why the run is in its state: Slurm's reason while pending, the ledger's when stopped."""
+        job = self.current_job
+        if self.active_jobs and job is not None:
+            return "" if job.reason in ("", "None") else job.reason
+        if self.ledger and self.state in (STOPPED, FINISHED):
+            last = self.ledger[-1]
+            reason = (last.get("decision") or {}).get("reason") or ""
+            return f"{last.get('exit_reason')}: {reason}" if self.state == STOPPED else ""
+        return ""
+
+    # ---- progress -------------------------------------------------------------------------
+    @property
+    def step(self) -> int | None:
+        steps = [r.get("end_step") for r in self.ledger if isinstance(r.get("end_step"), int)]
+        if self.last_metric and isinstance(self.last_metric.get("step"), int):
+            steps.append(self.last_metric["step"])
+        return max(steps) if steps else None
+
+    @property
+    def loss(self) -> float | None:
+        if self.last_metric and self.last_metric.get("loss") is not None:
+            return self.last_metric["loss"]
+        for rec in reversed(self.ledger):
+            if rec.get("last_loss") is not None:
+                return rec["last_loss"]
+        return None
+
+    @property
+    def attempts(self) -> int:
+        recorded = [int(r.get("attempt", 0)) for r in self.ledger]
+        return max(recorded + self.attempts_started + [0])
+
+    @property
+    def last_event(self) -> dict | None:
+        return self.events[-1] if self.events else None
+
+    @property
+    def total_steps(self) -> int | None:
+        try:
+            return int(self.run.resolved_job().train.steps)
+        except Exception:
+            return None
+
+    def summary(self) -> dict:
+        """The row ``hpctrain runs`` shows (and prints as JSON)."""
+        job = self.current_job
+        ev = self.last_event
+        return {"run": self.run.id, "name": self.meta.get("name"), "profile": self.meta.get("profile"),
+                "job_id": job.job_id if job else None, "state": self.state,
+                "detail": self.state_detail, "step": self.step, "loss": self.loss,
+                "attempts": self.attempts, "created": self.meta.get("created"),
+                "last_event": ev.get("event") if ev else None,
+                "last_event_time": ev.get("time") if ev else None,
+                "sweep": self.meta.get("sweep"), "run_dir": str(self.run.path)}
+
+
+def build_views(runs: list[Run]) -> list[RunView]:
+    states = job_states_of_runs(runs, kind="train")
+    return [RunView(run=r, meta=r.meta(), jobs=states[r.path], ledger=r.ledger(), events=r.events(),
+                    last_metric=read_last_jsonl(r.metrics_file),
+                    attempts_started=r.attempts_started()) for r in runs]
+
+
+def build_view(run: Run) -> RunView:
+    return build_views([run])[0]

@@ -1,0 +1,174 @@
+"""``hpctrain status``: the ledger joined with the scheduler's live view, as data and as text.
+
+``status_data`` builds one JSON-ready dict (what ``--json`` prints); ``format_status`` renders
+it for people. Keeping the two apart lets the tests check the numbers and the layout separately.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..config import time_limit_seconds
+from ..slurm.commands import parse_duration
+from .checkpoints import CheckpointFolder, describe_checkpoint_ref
+from .fmt import format_bytes, format_duration, format_number, format_table, parse_iso
+from .runview import RunView
+
+
+def _times(view: RunView) -> dict:
+    """Elapsed, limit and remaining seconds of the current job (None where unknown)."""
+    job = view.current_job
+    if job is None or not job.active:
+        return {"elapsed_s": None, "time_limit_s": None, "remaining_s": None}
+    if view.meta.get("scheduler") == "local":
+        started = next((parse_iso(e.get("time")) for e in reversed(view.events)
+                        if e.get("event") in ("attempt_start", "submitted")), None)
+        elapsed = time.time() - started.timestamp() if started else None
+        try:
+            limit = time_limit_seconds(view.run.resolved_profile()) or None
+        except Exception:
+            limit = None
+    else:
+        elapsed = parse_duration(job.elapsed)
+        limit = parse_duration(job.time_limit)
+    remaining = max(0, limit - elapsed) if limit is not None and elapsed is not None else None
+    return {"elapsed_s": elapsed, "time_limit_s": limit, "remaining_s": remaining}
+
+
+def attempt_rows(view: RunView) -> list[dict]:
+    """One row per ledger record, plus the attempt in progress (started, not yet recorded)."""
+    rows = [dict(r) for r in view.ledger]
+    recorded = {int(r.get("attempt", 0)) for r in view.ledger}
+    for n in view.attempts_started:
+        if n in recorded:
+            continue
+        start = next((e for e in reversed(view.events)
+                      if e.get("event") == "attempt_start" and e.get("attempt") == n), {})
+        live = bool(view.active_jobs) and n == max(view.attempts_started)
+        rows.append({"attempt": n, "job_id": start.get("job_id"),
+                     "restart_count": start.get("restart_count"),
+                     "nodes": start.get("nodes"), "start_step": None,
+                     "end_step": view.step if live else None,
+                     "exit_reason": "running" if live else "no record",
+                     "in_progress": live, "started": start.get("time")})
+    return sorted(rows, key=lambda r: int(r.get("attempt") or 0))
+
+
+def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
+    job = view.current_job
+    metric = view.last_metric or {}
+    newest = checkpoints.newest_complete if checkpoints else None
+    return {
+        "run": view.run.id, "run_dir": str(view.run.path), "name": view.meta.get("name"),
+        "profile": view.meta.get("profile"), "scheduler": view.meta.get("scheduler"),
+        "layout": view.meta.get("layout"), "world_size": view.meta.get("world_size"),
+        "state": view.state, "reason": view.state_detail,
+        "job_id": job.job_id if job else None,
+        "nodes": job.nodes if job and job.nodes not in ("", "None assigned") else None,
+        "partition": job.partition if job else None,
+        "expected_start": job.start_time if job and job.state.startswith("PENDING") else None,
+        **_times(view),
+        "step": view.step, "total_steps": view.total_steps, "loss": view.loss,
+        "tokens_per_s": metric.get("tokens_per_s"), "mfu": metric.get("mfu"),
+        "attempts": attempt_rows(view),
+        "jobs": [{"job_id": j.job_id, "state": j.state, "reason": j.reason, "nodes": j.nodes,
+                  "elapsed": j.elapsed} for j in view.jobs],
+        "checkpoint": newest.to_dict() if newest else None,
+        "checkpoints": checkpoints.to_dict() if checkpoints else None,
+        "sweep": view.meta.get("sweep"),
+        "last_event": view.last_event,
+    }
+
+
+def _nodes(value) -> str | None:
+    if isinstance(value, list):
+        return ",".join(value) if value else None
+    return value or None
+
+
+def _steps(row: dict) -> str:
+    a, b = row.get("start_step"), row.get("end_step")
+    if a is None and b is None:
+        return "-"
+    return f"{'?' if a is None else a}→{'…' if row.get('in_progress') and b is None else b if b is not None else '?'}"
+
+
+def _decision(row: dict) -> str:
+    d = row.get("decision")
+    if not d:
+        return "-"
+    return ("requeue" if d.get("requeue") else "stop") + (f": {d['reason']}" if d.get("reason") else "")
+
+
+def attempts_table(rows: list[dict]) -> str:
+    headers = ["#", "JOB", "RESTART", "NODES", "STEPS", "EXIT", "LOADED", "SAVED", "DURATION",
+               "DECISION"]
+    body = []
+    for r in rows:
+        exit_ = r.get("exit_reason") or "-"
+        if r.get("exit_code") not in (None, 0) and exit_ not in ("running",):
+            exit_ += f" ({r['exit_code']})"
+        body.append([r.get("attempt"), r.get("job_id"), r.get("restart_count"), _nodes(r.get("nodes")),
+                     _steps(r), exit_, describe_checkpoint_ref(r.get("checkpoint_loaded")),
+                     describe_checkpoint_ref(r.get("checkpoint_saved")),
+                     format_duration(r.get("duration_s")) if r.get("duration_s") is not None else None,
+                     _decision(r)])
+    return format_table(headers, body, indent="  ")
+
+
+def format_status(data: dict) -> str:
+    ranks = data.get("world_size")
+    lines = [f"Run         {data['run']}  ({data.get('profile')}, {data.get('layout')}, "
+             f"{ranks} rank{'' if ranks == 1 else 's'})",
+             f"Folder      {data['run_dir']}"]
+    state = data["state"]
+    where = []
+    if data.get("job_id"):
+        where.append(f"job {data['job_id']}")
+    if data.get("nodes"):
+        where.append(f"on {data['nodes']}")
+    if data.get("partition"):
+        where.append(f"partition {data['partition']}")
+    reason = f" ({data['reason']})" if data.get("reason") else ""
+    lines.append(f"State       {state}{reason}" + (f", {', '.join(where)}" if where else ""))
+    if data.get("expected_start") and data["expected_start"] not in ("N/A", "Unknown"):
+        lines.append(f"Starts      {data['expected_start']} (Slurm's estimate)")
+    if data.get("elapsed_s") is not None or data.get("remaining_s") is not None:
+        limit = data.get("time_limit_s")
+        lines.append(f"Time        elapsed {format_duration(data.get('elapsed_s'))}, remaining "
+                     f"{format_duration(data.get('remaining_s'))}"
+                     + (f" of {format_duration(limit)}" if limit else ""))
+    if data.get("step") is not None:
+        total = data.get("total_steps")
+        pct = f" ({100 * data['step'] / total:.0f}%)" if total else ""
+        extra = []
+        if data.get("loss") is not None:
+            extra.append(f"loss {format_number(data['loss'])}")
+        if data.get("tokens_per_s") is not None:
+            extra.append(f"{format_number(data['tokens_per_s'])} tokens/s")
+        if data.get("mfu") is not None:
+            extra.append(f"MFU {100 * data['mfu']:.1f}%")
+        lines.append(f"Progress    step {data['step']}" + (f" / {total}" if total else "") + pct
+                     + (", " + ", ".join(extra) if extra else ""))
+    ck = data.get("checkpoint")
+    folder = data.get("checkpoints") or {}
+    if ck:
+        size = f", {format_bytes(ck['bytes'])}" if ck.get("bytes") is not None else ""
+        lines.append(f"Checkpoint  step {ck['step']}{size}: {ck['path']}")
+    else:
+        lines.append("Checkpoint  none complete yet" + (f" (in {folder['root']})" if folder else ""))
+    if folder.get("partial") or folder.get("quarantined"):
+        lines.append(f"            {folder.get('partial', 0)} partial, {folder.get('quarantined', 0)} "
+                     "quarantined (kept, never deleted)")
+    if data.get("sweep"):
+        sw = data["sweep"]
+        values = ", ".join(f"{k}={v}" for k, v in (sw.get("values") or {}).items())
+        lines.append(f"Sweep       {sw.get('id')} #{sw.get('index')}: {values}")
+    rows = data.get("attempts") or []
+    lines.append("")
+    if rows:
+        lines.append("Attempts")
+        lines.append(attempts_table(rows))
+    else:
+        lines.append("Attempts    none yet")
+    return "\n".join(lines)
