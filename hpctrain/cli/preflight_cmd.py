@@ -85,6 +85,7 @@ def _new_run(profile, runs_dir):
     run.update_meta(run_id=run.id, name=run.id, kind="preflight", profile=profile.name,
                     scheduler=profile.scheduler, created=now_iso(), hpctrain_version=__version__,
                     world_size=profile.world_size, jobs=[])
+    run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there
     return run
 
 
