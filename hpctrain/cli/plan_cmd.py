@@ -25,8 +25,9 @@ def _target(profile_name: str | None, nodes: int | None, gpus: int | None):
     nodes_used = max(1, target.world_size // gpn)
     mem = f"{profile.node.gpu_memory_gb:g} GiB" if profile.node.gpu_memory_gb else "memory unknown"
     peak = f", {profile.node.peak_tflops:g} TFLOP/s" if profile.node.peak_tflops else ""
-    return target, (f"{target.world_size} GPUs ({nodes_used} node(s) × {target.gpus_per_node}) of "
-                    f"profile {profile.name!r}: {mem}{peak} per GPU")
+    what = "CPU ranks" if target.device == "cpu" else "GPUs"
+    return target, (f"{target.world_size} {what} ({nodes_used} node(s) × {target.gpus_per_node}) "
+                    f"of profile {profile.name!r}: {mem}{peak} per GPU")
 
 
 def _pinned(job, target, as_json, tp, pp, vpp, mbs, sp, recompute) -> None:
@@ -104,7 +105,7 @@ def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, t
       hpctrain plan examples/llama2-7b.yaml --gpus 64 --json
     """
     from ..plan import plan_layouts
-    from ..plan.render import assumptions, explain, plan_json, reference_parameters, table
+    from ..plan.render import assumptions, explain, plan_json, reference_parameters, table, unit_for
     job = load_job(job_file)
     target, where = _target(profile_name, nodes, gpus)
     if any(x is not None for x in (tp, pp, vpp, mbs, sp, recompute)):
@@ -132,12 +133,13 @@ def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, t
                f"{len(result.rejected)} candidates rejected (--json lists why)")
     click.echo("")
     shown = list(result.layouts[:top])
-    for line in table(shown):
-        click.echo(line)
     job_plan = result.job_layout
+    unit = unit_for(shown + ([job_plan] if job_plan else []))
+    for line in table(shown, unit=unit):
+        click.echo(line)
     if job_plan is not None and job_plan not in shown:
         rank = result.layouts.index(job_plan) + 1
-        click.echo(table([job_plan], start=rank)[-1])
+        click.echo(table([job_plan], start=rank, unit=unit)[-1])
     click.echo("   * the job's own layout" if job_plan else
                "   (the job's own layout is not valid here: pin it with --tp/--pp to see why)")
     click.echo("")

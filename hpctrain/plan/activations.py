@@ -13,7 +13,7 @@ dropout masks):
 ``activation_terms`` keeps the same terms one tensor at a time, generalized to what
 megatron-core actually saves: Q is a·d wide and K, V are g·d wide (GQA); a saved view of Q, K
 or V keeps linear_qkv's whole output alive, RoPE makes new Q and K, unfused attention repeats
-K and V to a heads; the MLP is f wide (SwiGLU keeps its 2f-wide fc1 output); dropout masks
+K and V to a heads (and copies Q); the MLP is f wide (SwiGLU keeps its 2f-wide fc1 output); dropout masks
 exist only when dropout is on; attention that stores no scores (flash, cuDNN fused) keeps an
 fp32 log-sum-exp of a·s per sequence instead of the 5·a·s² terms; norms keep fp32 statistics.
 Which kernel runs changes what is kept (``Kernels``): the GPU runtime fuses SwiGLU and the
@@ -84,12 +84,15 @@ def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence
 
     norm("input_layernorm")
     terms.append(("linear_qkv input", hidden * act_bytes))
-    if not (rope and repeated):   # Q (learned positions) or V (not repeated) is a saved view
+    if not repeated:   # V (and Q, K without RoPE) are saved as views of linear_qkv's output
         terms.append(("linear_qkv output (Q, K, V views)", sb * (ad + 2 * kv) // tp * act_bytes))
     if rope:
         terms.append(("query after RoPE", sb * ad // tp * act_bytes))
-        if not repeated:
-            terms.append(("key after RoPE", sb * kv // tp * act_bytes))
+    elif repeated:   # with fewer KV groups than heads, Q's view cannot be flattened: a copy
+        terms.append(("query (contiguous copy)", sb * ad // tp * act_bytes))
+    if rope and not repeated:
+        terms.append(("key after RoPE", sb * kv // tp * act_bytes))
+    if rope:
         terms.append(("RoPE cos/sin for Q and K", 4 * s * d * act_bytes))
     if repeated:
         terms += [("key repeated to all heads", sb * ad // tp * act_bytes),
@@ -174,18 +177,18 @@ class StageActivations:
     layers_per_chunk: int
     chunk_microbatch: int     # all layers of one chunk for one microbatch
     in_flight: int            # chunk-microbatches held at the peak
-    recompute_working_set: int  # full recompute: one group's full activations while recomputing
     embedding: int
     output_layer: int
+    backward_working_set: int  # transient while one layer runs backward (see stage_activations)
 
     @property
     def stored(self) -> int:
-        """What the forward passes leave for the backward passes at the peak."""
+        """What the forward passes leave for the backward passes at the peak (Korthikanti)."""
         return self.in_flight * self.chunk_microbatch + self.embedding + self.output_layer
 
     @property
     def total(self) -> int:
-        return self.stored + self.recompute_working_set
+        return self.stored + self.backward_working_set
 
 
 def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, pp_rank: int,
@@ -193,35 +196,44 @@ def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, p
                       recompute: str | None, recompute_method: str = "uniform",
                       recompute_num_layers: int = 1, act_bytes: int = 2,
                       kernels: Kernels = GPU_KERNELS) -> StageActivations:
-    """Peak activation bytes on one GPU of pipeline rank ``pp_rank``."""
+    """Peak activation bytes on one GPU of pipeline rank ``pp_rank``.
+
+    On top of what the forward passes store, the backward pass of one layer needs a working
+    set: the gradients of that layer's activations (taken as large as the activations), what
+    recomputation rebuilds (k layers for full recompute, the attention scores for selective),
+    and on the last stage the fp32 gradient of the logits.
+    """
     layers = shape.num_layers // (pp * (vpp or 1))
     in_flight = in_flight_microbatches(pp, vpp, pp_rank, num_microbatches)
     args = (shape, micro_batch_size, tp, sequence_parallel)
     full_layer = activation_bytes_per_layer(*args, None, act_bytes, kernels)
-    per_layer, chunk, working = full_layer, layers * full_layer, 0
+    per_layer, chunk, rebuilt = full_layer, layers * full_layer, 0
     if recompute == "full":
         per_layer = activation_bytes_per_layer(*args, "full", act_bytes, kernels)
         k = max(1, min(recompute_num_layers, layers))
         if recompute_method == "block":
             # the first k layers of each chunk keep only their input, the rest everything
-            chunk, working = k * per_layer + (layers - k) * full_layer, full_layer
+            chunk, rebuilt = k * per_layer + (layers - k) * full_layer, full_layer
         else:
             # groups of k layers keep the group's input; backward recomputes one group at a time
-            chunk, working = math.ceil(layers / k) * per_layer, k * full_layer
+            chunk, rebuilt = math.ceil(layers / k) * per_layer, k * full_layer
         if not shape.learned_positions:
             # the checkpoint also keeps the RoPE frequency table it is passed (fp32), once
             chunk += shape.seq_length * shape.kv_channels * FP32
     elif recompute == "selective":
         per_layer = activation_bytes_per_layer(*args, "selective", act_bytes, kernels)
-        chunk = layers * per_layer
+        chunk, rebuilt = layers * per_layer, full_layer - per_layer
+    last = pp_rank == pp - 1
+    logits_grad = (shape.seq_length * micro_batch_size * shape.padded_vocab(tp) // tp * FP32
+                   if last else 0)
     first_chunk_in_flight = min(in_flight, pp) if vpp else in_flight
     return StageActivations(
         per_layer=per_layer,
         layers_per_chunk=layers,
         chunk_microbatch=chunk,
         in_flight=in_flight,
-        recompute_working_set=working,
         embedding=embedding_bytes(*args, act_bytes, kernels) * first_chunk_in_flight
         if pp_rank == 0 else 0,
-        output_layer=output_layer_bytes(*args, act_bytes, kernels) if pp_rank == pp - 1 else 0,
+        output_layer=output_layer_bytes(*args, act_bytes, kernels) if last else 0,
+        backward_working_set=full_layer + rebuilt + logits_grad,
     )

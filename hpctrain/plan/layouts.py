@@ -9,13 +9,14 @@ that fit first, fastest first.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config.job import JobConfig
 from ..config.layout import Layout, layout_problems
 from ..config.profile import ClusterProfile
 from ..config.schema import Problems
-from .activations import StageActivations, stage_activations
+from .activations import CPU_KERNELS, GPU_KERNELS, Kernels, StageActivations, stage_activations
 from .memory import allowance_bytes, state_bytes_per_pipeline_rank
 from .parameters import ParameterCount, count_parameters
 from .shape import PRECISION_BYTES, ModelShape
@@ -105,6 +106,7 @@ class Target:
     gpus_per_node: int | None
     gpu_memory_bytes: int | None
     hardware: Hardware
+    device: str = "cuda"   # cpu: the rehearsal runs fp32, torch kernels, local attention, no SP
 
     @classmethod
     def from_profile(cls, profile: ClusterProfile | None, gpus: int | None = None) -> "Target":
@@ -120,7 +122,26 @@ class Target:
         ic = profile.interconnect
         return cls(world, gpn, int(mem * GiB) if mem else None,
                    Hardware(profile.node.peak_tflops, ic.intra_node_busbw_gbs,
-                            ic.inter_node_busbw_gbs, gpn))
+                            ic.inter_node_busbw_gbs, gpn), profile.node.device)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How the runtime will run the job on the target's device (hpctrain.runtime.model)."""
+
+    shape: ModelShape
+    precision: str
+    grad_reduce_in_fp32: bool
+    kernels: Kernels
+    sequence_parallel_possible: bool
+
+    @classmethod
+    def of(cls, job: JobConfig, target: Target) -> "Execution":
+        shape = ModelShape.from_job(job)
+        if target.device == "cpu":
+            return cls(dataclasses.replace(shape, attention_stores_scores=True), "fp32", True,
+                       CPU_KERNELS, False)
+        return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, GPU_KERNELS, True)
 
 
 def _recompute_knobs(job: JobConfig, recompute: str | None) -> tuple[str, int]:
@@ -133,15 +154,16 @@ def _recompute_knobs(job: JobConfig, recompute: str | None) -> tuple[str, int]:
 def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_parallel: bool,
                 recompute: str | None) -> LayoutPlan:
     """Price one valid layout: memory on every pipeline rank, bubble, FLOPs, step time."""
-    shape = ModelShape.from_job(job)
-    t = job.train
+    run = Execution.of(job, target)
+    shape = run.shape
+    sequence_parallel = sequence_parallel and run.sequence_parallel_possible
     tp, pp = layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size
     vpp, dp = layout.virtual_pipeline_model_parallel_size, layout.data_parallel_size
-    act_bytes = PRECISION_BYTES[t.precision]
+    act_bytes = PRECISION_BYTES[run.precision]
     dist_opt = job.parallel.use_distributed_optimizer
     states = state_bytes_per_pipeline_rank(
-        shape, tp=tp, pp=pp, vpp=vpp, dp=dp, precision=t.precision,
-        grad_reduce_in_fp32=t.grad_reduce_in_fp32, distributed_optimizer=dist_opt)
+        shape, tp=tp, pp=pp, vpp=vpp, dp=dp, precision=run.precision,
+        grad_reduce_in_fp32=run.grad_reduce_in_fp32, distributed_optimizer=dist_opt)
     method, num_layers = _recompute_knobs(job, recompute)
     stages, acts = [], []
     for rank, st in enumerate(states):
@@ -150,10 +172,10 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
                                 num_microbatches=layout.num_microbatches,
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 recompute_method=method, recompute_num_layers=num_layers,
-                                act_bytes=act_bytes)
+                                act_bytes=act_bytes, kernels=run.kernels)
         itemized = st.total + act.total
         stages.append(MemoryBreakdown(rank, st.weights, st.gradients, st.optimizer, act.total,
-                                      allowance_bytes(itemized)))
+                                      allowance_bytes(itemized, target.device)))
         acts.append(act)
     worst = max(range(pp), key=lambda r: stages[r].total)
     flops = model_flops_per_step(shape, layout.global_batch_size, tp)
@@ -225,7 +247,12 @@ def _rank_key(plan: LayoutPlan):
 
 def plan_layouts(job: JobConfig, target: Target, *, tp: int | None = None, pp: int | None = None,
                  vpp: int | None | str = "any") -> PlanResult:
-    """Every layout of ``job`` on ``target`` (or only those with the pinned TP/PP/VPP)."""
+    """Every layout of ``job`` on ``target`` (or only those with the pinned TP/PP/VPP).
+
+    The job's own ``parallel.data_parallel_size`` (if set) is not a constraint here: DP follows
+    from the world size and the layout being considered."""
+    job = dataclasses.replace(job, parallel=dataclasses.replace(job.parallel,
+                                                                data_parallel_size=None))
     world, gpn = target.world_size, target.gpus_per_node
     tp_max = gpn or min(world, 8)
     tps = [tp] if tp else [d for d in _divisors(tp_max) if world % d == 0]
@@ -244,7 +271,7 @@ def plan_layouts(job: JobConfig, target: Target, *, tp: int | None = None, pp: i
                 vpps = [None]
             for v in vpps:
                 for mbs in mbs_choices:
-                    for sp in ([False, True] if t > 1 else [False]):
+                    for sp in ([False, True] if t > 1 and target.device != "cpu" else [False]):
                         problems = Problems()
                         lay = layout_problems(job, world, gpn, problems, tp=t, pp=p, vpp=v,
                                               mbs=mbs, sequence_parallel=sp)

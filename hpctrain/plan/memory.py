@@ -20,9 +20,10 @@ from .grad_buffer import bucket_elements, grad_buffer_layout
 from .parameters import chunk_parameters, pipeline_chunks
 from .shape import PRECISION_BYTES, ModelShape
 
-# A stated allowance for what the model above does not itemize: the CUDA context, NCCL and
-# cuBLAS workspaces (not in PyTorch's allocator), transient tensors (logits before the loss,
-# activation gradients in backward), and the caching allocator's fragmentation.
+# A stated allowance for what the model above does not itemize: on a GPU the CUDA context,
+# NCCL and cuBLAS workspaces (outside PyTorch's allocator: the fixed part), and everywhere the
+# transient tensors (logits before the loss, activation gradients in backward) and the caching
+# allocator's fragmentation (the fraction).
 ALLOWANCE_FIXED_BYTES = 2 * 2**30
 ALLOWANCE_FRACTION = 0.10
 
@@ -79,8 +80,10 @@ def state_bytes_for_parameters(num_params: float, precision: str = "bf16",
 def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: int | None,
                                   dp: int, precision: str, grad_reduce_in_fp32: bool,
                                   distributed_optimizer: bool,
-                                  overlap_grad_reduce: bool = False) -> tuple[StateBytes, ...]:
-    """Exact bytes on one GPU of each pipeline rank (the most loaded DP rank's optimizer)."""
+                                  overlap_grad_reduce: bool = False,
+                                  dp_rank: int | None = None) -> tuple[StateBytes, ...]:
+    """Exact bytes on one GPU of each pipeline rank: the optimizer state of DP rank
+    ``dp_rank``, or of the most loaded DP rank (slices differ by the padding they hold)."""
     w_bytes = PRECISION_BYTES[precision]
     g_bytes = grad_bytes(precision, grad_reduce_in_fp32)
     o_bytes = optimizer_bytes_per_element(precision, grad_reduce_in_fp32).total
@@ -97,9 +100,11 @@ def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: i
             for r in range(dp if distributed_optimizer else 1):
                 owned[r] += layout.owned_numel(dp, r) if distributed_optimizer \
                     else layout.numel_unpadded
-        out.append(StateBytes(weights, grads, max(owned) * o_bytes))
+        mine = max(owned) if dp_rank is None or not distributed_optimizer else owned[dp_rank]
+        out.append(StateBytes(weights, grads, mine * o_bytes))
     return tuple(out)
 
 
-def allowance_bytes(itemized: int) -> int:
-    return int(ALLOWANCE_FIXED_BYTES + ALLOWANCE_FRACTION * itemized)
+def allowance_bytes(itemized: int, device: str = "cuda") -> int:
+    fixed = ALLOWANCE_FIXED_BYTES if device == "cuda" else 0
+    return int(fixed + ALLOWANCE_FRACTION * itemized)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..config.job import JobConfig
 from .activations import ACTIVATION_NOTE
-from .layouts import GiB, LayoutPlan, PlanResult, Rejected, Target
+from .layouts import Execution, GiB, LayoutPlan, PlanResult, Rejected, Target
 from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optimizer_bytes_per_element
 from .parameters import ParameterCount
 from .shape import PRECISION_BYTES, ModelShape
@@ -12,16 +12,22 @@ from .timing import MATMUL_EFFICIENCY
 
 
 def assumptions(job: JobConfig, target: Target) -> list[str]:
-    t, m = job.train, job.model
-    shape = ModelShape.from_job(job)
-    opt = optimizer_bytes_per_element(t.precision, t.grad_reduce_in_fp32)
+    m = job.model
+    run = Execution.of(job, target)
+    shape, precision, fp32_grads = run.shape, run.precision, run.grad_reduce_in_fp32
+    opt = optimizer_bytes_per_element(precision, fp32_grads)
     attention = ("keeps the a·s² softmax scores" if shape.attention_stores_scores
                  else "stores no attention scores (flash/fused; auto is taken to resolve to them)")
-    out = [
-        f"precision {t.precision}: weights {PRECISION_BYTES[t.precision]} B/param, gradient "
-        f"buffer {grad_bytes(t.precision, t.grad_reduce_in_fp32)} B/param, Adam state "
+    out = []
+    if target.device == "cpu":
+        out.append("CPU profile: the rehearsal runs fp32 with torch's kernels, local attention and "
+                   "no sequence parallelism, and so does this plan")
+    out += [
+        f"precision {precision}: weights {PRECISION_BYTES[precision]} B/param, gradient "
+        f"buffer {grad_bytes(precision, fp32_grads)} B/param, Adam state "
         f"{opt.total} B/param ({'distributed over DP' if job.parallel.use_distributed_optimizer else 'on every DP rank'})",
-        f"attention backend {m.attention_backend}: {attention}",
+        f"attention backend {'local' if target.device == 'cpu' else m.attention_backend}: "
+        f"{attention}",
         ACTIVATION_NOTE,
         f"allowance {ALLOWANCE_FIXED_BYTES / GiB:.0f} GiB + {ALLOWANCE_FRACTION:.0%} of the itemized "
         "memory (CUDA context, NCCL/cuBLAS workspaces, transient tensors, fragmentation)",
@@ -66,19 +72,28 @@ def plan_json(job: JobConfig, result: PlanResult, layouts: list[LayoutPlan] | No
     }
 
 
-def _g(n: int) -> str:
-    return f"{n / GiB:6.1f}"
+MiB = 2**20
+
+
+def unit_for(plans: list[LayoutPlan]) -> tuple[int, str]:
+    """GiB for real models; MiB when every total is below 1 GiB (tiny rehearsal models)."""
+    return (GiB, "GiB") if max(p.memory.total for p in plans) >= GiB else (MiB, "MiB")
+
+
+def _g(n: int, unit: int = GiB) -> str:
+    return f"{n / unit:6.1f}"
 
 
 def _fits(plan: LayoutPlan) -> str:
     return {True: "yes", False: "NO", None: "?"}[plan.fits]
 
 
-def table(plans: list[LayoutPlan], start: int = 1) -> list[str]:
+def table(plans: list[LayoutPlan], start: int = 1, unit: tuple[int, str] | None = None) -> list[str]:
+    scale, unit_name = unit or unit_for(plans)
     head = (f"{'#':>4}  {'layout':<20} {'mbs':>3} {'nmb':>4} {'SP':<2} {'recompute':<9} "
             f"{'weights':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'total':>6}  "
             f"{'bubble':>6} {'step s':>7} {'MFU':>5}  fits")
-    lines = [head, "      " + "(memory per GPU in GiB, most loaded pipeline stage)"]
+    lines = [head, f"      (memory per GPU in {unit_name}, most loaded pipeline stage)"]
     for i, p in enumerate(plans, start):
         m, lay = p.memory, p.layout
         step = f"{p.step_time_s:7.2f}" if p.step_time_s is not None else f"{'-':>7}"
@@ -86,8 +101,9 @@ def table(plans: list[LayoutPlan], start: int = 1) -> list[str]:
         mark = "*" if p.is_job_layout else " "
         lines.append(
             f"{i:>3}{mark}  {lay.describe():<20} {lay.micro_batch_size:>3} {lay.num_microbatches:>4} "
-            f"{'SP' if p.sequence_parallel else '':<2} {p.recompute or '-':<9} {_g(m.weights):>7} "
-            f"{_g(m.gradients)} {_g(m.optimizer)} {_g(m.activations)} {_g(m.total)}  "
+            f"{'SP' if p.sequence_parallel else '':<2} {p.recompute or '-':<9} "
+            f"{_g(m.weights, scale):>7} {_g(m.gradients, scale)} {_g(m.optimizer, scale)} "
+            f"{_g(m.activations, scale)} {_g(m.total, scale)}  "
             f"{p.pipeline_bubble_fraction:6.1%} {step} {mfu}  {_fits(p)}")
     return lines
 
@@ -95,40 +111,39 @@ def table(plans: list[LayoutPlan], start: int = 1) -> list[str]:
 def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
     """One layout in full: where each byte goes on its most loaded GPU, and the time."""
     m, lay, act = plan.memory, plan.layout, plan.activations
-    t = job.train
+    run = Execution.of(job, target)
+    u, un = unit_for([plan])
     pp, v = lay.pipeline_model_parallel_size, lay.virtual_pipeline_model_parallel_size or 1
     limit = f" of {target.gpu_memory_bytes / GiB:g} GiB" if target.gpu_memory_bytes else ""
     verdict = {True: f"fits in {target.gpu_memory_bytes / GiB:g} GiB per GPU" if plan.fits else "",
                False: f"does NOT fit in {(target.gpu_memory_bytes or 0) / GiB:g} GiB per GPU",
                None: "fit unknown (GPU memory not given)"}[plan.fits]
     stage = f"pipeline stage {m.pipeline_rank} (the most loaded)" if pp > 1 else "every GPU"
-    opt = optimizer_bytes_per_element(t.precision, t.grad_reduce_in_fp32)
+    opt = optimizer_bytes_per_element(run.precision, run.grad_reduce_in_fp32)
     dist = job.parallel.use_distributed_optimizer
     form = (f"{plan.recompute} recompute" if plan.recompute else "no recompute") + \
         (", sequence parallel" if plan.sequence_parallel else "")
     lines = [
         f"{plan.describe()}: {verdict}",
         f"  memory on {stage}, {plan.parameters.per_pipeline_rank[m.pipeline_rank]:,} parameters:",
-        f"    weights      {_g(m.weights)} GiB  ({t.precision}"
+        f"    weights      {_g(m.weights, u)} {un}  ({run.precision}"
         + (", in the distributed optimizer's padded buffer)" if dist else ")"),
-        f"    gradients    {_g(m.gradients)} GiB  ({grad_bytes(t.precision, t.grad_reduce_in_fp32)}"
+        f"    gradients    {_g(m.gradients, u)} {un}  ({grad_bytes(run.precision, run.grad_reduce_in_fp32)}"
         "-byte gradient buffer)",
-        f"    optimizer    {_g(m.optimizer)} GiB  ({opt.total} B per element: master "
+        f"    optimizer    {_g(m.optimizer, u)} {un}  ({opt.total} B per element: master "
         f"{opt.master_params}, Adam moments {opt.moments}, fp32 grads {opt.main_grads}"
         + (f"; 1/{lay.data_parallel_size} of the buffer per DP rank)" if dist else ")"),
-        f"    activations  {_g(m.activations)} GiB  ({act.layers_per_chunk} layers × "
+        f"    activations  {_g(m.activations, u)} {un}  ({act.layers_per_chunk} layers × "
         f"{act.in_flight} microbatch(es) in flight × {act.per_layer / 2**20:.1f} MiB per layer "
         f"[{form}]"
-        + (f" + recompute working set {act.recompute_working_set / 2**20:.0f} MiB"
-           if act.recompute_working_set else "")
         + (f" + output layer/loss {act.output_layer / 2**20:.0f} MiB" if act.output_layer else "")
-        + ")",
-        f"    allowance    {_g(m.allowance)} GiB",
-        f"    total        {_g(m.total)} GiB{limit}",
+        + f" + backward working set {act.backward_working_set / 2**20:.0f} MiB)",
+        f"    allowance    {_g(m.allowance, u)} {un}",
+        f"    total        {_g(m.total, u)} {un}{limit}",
     ]
     if pp > 1:
-        per = ", ".join(f"{s.total / GiB:.1f}" for s in plan.per_stage)
-        lines.append(f"  total per pipeline stage (GiB): {per}")
+        per = ", ".join(f"{s.total / u:.1f}" for s in plan.per_stage)
+        lines.append(f"  total per pipeline stage ({un}): {per}")
     lines.append(f"  pipeline bubble (p−1)/(v·m) = {pp - 1}/({v}·{lay.num_microbatches}) = "
                  f"{plan.pipeline_bubble_fraction:.1%}")
     lines.append(f"  model FLOPs per step {plan.model_flops_per_step:.3e}")

@@ -23,18 +23,16 @@ cpu_shim.install()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
-from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
-from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: E402
 from megatron.core.transformer.module import Float16Module  # noqa: E402
-from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from hpctrain.config import job_from_mapping  # noqa: E402
-from hpctrain.flops import padded_vocab_size  # noqa: E402
+from hpctrain.config import Layout, job_from_mapping  # noqa: E402
+from hpctrain.runtime.model import (build_model_and_optimizer, build_model_chunks,  # noqa: E402
+                                    initialize_parallel, transformer_config)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,56 +46,37 @@ def init_process_group() -> None:
     dist.init_process_group("gloo")
 
 
-def transformer_config(job, tp: int, pp: int, vpp: int | None) -> TransformerConfig:
-    m, t = job.model, job.train
-    dtype = DTYPES[t.precision]
-    return TransformerConfig(
-        num_layers=m.num_layers, hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
-        ffn_hidden_size=m.ffn_hidden_size, kv_channels=m.kv_channels,
-        add_bias_linear=m.add_bias_linear, normalization=m.normalization,
-        gated_linear_unit=m.activation == "swiglu",
-        activation_func=F.silu if m.activation == "swiglu" else F.gelu,
-        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        params_dtype=dtype, pipeline_dtype=dtype, bf16=t.precision == "bf16",
-        fp16=t.precision == "fp16", use_cpu_initialization=True,
-        recompute_granularity=t.recompute_granularity,
-        recompute_method=t.recompute_method if t.recompute_granularity == "full" else None,
-        recompute_num_layers=t.recompute_num_layers if t.recompute_granularity == "full" else None,
-    )
+def _layout(job, tp: int, pp: int, vpp: int | None) -> Layout:
+    dp = dist.get_world_size() // (tp * pp)
+    return Layout(tp, pp, vpp, dp, job.batch.micro_batch_size, job.batch.global_batch_size)
 
 
 def build(job, tp: int, pp: int, vpp: int | None):
-    """Model chunks (DDP-wrapped) and the optimizer, as a training run builds them."""
+    """Model chunks (DDP-wrapped) and the optimizer, as a training run builds them.
+
+    fp32 jobs go through the runtime's own builder (what a CPU rehearsal runs). 16-bit
+    parameters are what a GPU run holds but the CPU runtime never builds, so bf16/fp16 jobs
+    get the runtime's TransformerConfig with 16-bit dtypes and megatron's Float16Module.
+    """
+    layout = _layout(job, tp, pp, vpp)
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tp, pp, vpp)
-    model_parallel_cuda_manual_seed(job.train.seed)
-    config = transformer_config(job, tp, pp, vpp)
-    m = job.model
-    spec = get_gpt_layer_local_spec(normalization=m.normalization)
-    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    initialize_parallel(layout, job.train.seed)
+    if job.train.precision == "fp32":
+        built = build_model_and_optimizer(job, layout, "cpu")
+        return built.model, built.optimizer
+    dtype = DTYPES[job.train.precision]
+    config = transformer_config(job, layout, "cpu")
+    config.params_dtype = config.pipeline_dtype = dtype
+    config.bf16, config.fp16 = dtype == torch.bfloat16, dtype == torch.float16
     chunks = []
-    for j in range(vpp or 1):
-        vp = j if vpp else None
-        model = GPTModel(
-            config=config, transformer_layer_spec=spec, vocab_size=vocab,
-            max_sequence_length=m.max_position_embeddings or m.seq_length,
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-            share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
-            position_embedding_type=m.position_embedding_type, vp_stage=vp)
-        if job.train.precision != "fp32":
-            model = Float16Module(config, model)
+    for i, model in enumerate(build_model_chunks(job, layout, "cpu", config)):
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=job.train.grad_reduce_in_fp32,
             use_distributed_optimizer=job.parallel.use_distributed_optimizer)
-        chunks.append(DistributedDataParallel(config, ddp_config, model,
-                                              disable_bucketing=j > 0))
+        chunks.append(DistributedDataParallel(config, ddp_config, Float16Module(config, model),
+                                              disable_bucketing=i > 0))
     optimizer = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", lr=1e-4, bf16=job.train.precision == "bf16",
-        fp16=job.train.precision == "fp16",
+        optimizer="adam", lr=1e-4, bf16=config.bf16, fp16=config.fp16,
         use_distributed_optimizer=job.parallel.use_distributed_optimizer), chunks)
     return chunks, optimizer
 
@@ -176,14 +155,19 @@ class SavedActivations:
         return sum(alive.values())
 
 
-def measure_activations(chunks, job, micro_batch_size: int) -> dict:
-    """Forward one microbatch with saved-tensor hooks, then backward (PP = 1 only)."""
-    (model,) = chunks
+def _inputs(job, micro_batch_size: int):
     s = job.model.seq_length
     torch.manual_seed(0)
     tokens = torch.randint(0, job.model.vocab_size, (micro_batch_size, s))
     position_ids = torch.arange(s).unsqueeze(0).expand(micro_batch_size, -1)
     mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
+    return tokens, position_ids, mask
+
+
+def measure_activations(chunks, job, micro_batch_size: int) -> dict:
+    """Forward one microbatch with saved-tensor hooks, then backward (PP = 1 only)."""
+    (model,) = chunks
+    tokens, position_ids, mask = _inputs(job, micro_batch_size)
     exclude = {_storage(p)[0] for p in model.parameters()}
     exclude |= {_storage(b.grad_data)[0] for b in model.buffers}
     exclude |= {_storage(x)[0] for x in (tokens, position_ids, mask)}
@@ -194,6 +178,44 @@ def measure_activations(chunks, job, micro_batch_size: int) -> dict:
     stored = saved.total()
     loss.float().sum().backward()
     return {"activation_bytes": stored}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensors created while it is active (sampled after every op)."""
+
+    def __init__(self, exclude: set[int]):
+        super().__init__()
+        self.exclude = exclude
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr and ptr not in self.live and ptr not in self.exclude:
+                    self.live[ptr] = (StorageWeakRef(storage), storage.nbytes())
+        for ptr in [p for p, (ref, _) in self.live.items() if ref.expired()]:
+            del self.live[ptr]
+        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
+        return out
+
+
+def measure_peak(chunks, job, micro_batch_size: int) -> int:
+    """Peak bytes of everything a forward + backward allocates (PP = 1), parameters and the
+    gradient buffers excluded: stored activations plus every transient."""
+    (model,) = chunks
+    tokens, position_ids, mask = _inputs(job, micro_batch_size)
+    exclude = {_storage(p)[0] for p in model.parameters()}
+    exclude |= {_storage(b.grad_data)[0] for b in model.buffers}
+    model.zero_grad_buffer()
+    mode = LiveBytes(exclude)
+    with mode:
+        loss = model(tokens, position_ids, mask, labels=tokens)
+        loss.float().sum().backward()
+    return mode.peak
 
 
 def run_cases(cases: list[dict]) -> list[dict]:

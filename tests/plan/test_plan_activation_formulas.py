@@ -1,0 +1,89 @@
+"""The activation terms reduce to Korthikanti et al. 2022's closed forms on the paper's model.
+
+The paper's GPT (Table 3's 175B/530B shapes): d = h/a, MHA, f = 4h, learned positions, dropout
+on, attention that keeps its scores; 2-byte activations, 1-byte masks. Its per-layer bytes:
+sbh(34 + 5as/h) with no parallelism, sbh(10 + 24/t + 5as/(ht)) with TP, sbh(34/t + 5as/(ht))
+with TP+SP, sbh·34/t with selective recompute, 2sbh for full recompute. Our terms add the small
+fp32 norm statistics the paper leaves out; everything else must match to the byte.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from plan_jobs import make_job
+
+from hpctrain.plan.activations import (activation_bytes_per_layer, activation_terms,
+                                       in_flight_microbatches, stage_activations)
+from hpctrain.plan.shape import ModelShape
+
+GPT3_175B = dict(num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=51200,
+                 seq_length=2048, hidden_dropout=0.1, attention_dropout=0.1,
+                 attention_backend="unfused")
+
+
+def paper_shape(**overrides) -> ModelShape:
+    return ModelShape.from_job(make_job({**GPT3_175B, **overrides}))
+
+
+def without_statistics(shape, b, t, sp, selective) -> int:
+    return sum(v for name, v in activation_terms(shape, b, t, sp, selective, 2)
+               if "statistics" not in name)
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+@pytest.mark.parametrize("b", [1, 4])
+def test_the_four_forms_of_the_paper(t, b):
+    m = paper_shape()
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    sbh = s * b * h
+    scores = Fraction(5 * a * s, h * t)
+    assert without_statistics(m, b, t, False, False) == sbh * (10 + Fraction(24, t) + scores)
+    if t > 1:
+        assert without_statistics(m, b, t, True, False) == sbh * (Fraction(34, t) + scores)
+        assert without_statistics(m, b, t, True, True) == sbh * Fraction(34, t)
+    assert activation_bytes_per_layer(m, b, t, False, "full") == 2 * sbh
+
+
+def test_flash_attention_drops_the_score_term():
+    m = paper_shape(attention_backend="flash")
+    s, b, h, a = m.seq_length, 1, m.hidden_size, m.num_attention_heads
+    terms = dict(activation_terms(m, b, 1, False, False, 2))
+    assert terms["attention log-sum-exp (fp32)"] == 4 * a * s * b
+    assert without_statistics(m, b, 1, False, False) - 4 * a * s * b == 34 * s * b * h
+
+
+def test_gqa_and_swiglu_generalize_the_attention_and_mlp_terms():
+    # Llama-3-8B-like: 8 KV groups of d = 128, f = 14336, fused SwiGLU (the GPU kernels)
+    m = ModelShape.from_job(make_job(dict(GPT3_175B, num_layers=32, hidden_size=4096,
+                                          num_attention_heads=32, num_query_groups=8,
+                                          ffn_hidden_size=14336, activation="swiglu",
+                                          hidden_dropout=0.0, attention_dropout=0.0,
+                                          attention_backend="flash")))
+    s, h = m.seq_length, m.hidden_size
+    terms = dict(activation_terms(m, 1, 1, False, False, 2))
+    assert terms["linear_qkv output (Q, K, V views)"] == 2 * s * (4096 + 2 * 1024)
+    assert terms["linear_fc1 output (SwiGLU input)"] == 2 * s * 2 * 14336
+    assert terms["linear_fc2 input"] == 2 * s * 14336
+    assert "MLP dropout mask" not in terms and terms["linear_fc1 input"] == 2 * s * h
+
+
+@pytest.mark.parametrize("p, v", [(4, None), (8, None), (4, 2), (4, 4), (8, 3)])
+def test_first_stage_holds_the_papers_number_of_layers(p, v):
+    # 1F1B: the first stage keeps p microbatches of L/p layers = L layers' worth; the
+    # interleaved schedule keeps L·(1 + (p − 1)/(p·v)) (Korthikanti et al., section 4.2.3).
+    m = paper_shape(num_layers=96 if v != 3 else 48)
+    L = m.num_layers
+    act = stage_activations(m, tp=8, pp=p, vpp=v, pp_rank=0, micro_batch_size=1,
+                            num_microbatches=64, sequence_parallel=True, recompute="selective")
+    expected = L if v is None else L * (1 + Fraction(p - 1, p * v))
+    assert act.in_flight * act.layers_per_chunk == expected
+    assert act.stored == act.in_flight * act.chunk_microbatch + act.embedding
+
+
+def test_later_stages_and_few_microbatches_hold_less():
+    assert [in_flight_microbatches(4, None, r, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert in_flight_microbatches(4, None, 0, 2) == 2          # only 2 microbatches exist
+    assert in_flight_microbatches(4, 2, 0, 1) == 2             # everything is warmup
+    assert in_flight_microbatches(1, None, 0, 64) == 1         # no pipeline: one at a time

@@ -1,0 +1,124 @@
+"""The planner against the real megatron-core objects on CPU, in this process (world size 1).
+
+Parameters (names, order, counts), weight/gradient-buffer/optimizer bytes and the activations
+the autograd graph keeps must equal what megatron-core allocates; the peak of a whole
+forward + backward must stay under the planned activations (stored + backward working set).
+Multi-rank layouts (TP, PP, VPP, DP sharding) are in test_plan_real_megatron_multi.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import megatron_probe as probe
+import pytest
+from plan_jobs import TINY_GPT, TINY_LLAMA, make_job
+
+from hpctrain.config import Layout
+from hpctrain.plan.activations import CPU_KERNELS, stage_activations
+from hpctrain.plan.layouts import Target, plan_layout
+from hpctrain.plan.memory import state_bytes_per_pipeline_rank
+from hpctrain.plan.parameters import chunk_parameters, count_parameters, pipeline_chunks
+from hpctrain.plan.shape import ModelShape
+
+probe.init_process_group()
+
+NO_BIAS_GQA_LEARNED = dict(TINY_GPT, add_bias_linear=False, num_query_groups=1,
+                           untie_embeddings_and_output_weights=True, vocab_size=300)
+STATE_CASES = {
+    "tied-gelu-bias fp32": (TINY_GPT, dict(precision="fp32")),
+    "tied-gelu-bias bf16 dist-opt": (TINY_GPT, dict(parallel={"use_distributed_optimizer": True})),
+    "untied-swiglu-gqa-rope bf16 16-bit grads": (TINY_LLAMA, dict(train={"grad_reduce_in_fp32": False})),
+    "untied-swiglu-gqa-rope fp32 dist-opt": (TINY_LLAMA, dict(precision="fp32", parallel={
+        "use_distributed_optimizer": True})),
+    "untied-gelu-nobias-mqa-learned fp16 dist-opt": (NO_BIAS_GQA_LEARNED, dict(
+        precision="fp16", parallel={"use_distributed_optimizer": True})),
+}
+
+
+def _strip(name: str) -> str:
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
+@pytest.mark.parametrize("case", list(STATE_CASES))
+def test_parameters_and_state_bytes_equal_what_megatron_allocates(case):
+    model, kwargs = STATE_CASES[case]
+    job = make_job(model, **kwargs)
+    chunks, optimizer = probe.build(job, 1, 1, None)
+    real = probe.measure_state(chunks, optimizer)
+    shape = ModelShape.from_job(job)
+    (chunk,), = pipeline_chunks(shape.num_layers, 1, None)
+    planned = [(p.name, p.numel) for p in chunk_parameters(shape, 1, 1, chunk)]
+    assert [(_strip(n), k) for n, k in real["names"]] == planned
+    assert count_parameters(shape).total == real["parameters"]
+    t = job.train
+    (state,) = state_bytes_per_pipeline_rank(
+        shape, tp=1, pp=1, vpp=None, dp=1, precision=t.precision,
+        grad_reduce_in_fp32=t.grad_reduce_in_fp32,
+        distributed_optimizer=job.parallel.use_distributed_optimizer)
+    assert (state.weights, state.gradients, state.optimizer) == (
+        real["weight_bytes"], real["grad_bytes"], real["optimizer_bytes"])
+
+
+ACTIVATION_MODELS = {
+    "gpt": TINY_GPT,
+    "gpt-dropout": dict(TINY_GPT, hidden_dropout=0.1, attention_dropout=0.1),
+    "llama-gqa-rope-swiglu": TINY_LLAMA,
+    "gpt-learned-mqa": dict(NO_BIAS_GQA_LEARNED, seq_length=48),
+}
+RECOMPUTE = {"none": {}, "selective": {"recompute_granularity": "selective"},
+             "full-uniform-2": {"recompute_granularity": "full", "recompute_num_layers": 2},
+             "full-block-1": {"recompute_granularity": "full", "recompute_method": "block"}}
+
+
+def planned_activations(job, micro_batch_size):
+    t = job.train
+    # the CPU runs megatron's local attention, which keeps the scores
+    shape = dataclasses.replace(ModelShape.from_job(job), attention_stores_scores=True)
+    return stage_activations(shape, tp=1, pp=1, vpp=None, pp_rank=0,
+                             micro_batch_size=micro_batch_size, num_microbatches=1,
+                             sequence_parallel=False, recompute=t.recompute_granularity,
+                             recompute_method=t.recompute_method,
+                             recompute_num_layers=t.recompute_num_layers, act_bytes=4,
+                             kernels=CPU_KERNELS)
+
+
+@pytest.mark.parametrize("recompute", list(RECOMPUTE))
+@pytest.mark.parametrize("model", list(ACTIVATION_MODELS))
+def test_stored_activations_equal_what_autograd_keeps(model, recompute):
+    job = make_job(ACTIVATION_MODELS[model], precision="fp32", mbs=2, train=RECOMPUTE[recompute])
+    chunks, _ = probe.build(job, 1, 1, None)
+    real = probe.measure_activations(chunks, job, 2)["activation_bytes"]
+    planned = planned_activations(job, 2).stored
+    if recompute == "selective":
+        # the checkpoint of the attention core also keeps a few scalars (16 bytes seen)
+        assert 0 <= real - planned <= 64
+    else:
+        assert planned == real
+
+
+PEAK_SHAPES = {
+    "gpt h256 s256": dict(num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1000,
+                          seq_length=256, attention_backend="local"),
+    "llama h256 s256": dict(TINY_LLAMA, hidden_size=256, num_attention_heads=8,
+                            num_query_groups=2, ffn_hidden_size=704, vocab_size=1000,
+                            seq_length=256),
+}
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full-uniform-2"])
+@pytest.mark.parametrize("name", list(PEAK_SHAPES))
+def test_forward_backward_peak_stays_within_the_planned_activations(name, recompute):
+    job = make_job(PEAK_SHAPES[name], precision="fp32", mbs=2, train=RECOMPUTE[recompute])
+    chunks, _ = probe.build(job, 1, 1, None)
+    peak = probe.measure_peak(chunks, job, 2)
+    planned = plan_layout(job, Layout(1, 1, None, 1, 2, 2),
+                          Target(1, 1, None, Target.from_profile(None, 1).hardware, "cpu"),
+                          sequence_parallel=False, recompute=job.train.recompute_granularity)
+    act = planned.activations
+    print(f"\n{name} {recompute}: stored {act.stored / 2**20:.2f} MiB, planned "
+          f"{act.total / 2**20:.2f} MiB, measured peak {peak / 2**20:.2f} MiB "
+          f"({(act.total - peak) / peak:+.0%})")
+    assert act.stored < peak <= act.total <= 1.6 * peak
