@@ -118,7 +118,14 @@ class Collective:
             torch.cuda.set_device(self.info.local_rank)
         dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store.store),
                                 rank=self.info.rank, world_size=self.info.world_size,
-                                timeout=datetime.timedelta(seconds=self.timeout))
+                                timeout=self._pg_timeout())
+
+    def _pg_timeout(self) -> datetime.timedelta:
+        """NCCL's watchdog aborts the process when its timeout fires; it must fire after ours,
+        so rank 0 has written the report naming the silent ranks by then. Gloo's timeout is
+        what frees its stuck worker threads, so it stays at ours."""
+        seconds = 2 * self.timeout + 60 if self.cuda else self.timeout
+        return datetime.timedelta(seconds=seconds)
 
     # ---- one round ---------------------------------------------------------------------------
     def _group(self, ranks: list[int]):
@@ -126,7 +133,7 @@ class Collective:
             return None  # the default group
         key = tuple(ranks)
         if key not in self._groups:
-            self._groups[key] = dist.new_group(ranks, timeout=datetime.timedelta(seconds=self.timeout))
+            self._groups[key] = dist.new_group(ranks, timeout=self._pg_timeout())
         return self._groups[key]
 
     def _sleep(self, seconds: float) -> None:
