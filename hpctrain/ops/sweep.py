@@ -97,6 +97,12 @@ def set_path(data: dict, key: str, value) -> None:
     node[parts[-1]] = value
 
 
+def get_path(data: dict, key: str):
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
 def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[SweepPoint]:
     """Every combination as a resolved job on ``profile``; all problems raised at once."""
     axes = parse_axes(specs)
@@ -110,7 +116,8 @@ def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[Swe
         source = f"{job_file} [sweep {label}]"
         try:
             job = job_from_mapping(data, source)
-            points.append(SweepPoint(i, values, resolve(job, profile, source=source)))
+            typed = {k: get_path(to_dict(job), k) for k in values}  # "1e-4" -> 0.0001
+            points.append(SweepPoint(i, typed, resolve(job, profile, source=source)))
         except ConfigError as e:
             problems.append(str(e))
     if problems:

@@ -1,0 +1,87 @@
+"""Pure pieces of the operations commands: Slurm durations and array/dependency output (real
+captured text), tables, durations, the progress bar."""
+
+from __future__ import annotations
+
+from hpctrain.ops.fmt import format_bytes, format_duration, format_number, format_table
+from hpctrain.ops.progress import ProgressLine, render_bar
+from hpctrain.slurm.commands import parse_duration, parse_sacct, parse_squeue
+from hpctrain.slurm.state import JobState
+from tests.conftest import REPO
+
+FIX = REPO / "tests" / "fixtures" / "ops"
+
+
+def test_array_tasks_are_one_line_each_and_keep_their_ids():
+    rows = parse_squeue((FIX / "squeue_array.txt").read_text())
+    assert [(r.job_id, r.state, r.reason) for r in rows] == [
+        ("14_1", "PENDING", "JobArrayTaskLimit"), ("14_2", "PENDING", "JobArrayTaskLimit"),
+        ("14_0", "RUNNING", "None")]
+    assert rows[2].nodes == "n1" and parse_duration(rows[2].time_limit) == 300
+
+
+def test_sacct_array_rows_by_task_id():
+    jobs = {r["JobID"]: r for r in parse_sacct((FIX / "sacct_array.txt").read_text())}
+    assert jobs["14_0"]["State"] == "COMPLETED" and jobs["14_1"]["State"] == "RUNNING"
+    assert JobState("14_1", jobs["14_1"]["State"]).active
+    assert not JobState("14_0", jobs["14_0"]["State"]).active
+    assert parse_duration(jobs["14_0"]["Elapsed"]) == 20
+
+
+def test_chained_job_pends_on_dependency_and_durations_parse():
+    chained, first = parse_squeue((FIX / "squeue_dep.txt").read_text())
+    assert (chained.state, chained.reason) == ("PENDING", "Dependency")
+    assert parse_duration(first.time_limit) == 26 * 3600
+    assert parse_duration(chained.time_limit) is None          # UNLIMITED
+    assert parse_duration(first.time_used) == 2
+
+
+def test_parse_duration_forms():
+    assert parse_duration("0:00") == 0
+    assert parse_duration("12:34") == 754
+    assert parse_duration("1:02:03") == 3723
+    assert parse_duration("00:00:20") == 20
+    assert parse_duration("2-00:00:01") == 2 * 86400 + 1
+    for bad in ("", "N/A", "INVALID", "Partition_Limit", "1:x", "a-01:00:00"):
+        assert parse_duration(bad) is None, bad
+
+
+def test_table_aligns_columns_and_shows_missing_values_as_dash():
+    text = format_table(["#", "JOB", "DECISION"], [[1, "12", "requeue: preempted"],
+                                                   [10, None, "stop: training finished"]])
+    lines = text.splitlines()
+    assert lines == ["#   JOB  DECISION",
+                     "1   12   requeue: preempted",
+                     "10  -    stop: training finished"]
+
+
+def test_durations_numbers_and_sizes_read_naturally():
+    assert [format_duration(s) for s in (None, 0, 59, 61, 3600 + 120, 86400 + 7200)] == \
+        ["-", "0s", "59s", "1m01s", "1h02m", "1d02h"]
+    assert [format_number(x) for x in (None, 3, 2.345678, 1.5e-5, 123456.0, 0.0)] == \
+        ["-", "3", "2.346", "1.500e-05", "1.235e+05", "0"]
+    assert [format_bytes(n) for n in (12, 2048, 3 * 2**30)] == ["12 B", "2.0 KiB", "3.0 GiB"]
+
+
+def test_progress_bar_text_and_silence_off_a_terminal(capsys):
+    assert render_bar(30, 120, "loss 2.5") == "[#######.....................]  30/120   25%  loss 2.5"
+    assert render_bar(None, 120).startswith("[" + "." * 28 + "]  waiting")
+    assert render_bar(500, 120).startswith("[" + "#" * 28 + "]  500/120  100%")
+    printed = []
+    bar = ProgressLine(120, enabled=False, echo=printed.append)
+    bar.update(10, "x")
+    bar.echo("a log line")
+    bar.close()
+    assert printed == ["a log line"] and capsys.readouterr().err == ""
+
+
+def test_progress_bar_is_cleared_around_log_lines():
+    import io
+    stream, printed = io.StringIO(), []
+    bar = ProgressLine(10, enabled=True, echo=printed.append, stream=stream)
+    bar.update(5)
+    bar.echo("line")
+    bar.close()
+    out = stream.getvalue()
+    assert printed == ["line"]
+    assert out.count("\r\x1b[K") == 3 and out.count("5/10") == 2  # drawn, cleared, redrawn, cleared

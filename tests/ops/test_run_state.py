@@ -1,0 +1,62 @@
+"""How a run's state is read from its jobs, ledger and events, and how the batch hooks see a
+cancel and a later resume (the contract between `hpctrain cancel/resume` and the script)."""
+
+from __future__ import annotations
+
+from hpctrain.ops.runview import RunView
+from hpctrain.slurm import hooks
+from hpctrain.slurm.state import JobState
+from tests.ops.helpers import crafted_run, record
+
+
+def view(run, jobs=()):
+    return RunView(run=run, meta=run.meta(), jobs=list(jobs), ledger=run.ledger(),
+                   events=run.events(), attempts_started=run.attempts_started())
+
+
+def test_a_run_never_submitted(tmp_path):
+    v = view(crafted_run(tmp_path))
+    assert (v.state, v.step, v.attempts, v.current_job) == ("NOT SUBMITTED", None, 0, None)
+
+
+def test_running_job_wins_over_the_pending_chained_one(tmp_path):
+    run = crafted_run(tmp_path, ledger=[record(1, 0, 12, "preempted", True, saved=12)])
+    jobs = [JobState("41", "RUNNING", "None", "n[1-2]"), JobState("42", "PENDING", "Dependency")]
+    v = view(run, jobs)
+    assert (v.state, v.current_job.job_id, v.state_detail) == ("RUNNING", "41", "")
+    v = view(run, [JobState("41", "COMPLETED"), JobState("42", "PENDING", "Dependency")])
+    assert (v.state, v.current_job.job_id, v.state_detail) == ("PENDING", "42", "Dependency")
+
+
+def test_finished_stopped_and_the_step_reached(tmp_path):
+    run = crafted_run(tmp_path, ledger=[record(1, 0, 12, "preempted", True, saved=12),
+                                        record(2, 12, 30, "finished", False, saved=30)],
+                      metrics=[{"step": 29, "loss": 2.6}, {"step": 30, "loss": 2.5}])
+    v = view(run, [JobState("41", "COMPLETED")])
+    assert (v.state, v.step, v.loss, v.attempts) == ("FINISHED", 30, 2.5, 2)
+    stopped = crafted_run(tmp_path, ledger=[record(1, 0, 5, "failed", False,
+                                                   why="attempt ended with 'failed'")])
+    v = view(stopped, [JobState("43", "FAILED")])
+    assert v.state == "STOPPED" and v.state_detail == "failed: attempt ended with 'failed'"
+
+
+def test_cancel_is_undone_by_a_later_resume_for_the_batch_hooks(tmp_path, capsys):
+    run = crafted_run(tmp_path, ledger=[record(1, 0, 7, "cancelled", False, saved=7)])
+    run.event("cancel", jobs=["41"])
+    assert view(run, [JobState("41", "CANCELLED by 0")]).state == "CANCELLED"
+    assert run.cancelled() and hooks.cmd_begin(run) == "HPCTRAIN_SKIP=1\n"
+    assert "was cancelled" in capsys.readouterr().err
+    run.event("resume", how="resubmitted")
+    assert not run.cancelled() and not hooks.cancelled(run)
+    run.event("cancel", jobs=["44"])
+    assert run.cancelled()
+
+
+def test_a_finished_run_stays_finished_unless_resumed_with_force(tmp_path):
+    run = crafted_run(tmp_path, ledger=[record(1, 0, 30, "finished", False)])
+    run.event("attempt_end", attempt=1, exit_reason="finished")
+    assert run.finished() and hooks.cmd_begin(run) == "HPCTRAIN_SKIP=1\n"
+    run.event("resume", how="resubmitted")
+    assert run.finished()
+    run.event("resume", how="resubmitted", force=True)
+    assert not run.finished()

@@ -1,0 +1,89 @@
+"""`status` and `report` on a run folder written by hand: the attempts table, the checkpoint
+line, and a report whose plotted data are the metrics file's."""
+
+from __future__ import annotations
+
+import json
+
+from hpctrain.ops.checkpoints import inspect_checkpoints
+from hpctrain.ops.report import build_figure, collect, summarize
+from hpctrain.ops.runview import RunView
+from hpctrain.ops.status import format_status, status_data
+from hpctrain.slurm.state import JobState
+from tests.conftest import hpctrain
+from tests.ops.helpers import crafted_run, png_size, record
+
+LEDGER = [record(1, 0, 12, "preempted", True, saved=12, why="preempted; requeue 1 of 5"),
+          record(2, 12, 30, "finished", False, saved=30, loaded=12, why="training finished")]
+# attempt 2 resumed from step 12 but metrics of steps 11-12 were written twice (the first
+# attempt wrote them before its emergency save): the later record of a step is the one plotted
+METRICS = ([{"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 1000.0 + s, "mfu": 0.3} for s in range(1, 13)]
+           + [{"step": s, "loss": 4.0 - s / 20, "tokens_per_s": 900.0 + s, "mfu": 0.31} for s in range(11, 31)])
+
+
+def finished_run(tmp_path):
+    return crafted_run(tmp_path, ledger=LEDGER, metrics=METRICS, checkpoints=[10, 12, 30])
+
+
+def test_status_shows_both_attempts_and_the_newest_checkpoint(tmp_path):
+    run = finished_run(tmp_path)
+    view = RunView(run=run, meta=run.meta(), jobs=[JobState("41", "COMPLETED", nodes="n[1-2]")],
+                   ledger=run.ledger(), events=run.events(), last_metric=METRICS[-1])
+    data = status_data(view, inspect_checkpoints(run))
+    assert (data["state"], data["step"], data["total_steps"], data["loss"]) == ("FINISHED", 30, 30, 2.5)
+    assert data["checkpoint"]["step"] == 30 and data["checkpoint"]["complete"]
+    text = format_status(data)
+    lines = text.splitlines()
+    assert f"Run         {run.id}  (dev-slurm, TP1×PP1×DP2, 2 ranks)" in lines
+    assert "Progress    step 30 / 30 (100%), loss 2.5, 930 tokens/s, MFU 31.0%" in lines
+    assert any(ln.startswith("Checkpoint  step 30, ") and ln.endswith("step-00000030") for ln in lines)
+    table = lines[lines.index("Attempts") + 1:]
+    assert table[0].split() == ["#", "JOB", "RESTART", "NODES", "STEPS", "EXIT", "LOADED", "SAVED",
+                                "DURATION", "DECISION"]
+    assert table[1].split() == ["1", "41", "0", "n1,n2", "0→12", "preempted", "(75)", "-", "step",
+                                "12", "1m05s", "requeue:", "preempted;", "requeue", "1", "of", "5"]
+    assert table[2].split()[:9] == ["2", "41", "1", "n1,n2", "12→30", "finished", "step", "12", "step"]
+    json.dumps(data)  # --json prints exactly this
+
+
+def test_report_figure_plots_the_metrics_and_marks_preemption_and_checkpoints(tmp_path):
+    run = finished_run(tmp_path)
+    data = collect(run)
+    fig = build_figure(data)
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid()}
+    by_step = {m["step"]: m for m in METRICS}  # the last record of each step
+    steps = sorted(by_step)
+    assert list(lines["loss"].get_xdata()) == steps
+    assert list(lines["loss"].get_ydata()) == [by_step[s]["loss"] for s in steps]
+    assert list(lines["tokens_per_s"].get_ydata()) == [by_step[s]["tokens_per_s"] for s in steps]
+    assert list(lines["mfu"].get_ydata()) == [by_step[s]["mfu"] for s in steps]
+    assert list(lines["preempted-1"].get_xdata()) == [12, 12]
+    assert list(lines["resumed-2"].get_xdata()) == [12, 12]
+    assert list(lines["checkpoints"].get_xdata()) == [10, 12, 30]
+    assert fig.get_size_inches().tolist() == [12.0, 9.0] and fig.dpi == 100
+    s = summarize(data)
+    assert (s["attempts"], s["preemptions"], s["requeues"], s["last_loss"]) == (2, 1, 1, 2.5)
+    assert s["min_loss_step"] == 30 and s["checkpoints"] == [10, 12, 30]
+
+
+def test_report_without_mfu_says_so_and_still_draws(tmp_path):
+    run = crafted_run(tmp_path, metrics=[{"step": 1, "loss": 3.0, "tokens_per_s": 10.0, "mfu": None}])
+    fig = build_figure(collect(run))
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any(t.startswith("no MFU recorded") for t in texts)
+    assert "mfu" not in {ln.get_gid() for ax in fig.axes for ln in ax.get_lines()}
+
+
+def test_report_command_writes_a_png_of_the_asked_size(tmp_path):
+    run = finished_run(tmp_path)
+    proc = hpctrain("report", str(run.path), check=True)
+    png = run.path / "report.png"
+    assert proc.stdout.splitlines()[0] == f"Report: {png} (1200×900)"
+    assert "Attempts    2 (1 preempted, 1 requeued)" in proc.stdout
+    assert "Checkpoints 3 (steps 10, 12, 30)" in proc.stdout
+    assert png_size(png) == (1200, 900)
+    out = tmp_path / "small.png"
+    proc = hpctrain("report", str(run.path), "-o", str(out), "--size", "640x480", "--json", check=True)
+    assert json.loads(proc.stdout)["report"] == str(out) and png_size(out) == (640, 480)
+    bad = hpctrain("report", str(run.path), "--size", "big")
+    assert bad.returncode == 2 and "--size 'big': expected WIDTHxHEIGHT" in bad.stderr

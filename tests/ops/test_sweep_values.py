@@ -1,0 +1,91 @@
+"""Sweep specifications: parsing, the cartesian product, and validation before anything exists
+on disk or in the queue."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from hpctrain.cli import cli
+from hpctrain.errors import UsageError
+from hpctrain.ops.sweep import combinations, expand, parse_axes, parse_axis
+from tests.conftest import hpctrain
+from tests.ops.helpers import FAKE_JOB, fake_profile
+
+
+def test_values_are_yaml_scalars_in_the_given_order():
+    axis = parse_axis("train.lr=1e-4, 3.0e-4,0.001")
+    assert axis.key == "train.lr" and axis.values == ("1e-4", 3.0e-4, 0.001)  # the schema converts
+    assert parse_axis("train.schedule=cosine,wsd").values == ("cosine", "wsd")
+    assert parse_axis("model.add_bias_linear=true,false").values == (True, False)
+
+
+def test_product_varies_the_first_axis_slowest():
+    axes = parse_axes(["train.lr=1,2", "batch.global_batch_size=4,8,16"])
+    assert combinations(axes) == [
+        {"train.lr": 1, "batch.global_batch_size": 4}, {"train.lr": 1, "batch.global_batch_size": 8},
+        {"train.lr": 1, "batch.global_batch_size": 16}, {"train.lr": 2, "batch.global_batch_size": 4},
+        {"train.lr": 2, "batch.global_batch_size": 8}, {"train.lr": 2, "batch.global_batch_size": 16}]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("train.lr", "expected KEY=V1,V2"),
+    ("lr=1e-4", "not a dotted job-file key"),
+    ("train.lr=1e-4,,3e-4", "empty value"),
+    ("train.lr=1e-4,1e-4", "listed twice"),
+    ("train.lr={a: 1}", "not a single value"),
+])
+def test_bad_specs_say_what_to_write(spec, message):
+    with pytest.raises(UsageError, match=message):
+        parse_axis(spec)
+
+
+def test_each_combination_is_a_resolved_job_with_its_values():
+    points = expand(str(FAKE_JOB), fake_profile(), ["train.lr=1e-4,3e-4", "batch.global_batch_size=4,8"])
+    assert [(p.resolved.job.train.lr, p.resolved.job.batch.global_batch_size) for p in points] == \
+        [(1e-4, 4), (1e-4, 8), (3e-4, 4), (3e-4, 8)]
+    assert [p.index for p in points] == [0, 1, 2, 3]
+    assert points[3].resolved.layout.num_microbatches == 2  # gbs 8 / (mbs 2 × DP 2)
+
+
+def test_every_invalid_combination_is_reported_at_once():
+    with pytest.raises(UsageError) as err:
+        expand(str(FAKE_JOB), fake_profile(), ["batch.global_batch_size=8,6,7"])
+    text = str(err.value)
+    assert text.startswith("2 of 3 sweep combinations are invalid; nothing was submitted")
+    assert "[sweep batch.global_batch_size=6]" in text and "[sweep batch.global_batch_size=7]" in text
+    assert "batch.global_batch_size: 6 is not divisible by micro_batch_size (2) × DP (2) = 4" in text
+    assert "=8]" not in text
+
+
+def test_unknown_keys_get_the_job_files_did_you_mean():
+    with pytest.raises(UsageError, match=r"train\.lrr: unknown key \(did you mean 'lr'\?\)"):
+        expand(str(FAKE_JOB), fake_profile(), ["train.lrr=1,2"])
+    with pytest.raises(UsageError, match="--sweep train.lr.x: train.lr is not a section"):
+        expand(str(FAKE_JOB), fake_profile(), ["train.lr.x=1"])
+
+
+def test_cli_refuses_a_sweep_that_breaks_the_layout_before_creating_anything(tmp_path):
+    root = tmp_path / "runs"
+    proc = hpctrain("submit", str(FAKE_JOB), "-p", "dev-slurm", "--runs-dir", str(root),
+                    "--sweep", "parallel.tensor_model_parallel_size=1,3")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "1 of 2 sweep combinations are invalid; nothing was submitted" in proc.stderr
+    assert "parallel.tensor_model_parallel_size=3" in proc.stderr
+    assert not root.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sweep", "train.lr=1,2", "--chain", "2"], "--chain with --sweep"),
+    (["--max-parallel", "2"], "--max-parallel limits a sweep"),
+    (["--sweep", "train.lr=1,2", "--max-parallel", "0"], "--max-parallel: expected at least 1"),
+    (["--chain", "2", "-p", "local"], "--chain needs a Slurm profile"),
+])
+def test_cli_option_mistakes_are_one_line_usage_errors(tmp_path, args, message):
+    argv = ["submit", str(FAKE_JOB), "--runs-dir", str(tmp_path / "runs")] + args
+    if "-p" not in args:
+        argv += ["-p", "dev-slurm"]
+    res = CliRunner().invoke(cli, argv)
+    assert res.exit_code == 2, res.output
+    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
