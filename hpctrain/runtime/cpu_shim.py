@@ -4,9 +4,10 @@ megatron-core hard-codes ``device="cuda"``, ``torch.cuda.current_device()`` and 
 in places the CPU path never avoids. Rather than patch megatron (and drift with it), this
 module makes CUDA requests land on the CPU:
 
-* a ``TorchFunctionMode`` rewrites ``device="cuda" | "cuda:N" | N`` in factory calls to CPU and
-  makes ``Tensor.type()`` report ``torch.cuda.*`` names (the distributed optimizer and grad
-  clipping check for them);
+* a ``TorchFunctionMode`` rewrites ``device="cuda" | "cuda:N" | N`` in factory calls to CPU,
+  makes ``tensor.cuda()`` a no-op (the distributed optimizer's fully reshardable checkpoint
+  gathers through it) and makes ``Tensor.type()`` report ``torch.cuda.*`` names (the
+  distributed optimizer and grad clipping check for them);
 * small stand-ins for ``torch.cuda.current_device/synchronize/manual_seed/get_rng_state``,
   ``default_generators`` and ``_lazy_call`` (the RNG tracker) use the CPU generator.
 
@@ -37,6 +38,9 @@ class CudaToCpuMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if "device" in kwargs:
             kwargs = {**kwargs, "device": _as_cpu(kwargs["device"])}
+        if func is torch.Tensor.cuda:
+            # tensor.cuda(): the CPU tensor is already where "cuda" lives
+            return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
             return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)

@@ -1,0 +1,85 @@
+"""``hpctrain data prepare``: text/JSONL files -> a Megatron indexed dataset (.bin/.idx)."""
+
+from __future__ import annotations
+
+import click
+
+from .common import echo_json, interactive, json_option
+
+
+@click.group()
+def data():
+    """Prepare and inspect training data (Megatron's indexed .bin/.idx format).
+
+    \b
+    Example:
+      hpctrain data prepare examples/corpus/kjv.txt.gz --output examples/data/kjv_byte
+      hpctrain data info examples/data/kjv_byte
+    """
+
+
+@data.command("prepare")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--output", "-o", required=True, metavar="PREFIX",
+              help="Output prefix: writes PREFIX.bin, PREFIX.idx (and PREFIX.meta.json).")
+@click.option("--tokenizer", "-t", default="byte", show_default=True, metavar="byte|PATH",
+              help="`byte` (built in, vocabulary 257) or a local folder with tokenizer.json.")
+@click.option("--json-key", default="text", show_default=True,
+              help="Field of each JSONL record that holds the text.")
+@json_option
+def prepare_cmd(files, output, tokenizer, json_key, as_json):
+    """Tokenize .txt/.jsonl files (optionally .gz) into Megatron's indexed format.
+
+    \b
+    A .txt document is a paragraph (lines up to a blank line); a JSONL document is
+    one record. Every document ends with the tokenizer's end-of-document id.
+    \b
+    Example:
+      hpctrain data prepare corpus/*.jsonl.gz --output data/corpus --tokenizer ./tokenizer
+    """
+    from ..data.prepare import prepare
+
+    if interactive() and not as_json:
+        with click.progressbar(length=1, label="Tokenizing", file=click.get_text_stream("stderr"),
+                               show_pos=False, show_percent=True, show_eta=True) as bar:
+            state = {"done": 0}
+
+            def progress(done, total):
+                bar.length = max(1, total)
+                if done > state["done"]:
+                    bar.update(done - state["done"])
+                    state["done"] = done
+
+            stats = prepare(files, output, tokenizer, json_key, progress)
+    else:
+        stats = prepare(files, output, tokenizer, json_key)
+    if as_json:
+        echo_json(stats.__dict__)
+        return
+    click.echo(f"Wrote {stats.output}.bin/.idx: {stats.documents:,} documents, "
+               f"{stats.tokens:,} tokens ({stats.dtype}, vocabulary {stats.vocab_size}) "
+               f"in {stats.seconds:.1f}s")
+
+
+@data.command("info")
+@click.argument("prefix")
+@json_option
+def info_cmd(prefix, as_json):
+    """Show the size of an indexed dataset.
+
+    \b
+    Example:
+      hpctrain data info examples/data/kjv_byte
+    """
+    from ..data.indexed import IndexedDataset
+    from ..data.prepare import read_meta
+
+    ds = IndexedDataset(prefix)
+    info = {"prefix": prefix, "documents": ds.num_documents, "sequences": len(ds),
+            "tokens": ds.num_tokens, "dtype": ds.dtype.name, **{
+                k: v for k, v in read_meta(prefix).items() if k in ("tokenizer", "vocab_size", "eod")}}
+    if as_json:
+        echo_json(info)
+        return
+    for k, v in info.items():
+        click.echo(f"{k:10s} {v}")

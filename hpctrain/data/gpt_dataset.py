@@ -1,0 +1,75 @@
+"""GPT training samples from an indexed dataset: fixed-length windows in a seeded order.
+
+The token stream is every document back to back (end-of-document ids included), exactly
+the ``.bin`` file. Sample ``j`` is the window ``tokens[j·s : j·s + s + 1]`` (inputs are the
+first s, labels the last s, so neighbouring samples share one token, as in Megatron-LM).
+Samples are visited in a random order per epoch, drawn from ``(seed, epoch)``; the position
+in that order is the number of samples consumed so far, a single integer a checkpoint saves
+and restores exactly, whatever the layout.
+
+Global batch ``b`` is the samples at positions ``[b·G, (b+1)·G)``; data-parallel rank ``r``
+of ``D`` takes the ``r``-th contiguous ``G/D`` of them, cut into microbatches. The global
+batch is the same on every layout, which is what makes losses comparable across layouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UsageError
+from .indexed import IndexedDataset
+
+
+class GPTSamples:
+    def __init__(self, dataset: IndexedDataset, seq_length: int, seed: int,
+                 vocab_size: int | None = None) -> None:
+        self.dataset = dataset
+        self.seq_length = seq_length
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.num_samples = (dataset.num_tokens - 1) // seq_length if dataset.num_tokens else 0
+        if self.num_samples < 1:
+            raise UsageError(f"data.path: {dataset.prefix} holds {dataset.num_tokens} tokens, fewer "
+                             f"than one sample of model.seq_length + 1 = {seq_length + 1}; use "
+                             f"more data or a shorter seq_length")
+        self._epoch = -1
+        self._order: np.ndarray | None = None
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sample order of ``epoch`` (a permutation of all samples)."""
+        if epoch != self._epoch:
+            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+            self._order = rng.permutation(self.num_samples)
+            self._epoch = epoch
+        return self._order
+
+    def sample_index(self, position: int) -> int:
+        epoch, within = divmod(position, self.num_samples)
+        return int(self.order(epoch)[within])
+
+    def sample(self, position: int) -> np.ndarray:
+        """The ``seq_length + 1`` tokens of the sample at ``position`` in the visiting order."""
+        j = self.sample_index(position)
+        start = j * self.seq_length
+        window = np.asarray(self.dataset.tokens[start:start + self.seq_length + 1], dtype=np.int64)
+        if self.vocab_size is not None and window.size and int(window.max()) >= self.vocab_size:
+            raise UsageError(f"data.path: {self.dataset.prefix} holds token id {int(window.max())}, "
+                             f"beyond model.vocab_size ({self.vocab_size}); the data was prepared "
+                             f"with another tokenizer, or raise model.vocab_size")
+        return window
+
+    def epochs(self, consumed_samples: int) -> float:
+        return consumed_samples / self.num_samples
+
+
+def rank_microbatches(samples: GPTSamples, consumed_samples: int, global_batch_size: int,
+                      dp_rank: int, dp_size: int, micro_batch_size: int) -> list[np.ndarray]:
+    """This DP rank's microbatches of the global batch that starts at ``consumed_samples``.
+
+    Returns ``global_batch_size / (dp_size · micro_batch_size)`` arrays of shape
+    ``[micro_batch_size, seq_length + 1]``.
+    """
+    per_rank = global_batch_size // dp_size
+    first = consumed_samples + dp_rank * per_rank
+    rows = np.stack([samples.sample(first + i) for i in range(per_rank)])
+    return [rows[i:i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]

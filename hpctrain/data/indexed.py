@@ -1,0 +1,199 @@
+"""Megatron's indexed dataset format (``PREFIX.bin`` + ``PREFIX.idx``), read and written with numpy.
+
+The format is the one Megatron-LM's ``tools/preprocess_data.py`` writes, so users point
+hpctrain at data they already have. Reading it here (rather than through megatron-core's
+``IndexedDataset``) keeps the CLI free of torch and needs none of megatron's C++ helpers.
+
+``.bin``: the token ids of every sequence, back to back, in the index's dtype.
+``.idx`` (little endian)::
+
+    9 bytes   b"MMIDIDX\\x00\\x00"
+    u64       version = 1
+    u8        dtype code (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16)
+    u64       sequence count S
+    u64       document count D (= number of documents + 1)
+    i32[S]    sequence lengths (tokens)
+    i64[S]    sequence byte offsets into .bin
+    i64[D]    document indices: the sequence index where each document starts, then S
+
+A document may span several sequences (Megatron's sentences); its last one ends with the
+end-of-document token.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UsageError
+
+HEADER = b"MMIDIDX\x00\x00"
+VERSION = 1
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+          7: np.float32, 8: np.uint16}
+CODES = {np.dtype(v): k for k, v in DTYPES.items()}
+
+
+def bin_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{prefix}.bin")
+
+
+def idx_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{prefix}.idx")
+
+
+def exists(prefix: str | os.PathLike) -> bool:
+    return bin_path(prefix).is_file() and idx_path(prefix).is_file()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype Megatron-LM picks for a vocabulary: uint16 below 65500 ids, else int32."""
+    return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
+
+
+class IndexedDatasetWriter:
+    """Writes a dataset; files appear under their final names only when ``finalize`` succeeds."""
+
+    def __init__(self, prefix: str | os.PathLike, dtype) -> None:
+        self.prefix = str(prefix)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in CODES:
+            raise ValueError(f"unsupported token dtype {self.dtype}")
+        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        self._tmp_bin = Path(f"{self.prefix}.bin.tmp-{os.getpid()}")
+        self._tmp_idx = Path(f"{self.prefix}.idx.tmp-{os.getpid()}")
+        self._bin = open(self._tmp_bin, "wb")
+        self._lengths: list[int] = []
+        self._doc_starts: list[int] = [0]
+        self.num_tokens = 0
+
+    def add_sequence(self, tokens) -> None:
+        """Append one sequence to the current document."""
+        arr = np.asarray(tokens, dtype=self.dtype)
+        self._bin.write(arr.tobytes(order="C"))
+        self._lengths.append(int(arr.size))
+        self.num_tokens += int(arr.size)
+
+    def end_document(self) -> None:
+        self._doc_starts.append(len(self._lengths))
+
+    def add_document(self, tokens) -> None:
+        self.add_sequence(tokens)
+        self.end_document()
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._doc_starts) - 1
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._lengths)
+
+    def finalize(self) -> None:
+        self._bin.flush()
+        os.fsync(self._bin.fileno())
+        self._bin.close()
+        lengths = np.asarray(self._lengths, dtype=np.int32)
+        pointers = np.zeros(len(lengths), dtype=np.int64)
+        if len(lengths):
+            np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
+        with open(self._tmp_idx, "wb") as f:
+            f.write(HEADER)
+            f.write(struct.pack("<Q", VERSION))
+            f.write(struct.pack("<B", CODES[self.dtype]))
+            f.write(struct.pack("<Q", len(lengths)))
+            f.write(struct.pack("<Q", len(self._doc_starts)))
+            f.write(lengths.tobytes(order="C"))
+            f.write(pointers.tobytes(order="C"))
+            f.write(np.asarray(self._doc_starts, dtype=np.int64).tobytes(order="C"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(self._tmp_bin, bin_path(self.prefix))
+        os.replace(self._tmp_idx, idx_path(self.prefix))
+
+    def abort(self) -> None:
+        if not self._bin.closed:
+            self._bin.close()
+        self._tmp_bin.unlink(missing_ok=True)
+        self._tmp_idx.unlink(missing_ok=True)
+
+    def __enter__(self) -> "IndexedDatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finalize()
+        else:
+            self.abort()
+
+
+class IndexedDataset:
+    """Read-only, memory-mapped view of a dataset. ``tokens`` is the whole ``.bin`` as one array."""
+
+    def __init__(self, prefix: str | os.PathLike) -> None:
+        self.prefix = str(prefix)
+        ip, bp = idx_path(prefix), bin_path(prefix)
+        for p in (ip, bp):
+            if not p.is_file():
+                raise UsageError(f"dataset file {p} does not exist (data.path is the prefix of "
+                                 f"PREFIX.bin + PREFIX.idx; `hpctrain data prepare` writes them)")
+        raw = ip.read_bytes()
+        fixed = len(HEADER) + 8 + 1 + 8 + 8
+        if len(raw) < fixed or raw[:len(HEADER)] != HEADER:
+            raise UsageError(f"{ip} is not a Megatron index file (bad header); re-create it with "
+                             f"`hpctrain data prepare`")
+        (version,) = struct.unpack_from("<Q", raw, len(HEADER))
+        if version != VERSION:
+            raise UsageError(f"{ip}: index version {version} is not supported (expected {VERSION})")
+        (code,) = struct.unpack_from("<B", raw, len(HEADER) + 8)
+        if code not in DTYPES:
+            raise UsageError(f"{ip}: unknown token dtype code {code}")
+        self.dtype = np.dtype(DTYPES[code])
+        seqs, docs = struct.unpack_from("<QQ", raw, len(HEADER) + 9)
+        need = fixed + seqs * 4 + seqs * 8 + docs * 8
+        if len(raw) < need:
+            raise UsageError(f"{ip} is truncated ({len(raw)} bytes, the header promises {need}); "
+                             f"re-create the dataset")
+        off = fixed
+        self.sequence_lengths = np.frombuffer(raw, np.int32, seqs, off)
+        off += seqs * 4
+        self.sequence_pointers = np.frombuffer(raw, np.int64, seqs, off)
+        off += seqs * 8
+        self.document_indices = np.frombuffer(raw, np.int64, docs, off)
+        expected = int(self.sequence_lengths.sum(dtype=np.int64)) * self.dtype.itemsize
+        size = bp.stat().st_size
+        if size != expected:
+            raise UsageError(f"{bp} holds {size} bytes but {ip} describes {expected}; the pair "
+                             f"does not belong together or a write was cut short")
+        if seqs and docs and int(self.document_indices[-1]) != seqs:
+            raise UsageError(f"{ip}: document index ends at {int(self.document_indices[-1])}, "
+                             f"expected the sequence count {seqs}")
+        self.tokens = (np.memmap(bp, dtype=self.dtype, mode="r") if size
+                       else np.zeros(0, dtype=self.dtype))
+
+    def __len__(self) -> int:
+        return len(self.sequence_lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def num_documents(self) -> int:
+        return max(0, len(self.document_indices) - 1)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        start = int(self.sequence_pointers[i]) // self.dtype.itemsize
+        return self.tokens[start:start + int(self.sequence_lengths[i])]
+
+    def document(self, d: int) -> np.ndarray:
+        first, last = int(self.document_indices[d]), int(self.document_indices[d + 1])
+        if first == last:
+            return self.tokens[:0]
+        start = int(self.sequence_pointers[first]) // self.dtype.itemsize
+        end = int(self.sequence_pointers[last - 1]) // self.dtype.itemsize + \
+            int(self.sequence_lengths[last - 1])
+        return self.tokens[start:end]

@@ -1,0 +1,145 @@
+"""Text/JSONL -> Megatron indexed dataset: ``hpctrain data prepare`` and auto-prepare on submit.
+
+One sequence per document piece, the end-of-document id appended to each document's last
+piece: the layout Megatron-LM's ``preprocess_data.py --append-eod`` writes. The token dtype
+follows Megatron's rule (uint16 below 65500 ids, else int32), so Megatron reads our files
+and we read its files. A sidecar ``PREFIX.meta.json`` records the tokenizer and counts
+(Megatron ignores it). Nothing here imports torch: the CLI calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UsageError
+from . import indexed
+from .sources import check_inputs, read_pieces, total_input_bytes
+from .tokenizers import load_tokenizer
+
+BATCH_TEXTS = 512  # pieces tokenized together (Hugging Face tokenizers are faster in batches)
+
+
+@dataclass
+class PrepareStats:
+    output: str
+    tokenizer: str
+    vocab_size: int
+    eod: int
+    dtype: str
+    documents: int
+    sequences: int
+    tokens: int
+    input_bytes: int
+    seconds: float
+
+
+def meta_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{prefix}.meta.json")
+
+
+def read_meta(prefix: str | os.PathLike) -> dict:
+    try:
+        return json.loads(meta_path(prefix).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer: str = "byte",
+            json_key: str = "text",
+            progress: Callable[[int, int], None] | None = None) -> PrepareStats:
+    """Tokenize ``files`` into ``output.bin``/``output.idx``; ``progress(done, total)`` in bytes."""
+    paths = check_inputs(list(files))
+    out = Path(output).expanduser()
+    if out.is_dir():
+        raise UsageError(f"--output {out} is a folder; give a prefix such as {out}/corpus "
+                         f"(writes corpus.bin and corpus.idx)")
+    tok = load_tokenizer(tokenizer)
+    started = time.time()
+    total = total_input_bytes(paths)
+    done_before = 0
+    writer = indexed.IndexedDatasetWriter(out, indexed.token_dtype(tok.vocab_size))
+    try:
+        for path in paths:
+            report = None
+            if progress:
+                base = done_before
+                report = lambda pos, base=base: progress(min(total, base + pos), total)  # noqa: E731
+            _tokenize_file(path, json_key, tok, writer, report)
+            done_before += path.stat().st_size
+        if writer.num_tokens == 0:
+            raise UsageError("the input holds no text: nothing to prepare")
+        writer.finalize()
+    except BaseException:
+        writer.abort()
+        raise
+    stats = PrepareStats(output=str(out), tokenizer=tok.name, vocab_size=int(tok.vocab_size),
+                         eod=int(tok.eod), dtype=writer.dtype.name,
+                         documents=writer.num_documents, sequences=writer.num_sequences,
+                         tokens=writer.num_tokens, input_bytes=total,
+                         seconds=round(time.time() - started, 2))
+    record = {**asdict(stats), "sources": [str(p.resolve()) for p in paths]}
+    meta_path(out).write_text(json.dumps(record, indent=1) + "\n")
+    return stats
+
+
+def _tokenize_file(path: Path, json_key: str, tok, writer, report) -> None:
+    batch: list = []
+
+    def flush():
+        ids = tok.encode_batch([p.text for p in batch])
+        for piece, arr in zip(batch, ids):
+            if piece.last:
+                arr = _append(arr, tok.eod)
+            if arr.size:
+                writer.add_sequence(arr)
+            if piece.last:
+                writer.end_document()
+        batch.clear()
+
+    for piece in read_pieces(path, json_key, report):
+        batch.append(piece)
+        if len(batch) >= BATCH_TEXTS:
+            flush()
+    if batch:
+        flush()
+
+
+def _append(arr, value):
+    import numpy as np
+    out = np.empty(arr.size + 1, dtype=np.int64)
+    out[:-1] = arr
+    out[-1] = value
+    return out
+
+
+def ensure_prepared(job) -> bool:
+    """Prepare ``job.data.path`` from ``job.data.prepare_from`` if it does not exist yet.
+
+    Returns True when it prepared the data, False when the data was already there. Raises a
+    UsageError naming the field when the data is missing and cannot be prepared, or when the
+    tokenizer's vocabulary does not fit ``model.vocab_size``.
+    """
+    data = job.data
+    if indexed.exists(data.path):
+        _check_vocab(job, read_meta(data.path).get("vocab_size"))
+        return False
+    if not data.prepare_from:
+        raise UsageError(f"data.path: {data.path}.bin/.idx do not exist; prepare them with "
+                         f"`hpctrain data prepare FILES --output {data.path}` or set "
+                         f"data.prepare_from")
+    tok = load_tokenizer(data.tokenizer)
+    _check_vocab(job, tok.vocab_size)
+    prepare(data.prepare_from, data.path, data.tokenizer, data.json_key)
+    return True
+
+
+def _check_vocab(job, tokenizer_vocab: int | None) -> None:
+    if tokenizer_vocab and tokenizer_vocab > job.model.vocab_size:
+        raise UsageError(f"model.vocab_size: {job.model.vocab_size} is smaller than the "
+                         f"tokenizer's vocabulary ({tokenizer_vocab}); set it to at least "
+                         f"{tokenizer_vocab}")

@@ -1,0 +1,143 @@
+"""Documents from text and JSONL files (optionally gzipped), with the input position for progress.
+
+* ``.txt`` / ``.txt.gz``: a document is a paragraph, i.e. lines up to a blank line; a file
+  without blank lines is one document. Very long paragraphs come in pieces (split at line
+  ends) that belong to the same document, so memory stays bounded on any input.
+* ``.jsonl`` / ``.jsonl.gz`` (also ``.json``): one JSON object per line, the text under
+  ``json_key`` (Megatron-LM's ``--json-keys text``).
+
+Bad input stops with one line naming the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import UsageError
+
+PIECE_CHARS = 1 << 20  # a paragraph longer than this arrives in pieces
+SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
+
+
+@dataclass
+class Piece:
+    """Text of one document (``last`` False: more of the same document follows)."""
+
+    text: str
+    last: bool
+
+
+def kind_of(path: Path) -> str:
+    name = path.name.lower()
+    for suffix in SUFFIXES:
+        if name.endswith(suffix):
+            return "jsonl" if ".json" in suffix else "txt"
+    raise UsageError(f"{path}: unknown input type; give .txt, .txt.gz, .jsonl or .jsonl.gz files")
+
+
+def check_inputs(files: list[str | os.PathLike]) -> list[Path]:
+    if not files:
+        raise UsageError("no input files; give .txt/.jsonl files (optionally .gz) to prepare")
+    paths = []
+    for f in files:
+        p = Path(f).expanduser()
+        if not p.is_file():
+            raise UsageError(f"input file {p} does not exist" if not p.exists()
+                             else f"input {p} is not a file")
+        kind_of(p)
+        paths.append(p)
+    return paths
+
+
+class _Counting:
+    """The raw file under the decompressor: its position is the progress."""
+
+    def __init__(self, path: Path) -> None:
+        self.raw = open(path, "rb")
+
+    def open_text(self, path: Path):
+        stream = gzip.GzipFile(fileobj=self.raw) if path.name.lower().endswith(".gz") else self.raw
+        return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline=None)
+
+    def position(self) -> int:
+        try:
+            return self.raw.tell()
+        except (OSError, ValueError):
+            return 0
+
+
+def read_pieces(path: Path, json_key: str = "text",
+                on_progress=None) -> Iterator[Piece]:
+    """Yield the pieces of every document in ``path``; ``on_progress(bytes_read)`` as it goes."""
+    kind = kind_of(path)
+    counter = _Counting(path)
+    lineno = 0
+    try:
+        with counter.open_text(path) as text:
+            if kind == "jsonl":
+                for lineno, line in enumerate(text, 1):
+                    if not line.strip():
+                        continue
+                    yield Piece(_json_text(path, lineno, line, json_key), True)
+                    if on_progress and lineno % 256 == 0:
+                        on_progress(counter.position())
+            else:
+                yield from _paragraphs(text, counter, on_progress)
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text near line {lineno + 1} ({e.reason}); convert it "
+                         f"with iconv first") from None
+    except (EOFError, gzip.BadGzipFile, OSError) as e:
+        raise UsageError(f"{path}: cannot read it ({e}); is the .gz file complete?") from None
+    finally:
+        if on_progress:
+            on_progress(counter.position())
+        counter.raw.close()
+
+
+def _json_text(path: Path, lineno: int, line: str, key: str) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}:{lineno}: not valid JSON ({e.msg}); JSONL needs one object per "
+                         f"line") from None
+    if not isinstance(record, dict):
+        raise UsageError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+    if key not in record:
+        keys = ", ".join(sorted(map(str, record))[:8]) or "none"
+        raise UsageError(f"{path}:{lineno}: no {key!r} field (fields: {keys}); pick the text "
+                         f"field with --json-key")
+    value = record[key]
+    if not isinstance(value, str):
+        raise UsageError(f"{path}:{lineno}: field {key!r} is {type(value).__name__}, expected text")
+    return value
+
+
+def _paragraphs(text, counter: _Counting, on_progress) -> Iterator[Piece]:
+    buf: list[str] = []
+    size = 0
+    open_document = False  # a piece was yielded and its document has not ended yet
+    for n, line in enumerate(text, 1):
+        if on_progress and n % 4096 == 0:
+            on_progress(counter.position())
+        if line.strip() == "":
+            if buf or open_document:
+                yield Piece("".join(buf), True)
+                buf, size, open_document = [], 0, False
+            continue
+        buf.append(line)
+        size += len(line)
+        if size >= PIECE_CHARS:
+            yield Piece("".join(buf), False)
+            buf, size, open_document = [], 0, True
+    if buf or open_document:
+        yield Piece("".join(buf), True)
+
+
+def total_input_bytes(paths: list[Path]) -> int:
+    return sum(p.stat().st_size for p in paths)

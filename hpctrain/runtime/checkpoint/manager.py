@@ -1,0 +1,354 @@
+"""Saving and resuming, across all ranks: the collective half of checkpointing.
+
+Save (every rank calls it at the same step):
+  rank 0 makes ``.partial-step-N-aK`` -> barrier -> every rank hands its shards to
+  ``dist_checkpointing.save`` (replicated tensors spread over the DP ranks) -> each rank's
+  writer checksums the files it wrote -> after all writers finished, rank 0 writes the
+  manifest last, renames the folder to ``step-N`` and moves ``latest`` -> prune.
+  Periodic saves run the write in a background process (megatron-core's async save): the
+  training loop pays only for building the plan and forking; ``poll()`` at each step
+  boundary publishes it once every rank's writer is done. Emergency and final saves are
+  synchronous: the process is about to exit.
+
+Resume: rank 0 walks ``step-N`` folders newest first; a folder whose manifest is missing or
+whose files do not match it (sizes, then CRC32 spread over all ranks) is moved to
+``quarantine/`` with a log line, and the next older one is tried.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ... import __version__
+from ...errors import HpcTrainError
+from .. import collectives, rng
+from ..log import logger
+from . import state as ckstate
+from . import store
+
+SIDECAR = ".crc-rank{rank}.json"
+
+
+class CheckpointError(HpcTrainError):
+    pass
+
+
+@dataclass
+class Loaded:
+    step: int
+    path: Path
+    common: dict
+    manifest: dict
+    seconds: float
+    same_layout: bool
+
+
+def versions() -> dict:
+    import torch
+    from ..versions import installed_megatron_core
+    return {"hpctrain": __version__, "megatron_core": installed_megatron_core(),
+            "torch": torch.__version__}
+
+
+def _write_then_checksum(write_fn, folder: str, rank: int, main_pid: int, kill: bool,
+                         *args, **kwargs):
+    """Runs where megatron's writer runs (a forked process for async saves): write, then
+    checksum this rank's files into a sidecar the publisher merges into the manifest."""
+    if write_fn is not None:
+        write_fn(*args, **kwargs)
+    if kill:  # HPCTRAIN_TEST_KILL_DURING_SAVE: die with the shards written, unpublished
+        os.kill(main_pid, signal.SIGKILL)
+        os._exit(1)
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, f"__{rank}_*")))
+    sums = store.checksum_files(Path(folder), names)
+    store.write_json_atomic(Path(folder) / SIDECAR.format(rank=rank), sums)
+
+
+class Checkpointer:
+    def __init__(self, ctx, mo, root: Path, hooks) -> None:
+        self.ctx = ctx
+        self.mo = mo
+        self.root = Path(root)
+        self.hooks = hooks
+        self.async_enabled = bool(ctx.job.checkpoint.async_save)
+        self._queue = None
+        self._strategy = None
+        self._validated = False
+        self.pending: list[dict] = []       # async saves not yet published
+        self.last_published_step: int | None = None
+        self.last_published_path: str | None = None
+        self.estimate = None                # a preemption.SaveEstimate, fed with every save
+        self.last_sync_seconds: float | None = None
+        self.saves: list[dict] = []         # timings of every save this attempt
+
+    # ------------------------------------------------------------------ saving
+    def _save_strategy(self):
+        if self._strategy is None:
+            from megatron.core import parallel_state as ps
+            from megatron.core.dist_checkpointing.serialization import \
+                get_default_save_sharded_strategy
+            from megatron.core.dist_checkpointing.strategies.fully_parallel import \
+                FullyParallelSaveStrategyWrapper
+            base = get_default_save_sharded_strategy()
+            group = ps.get_data_parallel_group(with_context_parallel=True)
+            self._strategy = FullyParallelSaveStrategyWrapper(base, group, do_cache_distribution=True)
+        return self._strategy
+
+    def _async_queue(self):
+        if self._queue is None:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+            self._queue = AsyncCallsQueue(persistent=False)
+        return self._queue
+
+    def save(self, step: int, common: dict, reason: str, sync: bool) -> dict:
+        """Save at ``step`` (collective). Returns timings; sync saves are published on return."""
+        from megatron.core import dist_checkpointing
+
+        if any(p["step"] == step for p in self.pending) or self.last_published_step == step:
+            if sync:
+                self.wait()
+            return {"step": step, "skipped": "already saved", "path": self.last_published_path}
+        if self.pending:
+            self.wait()  # one background save at a time
+        started = time.monotonic()
+        partial = store.partial_dir(self.root, step, self.ctx.attempt)
+        if self.ctx.is_rank0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                store.quarantine(self.root, partial, "left by an earlier save of the same step")
+            partial.mkdir()
+        collectives.barrier()
+        sd = ckstate.full_sharded_state(self.mo, common, rng.capture(self.ctx.device))
+        request = dist_checkpointing.save(
+            sd, str(partial), sharded_strategy=self._save_strategy(), async_sharded_save=True,
+            validate_access_integrity=not self._validated)
+        self._validated = True
+        kill = self.hooks.kill_during_save(self.ctx.rank, step)
+        request = request._replace(async_fn=functools.partial(
+            _write_then_checksum, request.async_fn, str(partial), self.ctx.rank, os.getpid(), kill))
+        info = {"step": step, "reason": reason, "partial": partial, "started": started,
+                "sync": sync, "wall_started": time.time()}
+        request.add_finalize_fn(functools.partial(self._publish, info, common))
+        if sync:
+            request.execute_sync()
+            info["seconds"] = time.monotonic() - started
+            info["stall_seconds"] = info["seconds"]
+            self.last_sync_seconds = info["seconds"]
+        else:
+            self._async_queue().schedule_async_request(request)
+            info["stall_seconds"] = time.monotonic() - started
+            self.pending.append(info)
+        self.saves.append(info)
+        return info
+
+    def poll(self) -> None:
+        """Publish background saves that every rank finished (collective, non-blocking)."""
+        if self._queue is not None and self.pending:
+            self._queue.maybe_finalize_async_calls(blocking=False)
+
+    def wait(self) -> None:
+        """Finish and publish every background save (collective, blocking)."""
+        if self._queue is not None and self.pending:
+            self._queue.maybe_finalize_async_calls(blocking=True)
+
+    def close(self) -> None:
+        self.wait()
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+    def _publish(self, info: dict, common: dict) -> None:
+        """Finalize step (all ranks, after every writer finished): manifest last, then rename."""
+        step, partial = info["step"], info["partial"]
+        error = None
+        if self.ctx.is_rank0:
+            try:
+                files: dict[str, dict] = {}
+                for sidecar in sorted(partial.glob(".crc-rank*.json")):
+                    import json
+                    files.update(json.loads(sidecar.read_text()))
+                    sidecar.unlink()
+                rest = [n for n in store.list_files(partial) if n not in files]
+                files.update(store.checksum_files(partial, rest))
+                manifest = store.build_manifest(
+                    step, files, kind="full", reason=info["reason"],
+                    consumed_samples=common["consumed_samples"],
+                    layout=self.ctx.layout_record(), versions=versions(),
+                    run=self.ctx.run.id, attempt=self.ctx.attempt, job=self.ctx.job.name,
+                    save_seconds=round(time.monotonic() - info["started"], 3),
+                    background=not info["sync"])
+                final = store.publish(partial, self.root, step, manifest)
+                info["bytes"] = manifest["total_bytes"]
+                info["path"] = str(final)
+            except OSError as e:
+                error = f"publishing checkpoint step {step} failed: {e}"
+        error, info["path"] = collectives.broadcast_object((error, info.get("path")))
+        if error:
+            raise CheckpointError(error)
+        info["total_seconds"] = time.monotonic() - info["started"]
+        self.last_published_path = info["path"]
+        if self.estimate is not None:
+            self.estimate.record(info["total_seconds"])
+        if info in self.pending:
+            self.pending.remove(info)
+        self.last_published_step = step
+        if self.ctx.is_rank0:
+            kind = "background " if not info["sync"] else ""
+            logger.info(f"checkpoint: saved step {step} ({info['reason']}, {kind}"
+                        f"{info.get('bytes', 0) / 1e6:.1f} MB in {info['total_seconds']:.2f}s) "
+                        f"-> {info.get('path')}")
+            self.ctx.run.event("checkpoint_saved", step=step, reason=info["reason"],
+                               path=info.get("path"), seconds=round(info["total_seconds"], 3),
+                               attempt=self.ctx.attempt)
+            store.prune(self.root, self.ctx.job.checkpoint.keep_last, logger.info)
+        collectives.barrier()
+
+    # ------------------------------------------------------------------ resuming
+    def _verify(self, folder: Path) -> tuple[dict | None, list[str]]:
+        """Collective: cheap checks on rank 0, then CRC32 of a share of the files on each rank."""
+        checked = None
+        if self.ctx.is_rank0:
+            manifest = store.read_manifest(folder)
+            checked = (manifest, store.manifest_problems(folder, manifest))
+        manifest, problems = collectives.broadcast_object(checked)
+        if problems:
+            return manifest, problems
+        names = sorted(manifest["files"])
+        mine = store.checksum_problems(folder, manifest,
+                                       store.share(names, self.ctx.rank, self.ctx.world_size))
+        problems = [p for ps in collectives.gather_objects(mine) for p in ps]
+        return manifest, problems
+
+    def find_resumable(self) -> tuple[Path, dict] | None:
+        """The newest checkpoint that verifies; everything broken on the way is quarantined."""
+        candidates = None
+        if self.ctx.is_rank0:
+            for partial in store.partial_checkpoints(self.root):
+                where = store.quarantine(self.root, partial, "incomplete: the save never finished "
+                                                             "(the job was killed while writing)")
+                logger.info(f"checkpoint: moved incomplete {partial.name} to {where}")
+                self.ctx.run.event("checkpoint_quarantined", path=str(where), reason="incomplete")
+            candidates = [str(d) for _, d in store.complete_checkpoints(self.root)]
+        for folder in map(Path, collectives.broadcast_object(candidates) or []):
+            manifest, problems = self._verify(folder)
+            if not problems:
+                return folder, manifest
+            if self.ctx.is_rank0:
+                reason = "; ".join(problems[:5])
+                where = store.quarantine(self.root, folder, f"failed verification: {reason}")
+                logger.info(f"checkpoint: {folder.name} is damaged ({reason}); moved it to "
+                            f"{where} and trying the previous one")
+                self.ctx.run.event("checkpoint_quarantined", path=str(where), reason=reason)
+            collectives.barrier()
+        return None
+
+    def resume(self) -> Loaded | None:
+        found = self.find_resumable()
+        if found is None:
+            return None
+        folder, manifest = found
+        return self.load(folder, manifest)
+
+    def load(self, folder: Path, manifest: dict) -> Loaded:
+        import torch
+        from megatron.core import dist_checkpointing
+
+        started = time.monotonic()
+        saved = manifest.get("layout", {})
+        want_distopt = bool(self.ctx.job.parallel.use_distributed_optimizer)
+        if manifest.get("kind", "full") != "full":
+            raise CheckpointError(f"{folder} holds model weights only; use it as train.init_from")
+        if bool(saved.get("distributed_optimizer")) != want_distopt:
+            raise CheckpointError(
+                f"checkpoint {folder} was saved with parallel.use_distributed_optimizer="
+                f"{str(bool(saved.get('distributed_optimizer'))).lower()}; resume with the same "
+                f"setting (any TP/PP/VPP/DP works), or start from its weights only with "
+                f"train.init_from")
+        here = self.ctx.layout_record()
+        same_layout = all(saved.get(k) == here[k] for k in ("tp", "pp", "vpp", "dp"))
+        template = ckstate.loading_template(self.mo, with_rng=same_layout)
+        template["hpctrain"] = None
+        loaded = dist_checkpointing.load(template, str(folder))
+        common = loaded["hpctrain"]
+        ckstate.load_model_state(self.mo.model, loaded)
+        ckstate.load_optimizer_state(self.mo.optimizer, loaded["optimizer"],
+                                     int(common["optimizer_updates"]))
+        if same_layout:
+            rng.restore(loaded["rng"], self.ctx.device)
+        del loaded
+        if self.ctx.device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.monotonic() - started
+        self.last_published_step = int(common["step"])
+        if self.ctx.is_rank0:
+            note = "" if same_layout else (f"; layout changed from {saved.get('describe')} to "
+                                           f"{here['describe']}: weights and optimizer resharded, "
+                                           f"RNG streams restart from the seed")
+            logger.info(f"checkpoint: resumed from {folder} (step {common['step']}, "
+                        f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in {seconds:.2f}s){note}")
+        return Loaded(step=int(common["step"]), path=folder, common=common, manifest=manifest,
+                      seconds=seconds, same_layout=same_layout)
+
+
+# ---------------------------------------------------------------------- model-only checkpoints
+def resolve_model_checkpoint(path: str | Path) -> Path:
+    """``train.init_from`` may name a checkpoint folder (``step-N`` or a model export), a run's
+    checkpoint root (its newest complete checkpoint is used) or a plain dist_checkpointing
+    folder."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise CheckpointError(f"train.init_from: {p} does not exist (give a checkpoint folder, "
+                              f"a checkpoint root or a model export)")
+    if (p / store.MANIFEST).is_file() or (p / "metadata.json").is_file():
+        return p
+    for _, d in store.complete_checkpoints(p):
+        if not store.manifest_problems(d, store.read_manifest(d)):
+            return d
+    raise CheckpointError(f"train.init_from: {p} holds no complete checkpoint")
+
+
+def load_model_only(mo, path: str | Path) -> Path:
+    """Load weights (no optimizer state, no step) into every layout alike (collective)."""
+    from megatron.core import dist_checkpointing
+
+    folder = resolve_model_checkpoint(path)
+    manifest = store.read_manifest(folder)
+    if manifest is not None:
+        problems = store.manifest_problems(folder, manifest)
+        if problems:
+            raise CheckpointError(f"train.init_from: {folder} is damaged: {'; '.join(problems[:3])}")
+    loaded = dist_checkpointing.load(ckstate.model_sharded_state(mo.model), str(folder))
+    ckstate.load_model_state(mo.model, loaded)
+    mo.optimizer.reload_model_params()  # fp32 main copies / distributed shards follow the weights
+    return folder
+
+
+def export_model(ctx, mo, out: str | Path) -> Path:
+    """Write the model weights alone (collective): the start every layout can share."""
+    from megatron.core import dist_checkpointing
+
+    out = Path(out).expanduser().resolve()
+    partial = out.with_name(f"{store.PARTIAL_PREFIX}{out.name}")
+    if ctx.is_rank0:
+        if out.exists():
+            raise CheckpointError(f"{out} already exists; choose a new folder")
+        partial.mkdir(parents=True, exist_ok=False)
+    collectives.barrier()
+    dist_checkpointing.save(ckstate.model_sharded_state(mo.model), str(partial))
+    collectives.barrier()
+    if ctx.is_rank0:
+        files = store.checksum_files(partial, store.list_files(partial))
+        manifest = store.build_manifest(0, files, kind="model", layout=ctx.layout_record(),
+                                        versions=versions(), job=ctx.job.name,
+                                        seed=ctx.job.train.seed)
+        store.write_json_atomic(partial / store.MANIFEST, manifest)
+        os.rename(partial, out)
+        store.fsync_dir(out.parent)
+    collectives.barrier()
+    return out

@@ -1,0 +1,243 @@
+"""``train_main(run_dir)``: what every rank runs, under srun, submitit or a test launcher.
+
+The contract with the submit side (``hpctrain.slurm``) and the batch script:
+
+* reads ``RUN/job.yaml`` and ``RUN/profile.yaml``; ranks from the launcher's environment
+  (``hpctrain.runtime.env``); ``HPCTRAIN_*`` variables for the attempt, deadline, signal;
+* returns a summary dict when training finished;
+* raises ``SystemExit(75)`` (PREEMPTED) after an emergency checkpoint (signal or deadline),
+  ``SystemExit(3)`` (UNSTABLE) when the stability guard stopped the run, and lets crashes
+  raise (the process exits non-zero; peers' collectives then fail at once);
+* rank 0 writes ``logs/attempt-N/result.json`` at the end of every attempt, and under
+  submitit's local executor also appends the ledger record and applies the requeue decision:
+  every rank exits 144, which makes the local controller start the tasks again.
+
+torch and megatron are imported inside the function only: submitit pickles this callable
+in the submitting process, which must stay light.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+from .. import exit_codes
+from ..errors import HpcTrainError
+
+STOP_CODES = {exit_codes.PREEMPTED, exit_codes.UNSTABLE, exit_codes.LOCAL_REQUEUE}
+
+
+def attempt_number(run, requested: int | None) -> int:
+    """``HPCTRAIN_ATTEMPT``, unless the ledger already holds that attempt (a task restarted by
+    the local executor inherits the same environment): then the next free number."""
+    recorded = [int(r.get("attempt", 0)) for r in run.ledger() if r.get("attempt") is not None]
+    if requested is not None and requested not in recorded:
+        return requested
+    return max(recorded + [0]) + 1
+
+
+def checkpoint_root(run, job, profile) -> Path:
+    meta = run.meta()
+    if meta.get("checkpoint_dir"):
+        return Path(meta["checkpoint_dir"])
+    if job.checkpoint.dir:
+        return Path(job.checkpoint.dir)
+    if profile.storage.checkpoint_root:
+        return Path(profile.storage.checkpoint_root).expanduser() / run.id
+    return run.path / "checkpoints"
+
+
+def resolve_layout(job, profile, world_size: int):
+    from ..config.layout import layout_problems
+    from ..config.schema import Problems
+    from ..errors import ConfigError
+
+    if profile.world_size != world_size:
+        raise HpcTrainError(f"the launcher started {world_size} ranks but profile "
+                            f"{profile.name!r} describes {profile.world_size} "
+                            f"({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node}); "
+                            f"the job script and the run's profile.yaml disagree")
+    problems = Problems()
+    layout = layout_problems(job, world_size, profile.slurm.gpus_per_node, problems)
+    if problems:
+        raise ConfigError(f"job {job.name!r} on {world_size} ranks", problems.items)
+    return layout
+
+
+def train_main(run_dir: str | None = None) -> dict:
+    from ..runs import Run
+    from .env import job_env, rank_env
+    from .log import logger, redirect_output, setup
+
+    jenv = job_env()
+    run_dir = run_dir or jenv.run_dir
+    if not run_dir:
+        raise HpcTrainError("no run folder: pass RUN_DIR or set HPCTRAIN_RUN_DIR")
+    run = Run(Path(run_dir).resolve())
+    renv = rank_env()
+    attempt = attempt_number(run, jenv.attempt)
+    if jenv.log_to_file:
+        redirect_output(run.rank_log(attempt, renv.rank))
+    setup(renv.rank)
+    started = time.time()
+    state = {"attempt": attempt, "start_step": None, "end_step": None, "checkpoint_loaded": None,
+             "checkpoint_saved": None, "last_loss": None, "start_time": started}
+    try:
+        outcome, summary = _train(run, renv, jenv, attempt, state)
+    except BaseException as e:  # noqa: BLE001 - record every way an attempt can end
+        if isinstance(e, SystemExit) and e.code in STOP_CODES:
+            raise
+        reason = "failed"
+        message = f"{type(e).__name__}: {e}" if not isinstance(e, HpcTrainError) else str(e)
+        if isinstance(e, KeyboardInterrupt):
+            message = "interrupted twice (Ctrl-C): stopped without a checkpoint"
+        logger.info(f"attempt {attempt} failed: {message}")
+        if not isinstance(e, HpcTrainError):
+            logger.info(traceback.format_exc())
+        code = _finish(run, renv, jenv, state, reason, exit_codes.FAILED, message, collective=False)
+        if code == exit_codes.LOCAL_REQUEUE:
+            raise SystemExit(code) from e
+        raise
+    code = _finish(run, renv, jenv, state, outcome.exit_reason, outcome.exit_code,
+                   outcome.message, collective=True)
+    _teardown()
+    if code != exit_codes.FINISHED:
+        raise SystemExit(code)
+    return summary
+
+
+def _train(run, renv, jenv, attempt, state):
+    from ..data.gpt_dataset import GPTSamples
+    from ..data.indexed import IndexedDataset
+    from . import collectives, distributed
+    from .batches import BatchFeeder
+    from .checkpoint.manager import Checkpointer, load_model_only
+    from .context import RankContext
+    from .log import logger
+    from .loop import Trainer
+    from .metrics import MetricsWriter
+    from .model import build_model_and_optimizer, initialize_parallel
+    from .preemption import PreemptionFlag
+    from .testhooks import TestHooks
+    from .versions import check_megatron_core
+
+    job, profile = run.resolved_job(), run.resolved_profile()
+    layout = resolve_layout(job, profile, renv.world_size)
+    check_megatron_core()
+    hooks = TestHooks.from_env()
+    device = distributed.choose_device(profile)
+    # Handlers before the slow part (imports, rendezvous): a signal during start-up is kept.
+    flag = PreemptionFlag(jenv.preempt_signal or profile.preemption.signal,
+                          jenv.signal_flag if renv.rank == 0 else None)
+    flag.install()
+    distributed.prepare_device(device, renv)
+    distributed.init_process_group(renv, device, job.train.init_timeout_s)
+    attempt = collectives.broadcast_object(attempt)
+    state["attempt"] = attempt
+    ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=renv, job_env=jenv,
+                      attempt=attempt, device=device)
+    if ctx.is_rank0:
+        _log_start(ctx, hooks)
+    initialize_parallel(layout, job.train.seed)
+    mo = build_model_and_optimizer(job, layout, device)
+    if ctx.is_rank0:
+        for note in mo.notes:
+            logger.info(f"note: {note}")
+    from megatron.core import parallel_state as ps
+    samples = GPTSamples(IndexedDataset(job.data.path), job.model.seq_length, job.train.seed,
+                         vocab_size=job.model.vocab_size)
+    feeder = BatchFeeder(samples, layout, ps.get_data_parallel_rank(), device)
+    ckpt = Checkpointer(ctx, mo, checkpoint_root(run, job, profile), hooks)
+    loaded = ckpt.resume()
+    if loaded is not None:
+        state["checkpoint_loaded"] = str(loaded.path)
+    elif job.train.init_from:
+        folder = load_model_only(mo, job.train.init_from)
+        if ctx.is_rank0:
+            logger.info(f"initial weights from {folder}")
+    metrics = MetricsWriter(ctx, job.train.steps)
+    trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics)
+    state["start_step"] = trainer.step
+    state["end_step"] = trainer.step
+    try:
+        outcome = trainer.run()
+    finally:
+        state["end_step"] = trainer.step
+        state["last_loss"] = trainer.last_loss
+        metrics.close()
+    ckpt.close()
+    state["checkpoint_saved"] = outcome.checkpoint_saved or ckpt.last_published_path
+    state["saves"] = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()
+                       if k in ("step", "reason", "seconds", "stall_seconds", "total_seconds",
+                                "bytes", "sync")} for s in ckpt.saves]
+    if loaded is not None:
+        state["load_seconds"] = round(loaded.seconds, 3)
+    if trainer.first_step_started is not None:
+        state["first_step_after_s"] = round(trainer.first_step_started - state["start_time"], 3)
+    summary = {"run": run.id, "attempt": attempt, "start_step": outcome.start_step,
+               "end_step": outcome.end_step, "exit_reason": outcome.exit_reason,
+               "last_loss": outcome.last_loss, "checkpoint_saved": state["checkpoint_saved"],
+               "weights_digest": _weights_digest(mo)}
+    state["weights_digest"] = summary["weights_digest"]
+    return outcome, summary
+
+
+def _weights_digest(mo) -> str:
+    """SHA-256 over every rank's parameters (rank order): equal digests = bitwise equal weights
+    on the same layout."""
+    import hashlib
+    from . import collectives
+    h = hashlib.sha256()
+    for chunk in mo.modules:
+        for name, p in sorted(chunk.named_parameters(), key=lambda kv: kv[0]):
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    parts = collectives.gather_objects(h.hexdigest())
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def _log_start(ctx, hooks) -> None:
+    import torch
+    from .log import logger
+    lay = ctx.layout
+    how = ("CPU rehearsal: gloo, fp32, megatron-core's CUDA calls shimmed onto the CPU"
+           if ctx.device == "cpu" else f"GPU: NCCL, {ctx.job.train.precision}")
+    logger.info(f"run {ctx.run.id} attempt {ctx.attempt}: {ctx.world_size} ranks "
+                f"({ctx.env.launcher}), {lay.describe()}, {lay.num_microbatches} microbatches "
+                f"of {lay.micro_batch_size}; {how}; torch {torch.__version__}")
+    if hooks.active:
+        logger.info(f"test hooks active: {hooks}")
+
+
+def _finish(run, renv, jenv, state, reason: str, code: int, message: str, collective: bool) -> int:
+    """Rank 0 records the attempt; under the local executor the requeue decision is applied."""
+    from ..attempts import finish_attempt, write_result
+    from .log import logger
+
+    requeue = False
+    if renv.rank == 0:
+        result = {**state, "exit_reason": reason, "exit_code": code, "end_time": time.time(),
+                  "message": message}
+        try:
+            write_result(run, state["attempt"], result)
+        except OSError as e:
+            logger.info(f"could not write result.json: {e}")
+        logger.info(f"attempt {state['attempt']} ended: {reason} at step {state['end_step']} "
+                    f"({message})")
+        if jenv.local_executor:
+            _, decision = finish_attempt(run, state["attempt"], code, scheduler="local",
+                                         job_id=jenv.local_job_id)
+            requeue = decision.requeue
+            logger.info(f"{'requeue' if requeue else 'no requeue'}: {decision.reason}")
+    if jenv.local_executor and collective:
+        from . import collectives
+        requeue = bool(collectives.broadcast_object(requeue))
+    if requeue:
+        return exit_codes.LOCAL_REQUEUE
+    return code
+
+
+def _teardown() -> None:
+    from . import distributed
+    distributed.destroy_process_group()

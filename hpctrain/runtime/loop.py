@@ -1,0 +1,216 @@
+"""The training loop: one optimizer step at a time, and the decisions taken between steps.
+
+Per step:
+  forward/backward over this rank's microbatches (megatron-core's pipeline schedule)
+  -> gradients reduced, global norm computed (collective, inside megatron)
+  -> ONE all-reduce that carries the step loss and every flag the ranks must agree on
+     (a preemption signal seen by any rank; rank 0's deadline and periodic-save clocks;
+     a non-finite gradient norm anywhere)
+  -> the stability guard judges the agreed loss: update, or skip
+  -> metrics, then: stop-and-save (signal, deadline), stop (guard), or a periodic save.
+Because every decision is made from agreed values, all ranks take the same branch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from .. import exit_codes
+from . import collectives
+from .guard import StabilityGuard
+from .log import logger
+from .lr_schedule import LRSchedule
+from .preemption import DeadlinePolicy, PeriodicSaves, SaveEstimate
+
+
+@dataclass
+class Outcome:
+    exit_reason: str           # finished | preempted | deadline | unstable
+    exit_code: int
+    start_step: int
+    end_step: int
+    last_loss: float | None
+    message: str
+    checkpoint_saved: str | None
+
+
+def set_learning_rate(optimizer, lr: float, weight_decay: float) -> None:
+    """Apply this step's LR (and weight decay, which megatron's groups scale by ``wd_mult``:
+    0 for biases and norms)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_mult", 1.0)
+        group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
+
+
+def clip_gradients(optimizer, max_norm: float, total_norm: float) -> None:
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+    if max_norm <= 0:
+        return
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if getattr(o, "is_stub_optimizer", False):
+            continue
+        params = o.get_parameters()
+        if params:
+            clip_grad_by_total_norm_fp32(
+                params, max_norm=max_norm, total_norm=total_norm,
+                use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+
+
+class Trainer:
+    def __init__(self, ctx, mo, feeder, checkpointer, hooks, flag, loaded=None, metrics=None,
+                 clock=time.time) -> None:
+        self.ctx, self.mo, self.feeder = ctx, mo, feeder
+        self.ckpt, self.hooks, self.flag = checkpointer, hooks, flag
+        job = ctx.job
+        self.total_steps = job.train.steps
+        self.schedule = LRSchedule.from_train(job.train)
+        self.guard = StabilityGuard.from_stability(job.train.stability)
+        self.step = 0
+        self.consumed = 0
+        self.updates = 0
+        previous_save = None
+        if loaded is not None:
+            common = loaded.common
+            self.step, self.consumed = int(common["step"]), int(common["consumed_samples"])
+            self.updates = int(common["optimizer_updates"])
+            self.guard.load_state_dict(common.get("guard", {}))
+            previous_save = loaded.manifest.get("save_seconds")
+        self.start_step = self.step
+        self.estimate = SaveEstimate(previous_s=previous_save,
+                                     load_s=loaded.seconds if loaded else None)
+        checkpointer.estimate = self.estimate
+        ck = job.checkpoint
+        self.deadline = DeadlinePolicy(ctx.job_env.deadline, ck.deadline_safety_factor,
+                                       ck.deadline_margin_s, clock)
+        self.periodic = PeriodicSaves(ck.interval_steps, ck.interval_minutes,
+                                      start_step=self.step)
+        self.metrics = metrics
+        self.step_time = None
+        self.last_loss: float | None = None
+        self.first_step_started: float | None = None
+
+    def common_state(self) -> dict:
+        return {"step": self.step, "consumed_samples": self.consumed,
+                "optimizer_updates": self.updates, "lr_schedule": self.schedule.state_dict(),
+                "guard": self.guard.state_dict(), "job": self.ctx.job.name}
+
+    # --------------------------------------------------------------------- one step
+    def train_step(self) -> dict:
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+
+        ctx, lay, mo = self.ctx, self.ctx.layout, self.mo
+        number = self.step + 1
+        self.hooks.maybe_crash(number, ctx.rank)
+        if self.hooks.step_sleep_s:
+            time.sleep(self.hooks.step_sleep_s)
+        lr = self.schedule.lr_at(self.step)
+        set_learning_rate(mo.optimizer, lr, ctx.job.train.weight_decay)
+        for m in mo.model:
+            m.zero_grad_buffer()
+        mo.optimizer.zero_grad()
+        chunks = len(mo.model)
+        losses = get_forward_backward_func()(
+            forward_step_func=self.feeder.forward_step(self.hooks.nan_in(number)),
+            data_iterator=self.feeder.iterators(self.consumed, chunks),
+            model=mo.model if chunks > 1 else mo.model[0],
+            num_microbatches=lay.num_microbatches, seq_length=ctx.job.model.seq_length,
+            micro_batch_size=lay.micro_batch_size, forward_only=False)
+        reports = ps.is_pipeline_last_stage(ignore_virtual=True) and \
+            ps.get_tensor_model_parallel_rank() == 0
+        local = sum(float(d["loss"]) for d in losses) / lay.num_microbatches if reports else 0.0
+        found_inf = mo.optimizer.prepare_grads()
+        grad_norm = None if found_inf else mo.optimizer.get_grad_norm()
+        grad_bad = grad_norm is not None and not math.isfinite(grad_norm)
+        if ctx.is_rank0:
+            self.flag.check_file()
+            deadline = self.deadline.must_stop(self.estimate.seconds, self.step_time or 0.0)
+            due = self.periodic.due(number)
+        else:
+            deadline = due = False
+        agreed = collectives.sum_floats(
+            [local if reports else 0.0, 1.0 if reports else 0.0, float(grad_bad),
+             float(self.flag.requested), float(deadline), float(due)], ctx.device)
+        loss = agreed[0] / agreed[1] if agreed[1] else float("nan")
+        if agreed[2]:
+            grad_norm = float("nan")
+        if found_inf:  # fp16 overflow: megatron lowered the loss scale; not a guard matter
+            verdict_skip, reason, stop = True, "fp16 overflow (loss scale lowered)", None
+        else:
+            verdict = self.guard.check(loss, grad_norm)
+            verdict_skip, reason, stop = verdict.skip, verdict.reason, verdict.stop
+        if not verdict_skip:
+            clip_gradients(mo.optimizer, ctx.job.train.clip_grad, grad_norm)
+            mo.optimizer.step_with_ready_grads()
+            self.updates += 1
+        self.step = number
+        self.consumed += lay.global_batch_size
+        if math.isfinite(loss):
+            self.last_loss = loss
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": reason if verdict_skip
+                else None, "stop": stop, "preempt": agreed[3] > 0, "deadline": agreed[4] > 0,
+                "save_due": agreed[5] > 0}
+
+    # --------------------------------------------------------------------- the loop
+    def run(self) -> Outcome:
+        ck = self.ctx.job.checkpoint
+        if self.step >= self.total_steps:
+            return self._outcome("finished", exit_codes.FINISHED,
+                                 f"already at step {self.step} of {self.total_steps}", None)
+        if self.ctx.is_rank0:
+            logger.info(f"training from step {self.step} to {self.total_steps} on "
+                        f"{self.ctx.layout.describe()} ({self.ctx.device})")
+        while self.step < self.total_steps:
+            started = time.time()
+            if self.first_step_started is None:
+                self.first_step_started = started
+            info = self.train_step()
+            elapsed = time.time() - started
+            self.step_time = elapsed if self.step_time is None else 0.8 * self.step_time + 0.2 * elapsed
+            if self.metrics is not None:
+                self.metrics.record(self.step, info["loss"], info["grad_norm"], info["lr"], elapsed,
+                                    info["skipped"], self.consumed, self.guard.skipped_total)
+            if info["skipped"] and self.ctx.is_rank0:
+                logger.info(f"step {self.step}: update skipped ({info['skipped']}); "
+                            f"{self.guard.skipped_in_a_row} in a row")
+                self.ctx.run.event("step_skipped", step=self.step, reason=info["skipped"],
+                                   attempt=self.ctx.attempt)
+            if info["preempt"] or info["deadline"]:
+                why = "preempted" if info["preempt"] else "deadline"
+                cause = (f"signal {self.flag.received or 'on another rank'}" if info["preempt"]
+                         else "the job's time limit is near")
+                if self.ctx.is_rank0:
+                    logger.info(f"step {self.step}: {cause}; saving an emergency checkpoint")
+                saved = self._save("emergency" if info["preempt"] else "deadline", sync=True)
+                return self._outcome(why, exit_codes.PREEMPTED,
+                                     f"{cause}: saved step {self.step}, exiting to be requeued",
+                                     saved)
+            if info["stop"]:
+                self.ckpt.wait()
+                return self._outcome("unstable", exit_codes.UNSTABLE, info["stop"], None)
+            final = self.step >= self.total_steps
+            if final and ck.save_at_end:
+                saved = self._save("final", sync=True)
+                return self._outcome("finished", exit_codes.FINISHED,
+                                     f"finished {self.total_steps} steps", saved)
+            if info["save_due"]:
+                self._save("periodic", sync=not ck.async_save)
+                self.periodic.saved(self.step)
+            self.ckpt.poll()
+        self.ckpt.wait()
+        return self._outcome("finished", exit_codes.FINISHED, f"finished {self.total_steps} steps",
+                             None)
+
+    def _save(self, reason: str, sync: bool) -> str | None:
+        info = self.ckpt.save(self.step, self.common_state(), reason, sync=sync)
+        if sync:
+            self.ckpt.wait()
+            return self.ckpt.last_published_path
+        return None
+
+    def _outcome(self, reason: str, code: int, message: str, saved) -> Outcome:
+        return Outcome(exit_reason=reason, exit_code=code, start_step=self.start_step,
+                       end_step=self.step, last_loss=self.last_loss, message=message,
+                       checkpoint_saved=saved)

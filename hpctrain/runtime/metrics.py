@@ -1,0 +1,95 @@
+"""Training metrics on rank 0: a progress line, ``RUN/metrics.jsonl`` and TensorBoard events.
+
+Every ``train.log_interval`` steps (and at every skipped step, so a skip is never hidden)
+one JSON record: step, loss, grad_norm, lr, tokens_per_s, step_time_s (mean over the
+interval), mfu (model FLOPs from ``hpctrain.flops`` over world size × the profile's
+``node.peak_tflops``; null when the peak is unknown), skipped and the skip reason.
+TensorBoard event files go to ``RUN/tensorboard/`` when the ``tensorboard`` package is
+installed (it is optional).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..flops import ModelShape, mfu, model_flops_per_step
+from ..runs import append_jsonl
+from .log import logger
+
+
+def _finite(x):
+    return x if x is None or math.isfinite(x) else str(x)
+
+
+class MetricsWriter:
+    def __init__(self, ctx, total_steps: int) -> None:
+        self.ctx = ctx
+        self.total_steps = total_steps
+        job = ctx.job
+        self.interval = job.train.log_interval
+        shape = ModelShape.from_model(job.model, ctx.layout.tensor_model_parallel_size)
+        self.flops_per_step = model_flops_per_step(shape, job.batch.global_batch_size)
+        self.tokens_per_step = job.batch.global_batch_size * job.model.seq_length
+        self.peak = ctx.profile.node.peak_tflops
+        self._times: list[float] = []
+        self.tb = self._tensorboard() if ctx.is_rank0 else None
+
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception:  # tensorboard not installed: optional
+            return None
+        try:
+            return SummaryWriter(log_dir=str(self.ctx.run.path / "tensorboard"))
+        except OSError:
+            return None
+
+    def record(self, step: int, loss: float, grad_norm: float | None, lr: float,
+               step_time_s: float, skipped: str | None, consumed_samples: int,
+               skipped_total: int) -> dict | None:
+        """Step ``step`` (1-based) just finished; rank 0 logs it when due."""
+        self._times.append(step_time_s)
+        due = step % self.interval == 0 or skipped is not None or step == self.total_steps
+        if not (self.ctx.is_rank0 and due):
+            if due:
+                self._times.clear()
+            return None
+        mean_time = sum(self._times) / len(self._times)
+        self._times.clear()
+        util = mfu(self.flops_per_step, mean_time, self.ctx.world_size, self.peak)
+        rec = {"step": step, "loss": _finite(loss), "grad_norm": _finite(grad_norm), "lr": lr,
+               "tokens_per_s": round(self.tokens_per_step / mean_time, 1) if mean_time else None,
+               "step_time_s": round(mean_time, 4), "mfu": None if util is None else round(util, 5),
+               "skipped": skipped is not None, "skip_reason": skipped,
+               "skipped_total": skipped_total, "consumed_samples": consumed_samples,
+               "attempt": self.ctx.attempt, "time": round(time.time(), 3)}
+        append_jsonl(self.ctx.run.metrics_file, rec)
+        if self.tb is not None:
+            for key in ("loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "mfu"):
+                value = rec[key]
+                if isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"train/{key}", value, step)
+            self.tb.flush()
+        logger.info(self.progress_line(rec))
+        return rec
+
+    def progress_line(self, rec: dict) -> str:
+        left = (self.total_steps - rec["step"]) * rec["step_time_s"]
+        eta = f"{int(left // 60)}m{int(left % 60):02d}s"
+        gn = rec["grad_norm"]
+        parts = [f"step {rec['step']}/{self.total_steps}",
+                 f"loss {rec['loss']:.4f}" if isinstance(rec["loss"], float) else f"loss {rec['loss']}",
+                 f"grad {gn:.3f}" if isinstance(gn, float) else f"grad {gn}",
+                 f"lr {rec['lr']:.2e}", f"{rec['tokens_per_s']:.0f} tok/s",
+                 f"{rec['step_time_s']:.3f} s/step",
+                 "MFU " + (f"{100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"),
+                 f"ETA {eta}"]
+        line = " | ".join(parts)
+        if rec["skipped"]:
+            line += f" | SKIPPED: {rec['skip_reason']}"
+        return line
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

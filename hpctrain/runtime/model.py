@@ -1,0 +1,199 @@
+"""The GPT model, its DDP wrapper and optimizer, built from a job with megatron-core.
+
+Two entry points other parts reuse (the planner measures real allocations with them):
+
+* :func:`transformer_config` — megatron-core's ``TransformerConfig`` for a job on a layout;
+* :func:`build_model_and_optimizer` — after ``parallel_state`` is initialized
+  (:func:`initialize_parallel`): the model chunks (one per virtual stage) wrapped in
+  megatron-core's ``DistributedDataParallel``, and the (distributed) optimizer.
+
+Device policy: on a GPU the job's precision (bf16 or fp16 with fp32 main parameters) and
+Transformer Engine's layer spec when TE is importable; on the CPU rehearsal fp32 and the
+local spec, with fusions off (they need CUDA kernels). The caller logs what was chosen.
+Imports torch and megatron: call only inside a rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..flops import padded_vocab_size
+
+
+@dataclass
+class ModelAndOptimizer:
+    model: list            # DDP-wrapped GPTModel chunks, one per virtual pipeline stage
+    optimizer: object      # megatron-core MegatronOptimizer (Chained/Distributed/FP32/Float16)
+    config: object         # TransformerConfig
+    notes: list[str] = field(default_factory=list)  # what was adapted for this device
+
+    @property
+    def modules(self) -> list:
+        """The unwrapped GPTModel chunks."""
+        return [m.module for m in self.model]
+
+
+def compute_dtype(job, device: str):
+    import torch
+    if device != "cuda":
+        return torch.float32
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        job.train.precision]
+
+
+def te_available(device: str) -> bool:
+    if device != "cuda":
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+        from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: F401
+            get_gpt_layer_with_transformer_engine_spec)
+    except Exception:
+        return False
+    return True
+
+
+def _grad_accumulation_fusion_available() -> bool:
+    try:
+        import fused_weight_gradient_mlp_cuda  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def transformer_config(job, layout, device: str, notes: list[str] | None = None):
+    """megatron-core ``TransformerConfig`` for ``job`` on ``layout`` (a config.Layout)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    notes = notes if notes is not None else []
+    m, t = job.model, job.train
+    gpu = device == "cuda"
+    dtype = compute_dtype(job, device)
+    te = te_available(device)
+    vpp = layout.virtual_pipeline_model_parallel_size
+    sequence_parallel = bool(job.parallel.sequence_parallel and layout.tensor_model_parallel_size > 1)
+    if sequence_parallel and not te:
+        notes.append("sequence parallelism off: it needs Transformer Engine's norms (the local "
+                     "layer spec uses torch norms); the math is the same without it")
+        sequence_parallel = False
+    swiglu = m.activation == "swiglu"
+    backend = AttnBackend.local if not te else getattr(AttnBackend, m.attention_backend)
+    recompute = t.recompute_granularity
+    kwargs = dict(
+        num_layers=m.num_layers, hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size, kv_channels=m.kv_channels,
+        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon,
+        normalization=m.normalization, add_bias_linear=m.add_bias_linear,
+        gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
+        attention_backend=backend,
+        tensor_model_parallel_size=layout.tensor_model_parallel_size,
+        pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype, pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        # CPU initialization draws the full (un-split) weights from one generator, so the
+        # initial model is the same for every TP degree.
+        use_cpu_initialization=True,
+        # Interleaved PP on gloo: batched send/recv to the same peer get swapped (PP=2), and
+        # Megatron-LM itself turns batching off with a virtual pipeline.
+        batch_p2p_comm=gpu and vpp is None,
+        overlap_p2p_comm=False,
+        gradient_accumulation_fusion=gpu and _grad_accumulation_fusion_available(),
+        bias_activation_fusion=gpu, bias_dropout_fusion=gpu, masked_softmax_fusion=gpu,
+        apply_rope_fusion=False, persist_layer_norm=False,
+        recompute_granularity=recompute,
+        recompute_method=t.recompute_method if recompute == "full" else None,
+        recompute_num_layers=t.recompute_num_layers if recompute == "full" else None,
+    )
+    if not gpu and t.precision != "fp32":
+        notes.append(f"precision fp32 on CPU (the job asks for {t.precision}, which needs a GPU)")
+    return TransformerConfig(**kwargs)
+
+
+def layer_spec(job, config, device: str):
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+    if te_available(device):
+        return specs.get_gpt_layer_with_transformer_engine_spec()
+    return specs.get_gpt_layer_local_spec(normalization=job.model.normalization)
+
+
+def initialize_parallel(layout, seed: int, timeout_minutes: int = 30) -> None:
+    """megatron-core's parallel_state for ``layout`` and its model-parallel RNG seeds."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    import torch
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tensor_model_parallel_size,
+        pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
+        distributed_timeout_minutes=timeout_minutes)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def build_model_chunks(job, layout, device: str, config, spec=None) -> list:
+    """The GPTModel chunks this rank holds (one per virtual stage), on ``device``."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    m = job.model
+    spec = spec or layer_spec(job, config, device)
+    vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by,
+                              layout.tensor_model_parallel_size)
+    vpp = layout.virtual_pipeline_model_parallel_size
+
+    def chunk(vp_stage):
+        kw = dict(ignore_virtual=False, vp_stage=vp_stage) if vpp else {}
+        model = GPTModel(
+            config=config, transformer_layer_spec=spec, vocab_size=vocab,
+            max_sequence_length=m.max_position_embeddings or m.seq_length,
+            pre_process=ps.is_pipeline_first_stage(**kw), post_process=ps.is_pipeline_last_stage(**kw),
+            share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+            position_embedding_type=m.position_embedding_type, rotary_base=m.rotary_base,
+            vp_stage=vp_stage)
+        if device == "cuda":
+            model.cuda()
+        return model
+
+    return [chunk(i) for i in range(vpp)] if vpp else [chunk(None)]
+
+
+def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
+    """Model chunks + megatron DDP + optimizer (ZeRO-1 when ``use_distributed_optimizer``).
+
+    Needs ``torch.distributed`` and :func:`initialize_parallel` done. The learning rate is set
+    per step by the training loop (``hpctrain.runtime.lr_schedule``).
+    """
+    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                           finalize_model_grads)
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    notes: list[str] = []
+    config = transformer_config(job, layout, device, notes)
+    chunks = build_model_chunks(job, layout, device, config)
+    t = job.train
+    distopt = bool(job.parallel.use_distributed_optimizer)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=t.grad_reduce_in_fp32 or device != "cuda",
+        overlap_grad_reduce=False, use_distributed_optimizer=distopt)
+    model = [DistributedDataParallel(config, ddp_config, c, disable_bucketing=(i > 0))
+             for i, c in enumerate(chunks)]
+    for m in model:
+        m.broadcast_params()
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
+        clip_grad=t.clip_grad, bf16=config.bf16, fp16=config.fp16,
+        params_dtype=config.params_dtype, use_distributed_optimizer=distopt,
+        decoupled_weight_decay=True)
+    optimizer = get_megatron_optimizer(opt_config, model)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    return ModelAndOptimizer(model=model, optimizer=optimizer, config=config, notes=notes)

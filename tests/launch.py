@@ -1,0 +1,242 @@
+"""Start N training ranks on this machine, the way srun or torchrun would, for tests.
+
+Each rank gets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` (a free
+port) and runs ``hpctrain.runtime`` on a run folder. Two ways to start them:
+
+* ``mode="exec"``: one ``python -m hpctrain.runtime RUN_DIR`` process per rank (the real
+  command line);
+* ``mode="fork"`` (default): one launcher process imports torch and megatron-core once, then
+  forks the ranks. Same code, same processes and gloo groups, but the ~10 s of imports is
+  paid once per launch instead of once per rank — on a 2-core machine that is the difference
+  between a test suite of minutes and one of a quarter hour.
+
+Like ``srun --kill-on-bad-exit``, the first rank that dies abnormally (not 0, 3, 75 or 144)
+takes the others down, unless ``kill_on_failure=False`` (a test that checks the runtime
+brings itself down). Each rank's stdout/stderr goes to ``OUT_DIR/rank-R.out``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CLEAN_EXITS = (0, 3, 75, 144)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int, extra: dict | None = None) -> dict:
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Result:
+    codes: list[int]
+    seconds: float
+    out_dir: Path
+
+    def output(self, rank: int) -> str:
+        p = self.out_dir / f"rank-{rank}.out"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    @property
+    def ok(self) -> bool:
+        return all(c == 0 for c in self.codes)
+
+    def tail(self, rank: int = 0, lines: int = 40) -> str:
+        return "\n".join(self.output(rank).splitlines()[-lines:])
+
+
+class Launch:
+    def __init__(self, run_dir, nprocs: int, env: dict | None = None, mode: str = "fork",
+                 kill_on_failure: bool = True, out_dir=None) -> None:
+        self.run_dir = Path(run_dir)
+        self.nprocs = nprocs
+        self.mode = mode
+        self.kill_on_failure = kill_on_failure
+        self.out_dir = Path(out_dir or self.run_dir / "launch")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for f in self.out_dir.glob("*"):
+            f.unlink()
+        self.port = free_port()
+        self.extra = {k: str(v) for k, v in (env or {}).items()}
+        self.started = time.time()
+        base = dict(os.environ)
+        base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.procs: list[subprocess.Popen] = []
+        if mode == "exec":
+            for r in range(nprocs):
+                out = open(self.out_dir / f"rank-{r}.out", "w")
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "hpctrain.runtime", str(self.run_dir)],
+                    env={**base, **rank_env(r, nprocs, self.port, self.extra)},
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                out.close()
+        else:
+            spec = json.dumps({"run_dir": str(self.run_dir), "n": nprocs, "port": self.port,
+                               "env": self.extra, "out": str(self.out_dir),
+                               "kill_on_failure": kill_on_failure})
+            log = open(self.out_dir / "launcher.out", "w")
+            self.procs.append(subprocess.Popen([sys.executable, __file__, spec], env=base,
+                                               stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+            log.close()
+
+    def pids(self, timeout: float = 60) -> list[int]:
+        """The ranks' process ids (rank order)."""
+        if self.mode == "exec":
+            return [p.pid for p in self.procs]
+        path = self.out_dir / "pids.json"
+        end = time.time() + timeout
+        while time.time() < end:
+            if path.exists():
+                try:
+                    return json.loads(path.read_text())
+                except json.JSONDecodeError:
+                    pass
+            time.sleep(0.05)
+        raise TimeoutError("the launcher did not report the ranks' pids")
+
+    def signal_rank(self, rank: int, sig=signal.SIGUSR1) -> None:
+        os.kill(self.pids()[rank], sig)
+
+    def wait(self, timeout: float = 300) -> Result:
+        end = self.started + timeout
+        if self.mode == "exec":
+            codes = _monitor(self.procs, self.kill_on_failure, end)
+        else:
+            try:
+                self.procs[0].wait(max(1, end - time.time()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise TimeoutError(f"launch did not finish in {timeout}s; see {self.out_dir}")
+            codes = json.loads((self.out_dir / "codes.json").read_text())
+        return Result(codes=codes, seconds=time.time() - self.started, out_dir=self.out_dir)
+
+    def kill(self) -> None:
+        pids = []
+        try:
+            pids = self.pids(timeout=0.1) if self.mode != "exec" else []
+        except TimeoutError:
+            pass
+        for p in self.procs:
+            _killpg(p.pid)
+        for pid in pids:
+            _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        _kill(pid)
+
+
+def _monitor(procs, kill_on_failure: bool, deadline: float) -> list[int]:
+    """Wait for every process; on the first abnormal exit kill the rest."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return codes
+        if kill_on_failure and any(c is not None and c not in CLEAN_EXITS for c in codes):
+            time.sleep(0.5)  # let the failing rank's peers write their own last words
+            for p in procs:
+                if p.poll() is None:
+                    _killpg(p.pid)
+            return [p.wait() for p in procs]
+        if time.time() > deadline:
+            for p in procs:
+                _killpg(p.pid)
+            raise TimeoutError("ranks did not finish in time")
+        time.sleep(0.05)
+
+
+def launch(run_dir, nprocs: int, env: dict | None = None, timeout: float = 300, **kw) -> Result:
+    """Start ``nprocs`` ranks on ``run_dir`` and wait for them."""
+    return Launch(run_dir, nprocs, env=env, **kw).wait(timeout)
+
+
+# ----------------------------------------------------------------------------- fork launcher
+class _Forked:
+    """A forked rank, with the small part of Popen's interface _monitor uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.code: int | None = None
+
+    def poll(self):
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def wait(self):
+        if self.code is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+
+def _zygote(spec: dict) -> None:
+    sys.path.insert(0, str(REPO))
+    from hpctrain.runtime import cpu_shim
+    cpu_shim.install()  # the tests rehearse on CPU; prepare_device would install it anyway
+    import megatron.core.dist_checkpointing  # noqa: F401  - the slow imports, paid once
+    import megatron.core.models.gpt.gpt_model  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel.schedules  # noqa: F401
+    import hpctrain.runtime.entry  # noqa: F401
+    from hpctrain.runtime import __main__ as rank_main
+
+    out = Path(spec["out"])
+    children = []
+    for r in range(spec["n"]):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                fd = os.open(out / f"rank-{r}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.environ.update(rank_env(r, spec["n"], spec["port"], spec["env"]))
+                code = rank_main.main([spec["run_dir"]])
+            except SystemExit as e:
+                code = int(e.code or 0)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children.append(_Forked(pid))
+    (out / "pids.json").write_text(json.dumps([c.pid for c in children]))
+    codes = _monitor(children, spec["kill_on_failure"], time.time() + 24 * 3600)
+    (out / "codes.json").write_text(json.dumps(codes))
+
+
+if __name__ == "__main__":
+    _zygote(json.loads(sys.argv[1]))

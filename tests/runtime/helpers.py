@@ -1,0 +1,89 @@
+"""Run folders for runtime tests: a tiny GPT on the real example corpus, any layout."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from hpctrain.config import job_from_mapping, profile_from_mapping, yamlio
+from hpctrain.config.schema import to_dict
+from hpctrain.runs import Run
+from tests.conftest import REPO
+
+CORPUS = REPO / "examples" / "corpus" / "kjv.txt.gz"
+
+# Small enough that a 4-rank step takes a fraction of a second on 2 cores, big enough to
+# exercise every parallel dimension (4 layers: PP2 × VPP2 chunks of one layer).
+TINY_MODEL = dict(num_layers=4, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
+                  vocab_size=257, make_vocab_size_divisible_by=64, seq_length=32)
+
+LAYOUTS = {
+    "single": dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1),
+    "tp2pp2": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
+    "tp2pp2vpp2": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                       virtual_pipeline_model_parallel_size=2),
+    "pp2vpp2dp2_zero1": dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
+                             use_distributed_optimizer=True),
+    "tp2dp2_zero1": dict(tensor_model_parallel_size=2, use_distributed_optimizer=True),
+    "pp2dp2_zero1": dict(pipeline_model_parallel_size=2, use_distributed_optimizer=True),
+    "dp2_zero1": dict(use_distributed_optimizer=True),
+    "tp2": dict(tensor_model_parallel_size=2),
+}
+WORLD = {"single": 1, "tp2": 2, "dp2_zero1": 2}
+
+
+def world_of(layout: str) -> int:
+    return WORLD.get(layout, 4)
+
+
+def job_mapping(data_prefix: str, layout: str = "single", steps: int = 12, **sections) -> dict:
+    job = {
+        "name": f"tiny-{layout}",
+        "model": dict(TINY_MODEL),
+        "parallel": dict(LAYOUTS[layout]),
+        "batch": {"micro_batch_size": 2, "global_batch_size": 16},
+        "train": {"steps": steps, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 3,
+                  "schedule": "cosine", "seed": 1234, "log_interval": 1, "init_timeout_s": 60},
+        "data": {"path": str(data_prefix)},
+        "checkpoint": {"interval_steps": 0, "interval_minutes": 0, "keep_last": 3,
+                       "async_save": False, "save_at_end": True},
+    }
+    for section, values in sections.items():
+        job.setdefault(section, {})
+        job[section].update(values)
+    return job
+
+
+def local_profile(world: int, **changes) -> dict:
+    data = yamlio.read_mapping(REPO / "cluster_profiles" / "local.yaml")
+    data = copy.deepcopy(data)
+    data["slurm"]["gpus_per_node"] = world
+    for section, values in changes.items():
+        data.setdefault(section, {}).update(values)
+    return data
+
+
+def make_run(root: Path, name: str, job: dict, world: int, profile: dict | None = None) -> Run:
+    """A run folder as ``hpctrain submit`` leaves it: job.yaml and profile.yaml resolved."""
+    path = Path(root) / name
+    path.mkdir(parents=True, exist_ok=False)
+    run = Run(path)
+    parsed = job_from_mapping(job, f"{name}/job.yaml")
+    prof = profile_from_mapping(profile or local_profile(world), f"{name}/profile.yaml", "local")
+    yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(parsed)))
+    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(prof)))
+    run.update_meta(name=name, profile=prof.name)
+    return run
+
+
+def losses(run: Run) -> dict[int, float]:
+    """step -> loss from metrics.jsonl (the last record of a step wins: a resumed attempt)."""
+    out = {}
+    for rec in run.metrics():
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+def result(run: Run, attempt: int) -> dict:
+    return json.loads((run.attempt_dir(attempt) / "result.json").read_text())
