@@ -151,12 +151,15 @@ def output_layer_bytes(shape: ModelShape, micro_batch_size: int, tp: int,
 
 def embedding_bytes(shape: ModelShape, micro_batch_size: int, tp: int, sequence_parallel: bool,
                     act_bytes: int, kernels: Kernels = GPU_KERNELS) -> int:
-    """The first stage: the embedding dropout's mask (its output is the first layer's input)."""
+    """The first stage: the embedding dropout's mask (its output is the first layer's input)
+    and, with TP, the vocabulary-parallel lookup's masked token ids and mask."""
+    sb = shape.seq_length * micro_batch_size
+    lookup = sb * (INT64 + BOOL) if tp > 1 else 0
     if shape.hidden_dropout <= 0:
-        return 0
+        return lookup
     sp_split = tp if sequence_parallel else 1
     mask = kernels.dropout_mask_bytes or act_bytes
-    return shape.seq_length * micro_batch_size * shape.hidden_size // sp_split * mask
+    return lookup + sb * shape.hidden_size // sp_split * mask
 
 
 def in_flight_microbatches(pp: int, vpp: int | None, pp_rank: int, num_microbatches: int) -> int:
