@@ -35,8 +35,8 @@ def format_number(x: float | int | None) -> str:
     """Four significant digits, without exponent noise for everyday magnitudes."""
     if x is None:
         return "-"
-    if isinstance(x, int):
-        return str(x)
+    if isinstance(x, int) or not isinstance(x, float):
+        return str(x)  # the runtime writes a non-finite loss as the string "nan" or "inf"
     if x != x:  # NaN
         return "nan"
     if x == 0:
