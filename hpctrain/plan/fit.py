@@ -63,7 +63,7 @@ def check_fits(job: JobConfig, profile: ClusterProfile) -> FitCheck:
     if plan.fits is None:
         return FitCheck(None, f"{head}; the profile {profile.name!r} does not set "
                               "node.gpu_memory_gb, so whether it fits is unknown", plan, None)
-    limit = _gib(target.gpu_memory_bytes)
+    limit = f"{target.gpu_memory_bytes / GiB:g} GiB"
     if plan.fits:
         return FitCheck(True, f"{head}; fits in {limit}", plan, None)
     result = plan_layouts(job, target)
