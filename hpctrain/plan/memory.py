@@ -20,10 +20,10 @@ from .grad_buffer import bucket_elements, grad_buffer_layout
 from .parameters import chunk_parameters, pipeline_chunks
 from .shape import PRECISION_BYTES, ModelShape
 
-# A stated allowance for what the model above does not itemize: on a GPU the CUDA context,
-# NCCL and cuBLAS workspaces (outside PyTorch's allocator: the fixed part), and everywhere the
-# transient tensors (logits before the loss, activation gradients in backward) and the caching
-# allocator's fragmentation (the fraction).
+# A stated allowance for what the itemized memory leaves out: on a GPU the CUDA context, NCCL
+# and cuBLAS workspaces (outside PyTorch's allocator: the fixed part), and everywhere the
+# caching allocator's fragmentation (the fraction). Transient tensors of the backward pass are
+# itemized with the activations (their backward working set).
 ALLOWANCE_FIXED_BYTES = 2 * 2**30
 ALLOWANCE_FRACTION = 0.10
 

@@ -29,8 +29,10 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
         f"attention backend {'local' if target.device == 'cpu' else m.attention_backend}: "
         f"{attention}",
         ACTIVATION_NOTE,
-        f"allowance {ALLOWANCE_FIXED_BYTES / GiB:.0f} GiB + {ALLOWANCE_FRACTION:.0%} of the itemized "
-        "memory (CUDA context, NCCL/cuBLAS workspaces, transient tensors, fragmentation)",
+        (f"allowance {ALLOWANCE_FIXED_BYTES / GiB:.0f} GiB (CUDA context, NCCL/cuBLAS "
+         f"workspaces) + {ALLOWANCE_FRACTION:.0%} of the itemized memory (fragmentation)"
+         if target.device == "cuda" else
+         f"allowance {ALLOWANCE_FRACTION:.0%} of the itemized memory (fragmentation)"),
     ]
     hw = target.hardware
     if hw.peak_tflops:

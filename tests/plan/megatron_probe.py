@@ -34,6 +34,9 @@ from hpctrain.config import Layout, job_from_mapping  # noqa: E402
 from hpctrain.runtime.model import (build_model_and_optimizer, build_model_chunks,  # noqa: E402
                                     initialize_parallel, transformer_config)
 
+# the models are tiny; one thread avoids spinning against the other ranks and test runs
+torch.set_num_threads(1)
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
