@@ -36,16 +36,36 @@ class GradBufferLayout:
 
     def owned_numel(self, dp: int, dp_rank: int) -> int:
         """Parameter elements whose optimizer state DP rank ``dp_rank`` keeps (dist-opt)."""
-        owned = 0
+        return self.owned_per_rank(dp)[dp_rank]
+
+    def owned_per_rank(self, dp: int) -> list[int]:
+        """``owned_numel`` for every DP rank in one sweep (O(parameters + DP) per bucket)."""
+        owned = [0] * dp
+        full = [0] * (dp + 1)     # difference array: ranks whose whole shard one param covers
         for b_start, b_end in self.buckets:
             shard = (b_end - b_start) // dp
-            lo, hi = b_start + dp_rank * shard, b_start + (dp_rank + 1) * shard
             for p_start, p_end in self.param_ranges:
-                owned += max(0, min(hi, p_end) - max(lo, p_start))
+                lo, hi = max(p_start, b_start), min(p_end, b_end)
+                if lo >= hi:
+                    continue
+                first, last = (lo - b_start) // shard, (hi - 1 - b_start) // shard
+                if first == last:
+                    owned[first] += hi - lo
+                    continue
+                owned[first] += b_start + (first + 1) * shard - lo
+                owned[last] += hi - (b_start + last * shard)
+                full[first + 1] += 1
+                full[last] -= 1
+            running = 0
+            for r in range(dp):
+                running += full[r]
+                owned[r] += running * shard
+                full[r] = 0
+            full[dp] = 0
         return owned
 
     def max_owned_numel(self, dp: int) -> int:
-        return max(self.owned_numel(dp, r) for r in range(dp))
+        return max(self.owned_per_rank(dp))
 
 
 def bucket_elements(overlap_grad_reduce: bool, dp: int, first_stage_first_chunk: bool) -> int | None:

@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
 from .grad_buffer import bucket_elements, grad_buffer_layout
-from .parameters import chunk_parameters, pipeline_chunks
+from .parameters import ChunkSpec, chunk_parameters, pipeline_chunks
 from .shape import PRECISION_BYTES, ModelShape
 
 # A stated allowance for what the itemized memory leaves out: on a GPU the CUDA context, NCCL
@@ -76,6 +77,16 @@ def state_bytes_for_parameters(num_params: float, precision: str = "bf16",
                       int(num_params * opt / shards))
 
 
+@lru_cache(maxsize=4096)
+def _chunk_buffer(shape: ModelShape, tp: int, pp: int, chunk: ChunkSpec, dp: int,
+                  distributed_optimizer: bool, bucket: int | None) -> tuple[int, int, tuple[int, ...]]:
+    """(buffer elements, parameter elements, owned elements per DP rank) of one model chunk."""
+    layout = grad_buffer_layout(chunk_parameters(shape, tp, pp, chunk), dp,
+                                distributed_optimizer, bucket)
+    owned = layout.owned_per_rank(dp) if distributed_optimizer else [layout.numel_unpadded] * dp
+    return layout.numel, layout.numel_unpadded, tuple(owned)
+
+
 @lru_cache(maxsize=1024)
 def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: int | None,
                                   dp: int, precision: str, grad_reduce_in_fp32: bool,
@@ -92,16 +103,16 @@ def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: i
         weights = grads = 0
         owned = [0] * dp
         for chunk in chunks:
-            params = chunk_parameters(shape, tp, pp, chunk)
+            # the layer range does not change the buffer, only where the chunk sits does
+            key = dataclasses.replace(chunk, pipeline_rank=0, virtual_index=0, first_layer=0)
             bucket = bucket_elements(overlap_grad_reduce, dp, rank == 0 and chunk.virtual_index == 0)
-            layout = grad_buffer_layout(params, dp, distributed_optimizer, bucket)
-            weights += (layout.numel if distributed_optimizer else layout.numel_unpadded) * w_bytes
-            grads += layout.numel * g_bytes
-            for r in range(dp if distributed_optimizer else 1):
-                owned[r] += layout.owned_numel(dp, r) if distributed_optimizer \
-                    else layout.numel_unpadded
-        mine = max(owned) if dp_rank is None or not distributed_optimizer else owned[dp_rank]
-        out.append(StateBytes(weights, grads, mine * o_bytes))
+            numel, unpadded, mine = _chunk_buffer(shape, tp, pp, key, dp, distributed_optimizer,
+                                                  bucket)
+            weights += (numel if distributed_optimizer else unpadded) * w_bytes
+            grads += numel * g_bytes
+            owned = [a + b for a, b in zip(owned, mine)]
+        held = max(owned) if dp_rank is None else owned[dp_rank]
+        out.append(StateBytes(weights, grads, held * o_bytes))
     return tuple(out)
 
 
