@@ -6,7 +6,7 @@ from ..config.job import JobConfig
 from .activations import ACTIVATION_NOTE
 from .layouts import Execution, GiB, LayoutPlan, PlanResult, Rejected, Target
 from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optimizer_bytes_per_element
-from .parameters import ParameterCount
+from .parameters import ParameterCount, count_parameters
 from .shape import PRECISION_BYTES, ModelShape
 from .timing import MATMUL_EFFICIENCY
 
@@ -52,7 +52,6 @@ def reference_parameters(job: JobConfig, result: PlanResult) -> tuple[ParameterC
     ref = result.job_layout or (result.layouts[0] if result.layouts else None)
     if ref is not None:
         return ref.parameters, ref.layout.describe()
-    from .parameters import count_parameters
     return count_parameters(ModelShape.from_job(job)), "TP1×PP1"
 
 
