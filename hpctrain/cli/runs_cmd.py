@@ -194,7 +194,7 @@ def _after_resubmit(run, res, wait, as_json: bool, verb: str) -> None:
         wait = run.meta().get("scheduler") == "local" and not as_json
     if wait:
         from .submit_cmd import follow_to_end
-        follow_to_end(res.submitted, quiet=as_json)
+        follow_to_end(res.submitted, quiet=as_json, from_attempt=res.next_attempt)
 
 
 @click.command()

@@ -142,7 +142,9 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain,
         follow_to_end(sub, quiet=as_json)
 
 
-def follow_to_end(sub, quiet: bool = False) -> None:
+def follow_to_end(sub, quiet: bool = False, from_attempt: int | None = None) -> None:
+    """Print the run's progress until its jobs end (attempts before ``from_attempt`` skipped);
+    raise with the reason unless it finished."""
     from ..follow import follow
     from ..ops.progress import ProgressLine
     from ..runs import read_last_jsonl
@@ -168,7 +170,7 @@ def follow_to_end(sub, quiet: bool = False) -> None:
         return running
     echo = (lambda s: None) if quiet else bar.echo
     try:
-        last = follow(run, active, echo)
+        last = follow(run, active, echo, from_attempt=from_attempt)
     finally:
         bar.close()
     reason = last.get("exit_reason")

@@ -64,6 +64,7 @@ class Resubmitted:
     from_step: int | None            # the newest complete checkpoint's step (None: from scratch)
     profile: str
     world_size: int
+    next_attempt: int = 1            # the first attempt the new job can start (to follow it)
 
 
 def _newest_step(run: Run) -> int | None:
@@ -142,10 +143,11 @@ def _resolve_for(run: Run, profile: ClusterProfile) -> Resolved:
     try:
         return resolve(job, profile, source=str(run.job_file))
     except ConfigError as e:
+        problems = "; ".join(f"{path}: {msg}" if path else msg for path, msg in e.problems)
         raise UsageError(f"run {run.id} cannot run on {profile.name!r} with {profile.world_size} "
                          f"ranks ({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node}): "
-                         f"{e}\nPick a --nodes count whose world size fits the run's "
-                         "TP × PP layout.") from None
+                         f"{problems}. Pick a --nodes count that fits the run's layout "
+                         f"(in {run.job_file})") from None
 
 
 def _archive_profile(run: Run, old: ClusterProfile, new: ClusterProfile, resolved: Resolved) -> str:
@@ -175,6 +177,8 @@ def _resubmit(run: Run, resolved: Resolved, event: str, *, force: bool,
     if force:
         data["force"] = True
     run.event(event, **data)  # before submitting: it reopens a cancelled run for the new job
+    next_attempt = max(run.attempts_started() + [int(r.get("attempt") or 0) for r in run.ledger()]
+                       + [0]) + 1
     sub = submit_run_job(resolved, run)
     return Resubmitted(sub, sub.job_id, "resubmitted", from_step, resolved.profile.name,
-                       resolved.profile.world_size)
+                       resolved.profile.world_size, next_attempt)

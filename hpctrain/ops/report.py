@@ -33,6 +33,7 @@ class ReportData:
     checkpoints: list[int] = field(default_factory=list)
     ledger: list[dict] = field(default_factory=list)
     total_steps: int | None = None
+    attempts: int = 0                  # started, recorded or not
 
 
 def per_step(metrics: list[dict]) -> list[dict]:
@@ -54,16 +55,20 @@ def collect(run: Run) -> ReportData:
     data = ReportData(run_id=run.id, steps=[m["step"] for m in records],
                       loss=[_num(m.get("loss")) for m in records],
                       tokens_per_s=[_num(m.get("tokens_per_s")) for m in records],
-                      mfu=[_num(m.get("mfu")) for m in records], ledger=ledger)
+                      mfu=[_num(m.get("mfu")) for m in records], ledger=ledger,
+                      attempts=max([len(ledger)] + run.attempts_started()))
     for i, rec in enumerate(ledger):
         end, reason = rec.get("end_step"), rec.get("exit_reason")
         if isinstance(end, int) and reason in STOP_REASONS:
             data.preemptions.append((end, int(rec.get("attempt") or i + 1)))
         elif isinstance(end, int) and reason not in ("finished", None):
             data.other_ends.append((end, str(reason)))
-        if i > 0 and isinstance(rec.get("start_step"), int):
-            data.resumes.append((rec["start_step"], int(rec.get("attempt") or i + 1)))
+        attempt = int(rec.get("attempt") or i + 1)
+        if attempt > 1 and isinstance(rec.get("start_step"), int):
+            data.resumes.append((rec["start_step"], attempt))
     steps = {checkpoint_step(r.get("checkpoint_saved")) for r in ledger}
+    steps |= {e.get("step") for e in run.events()  # the runtime's saves, pruned ones included
+              if e.get("event") == "checkpoint_saved" and isinstance(e.get("step"), int)}
     try:
         steps |= {c.step for c in inspect_checkpoints(run).checkpoints if c.complete}
     except OSError:
@@ -119,7 +124,7 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
         loss_ax.set_xlim(0, 1.02 * max([data.total_steps] + data.steps))
     loss_ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("step")
-    attempts = len(data.ledger)
+    attempts = max(data.attempts, len(data.ledger))
     fig.suptitle(f"{data.run_id}: {attempts} attempt{'s' if attempts != 1 else ''}, "
                  f"{len(data.preemptions)} preempted, {len(data.checkpoints)} checkpoints")
     fig.tight_layout()
@@ -143,7 +148,7 @@ def summarize(data: ReportData) -> dict:
     return {
         "run": data.run_id, "first_step": data.steps[0] if data.steps else None,
         "last_step": data.steps[-1] if data.steps else None, "total_steps": data.total_steps,
-        "attempts": len(data.ledger), "preemptions": len(data.preemptions), "requeues": requeues,
+        "attempts": max(data.attempts, len(data.ledger)), "preemptions": len(data.preemptions), "requeues": requeues,
         "checkpoints": data.checkpoints,
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "min_loss": best[1] if best else None, "min_loss_step": best[0] if best else None,

@@ -10,7 +10,7 @@ import time
 
 from ..config import time_limit_seconds
 from ..slurm.commands import parse_duration
-from .checkpoints import CheckpointFolder, describe_checkpoint_ref
+from .checkpoints import CheckpointFolder, checkpoint_step, describe_checkpoint_ref
 from .fmt import format_bytes, format_duration, format_number, format_table, parse_iso
 from .runview import RunView
 
@@ -42,16 +42,36 @@ def attempt_rows(view: RunView) -> list[dict]:
     for n in view.attempts_started:
         if n in recorded:
             continue
-        start = next((e for e in reversed(view.events)
-                      if e.get("event") == "attempt_start" and e.get("attempt") == n), {})
+        index = next((i for i, e in enumerate(view.events)
+                      if e.get("event") == "attempt_start" and e.get("attempt") == n), None)
+        start = view.events[index] if index is not None else {}
         live = bool(view.active_jobs) and n == max(view.attempts_started)
+        cancelled = index is not None and any(e.get("event") == "cancel"
+                                              for e in view.events[index:])
         rows.append({"attempt": n, "job_id": start.get("job_id"),
                      "restart_count": start.get("restart_count"),
-                     "nodes": start.get("nodes"), "start_step": None,
-                     "end_step": view.step if live else None,
-                     "exit_reason": "running" if live else "no record",
+                     "nodes": start.get("nodes"), "start_step": _expected_start(view, n),
+                     "end_step": view.step if live else _last_metric_step(view, n),
+                     "exit_reason": "running" if live else
+                     "cancelled (killed before its record)" if cancelled else "no record",
                      "in_progress": live, "started": start.get("time")})
     return sorted(rows, key=lambda r: int(r.get("attempt") or 0))
+
+
+def _last_metric_step(view: RunView, attempt: int) -> int | None:
+    m = view.last_metric or {}
+    return m.get("step") if m.get("attempt") == attempt else None
+
+
+def _expected_start(view: RunView, attempt: int) -> int | None:
+    """Where an unrecorded attempt began: 0 for a first attempt, else the step the previous
+    attempt saved at its end (what the runtime resumes from); None when unknown."""
+    before = [r for r in view.ledger if int(r.get("attempt") or 0) < attempt]
+    if not before:
+        return 0 if attempt == 1 else None
+    last = before[-1]
+    saved = checkpoint_step(last.get("checkpoint_saved"))
+    return saved if saved is not None and saved == last.get("end_step") else None
 
 
 def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
