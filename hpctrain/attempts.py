@@ -77,7 +77,7 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
     if run.cancelled():
         record["exit_reason"] = "cancelled"
     profile = run.resolved_profile()
-    decision = decide(run.ledger(), record, profile.preemption.max_requeues,
+    decision = decide(run.ledger_for_budget(), record, profile.preemption.max_requeues,
                       profile.preemption.requeue_on_failure)
     record["decision"] = {"requeue": decision.requeue, "reason": decision.reason}
     run.append_ledger(record)

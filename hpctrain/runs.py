@@ -208,6 +208,16 @@ class Run:
                 return False
         return False
 
+    def ledger_for_budget(self) -> list[dict]:
+        """The ledger since the last resubmission by a person (``hpctrain resume``, or
+        ``hpctrain requeue`` of a stopped run): each one starts a fresh requeue budget."""
+        ledger = self.ledger()
+        start = 0
+        for e in self.events():
+            if e.get("event") in REOPEN_EVENTS and isinstance(e.get("ledger_records"), int):
+                start = e["ledger_records"]
+        return ledger[start:]
+
     def finished(self, ledger: list[dict] | None = None, events: list[dict] | None = None) -> bool:
         """The last attempt reached train.steps (and no forced resume reopened the run since)."""
         ledger = self.ledger() if ledger is None else ledger

@@ -186,8 +186,8 @@ def _after_resubmit(run, res, wait, as_json: bool, verb: str) -> None:
         click.echo(f"Requeued job {res.job_id} of run {run.id}: Slurm stops it (the ranks save on "
                    f"SIGTERM) and starts it again from the newest checkpoint ({where}).")
     else:
-        click.echo(f"{verb} run {run.id} as job {res.job_id} on {res.profile} ({res.world_size} ranks), "
-                   f"from {where}.")
+        ranks = f"{res.world_size} rank{'' if res.world_size == 1 else 's'}"
+        click.echo(f"{verb} run {run.id} as job {res.job_id} on {res.profile} ({ranks}), from {where}.")
     if res.submitted is None:
         return
     if wait is None:

@@ -171,7 +171,8 @@ def _resubmit(run: Run, resolved: Resolved, event: str, *, force: bool,
               previous_world_size: int | None = None) -> Resubmitted:
     from_step = _newest_step(run)
     data = {"how": "resubmitted", "by": _user(), "profile": resolved.profile.name,
-            "world_size": resolved.profile.world_size, "from_step": from_step}
+            "world_size": resolved.profile.world_size, "from_step": from_step,
+            "ledger_records": len(run.ledger())}  # a fresh requeue budget from here on
     if previous_world_size is not None:
         data["previous_world_size"] = previous_world_size
     if force:

@@ -60,3 +60,18 @@ def test_a_finished_run_stays_finished_unless_resumed_with_force(tmp_path):
     assert run.finished()
     run.event("resume", how="resubmitted", force=True)
     assert not run.finished()
+
+
+def test_a_resubmission_by_a_person_starts_a_fresh_requeue_budget(tmp_path):
+    from hpctrain.attempts import finish_attempt, write_result
+    run = crafted_run(tmp_path, ledger=[record(i, 5 * i - 5, 5 * i, "preempted", True) for i in range(1, 6)]
+                      + [record(6, 25, 28, "preempted", False, why="requeue budget spent")])
+    assert len(run.ledger_for_budget()) == 6
+    run.event("resume", how="resubmitted", ledger_records=len(run.ledger()))
+    assert run.ledger_for_budget() == []
+    write_result(run, 7, {"start_step": 28, "end_step": 33, "exit_reason": "preempted"})
+    rec, decision = finish_attempt(run, 7, 75, scheduler="slurm")
+    assert decision.requeue and decision.reason == "preempted; requeue 1 of 5"
+    write_result(run, 8, {"start_step": 33, "end_step": 33, "exit_reason": "preempted"})
+    _, decision = finish_attempt(run, 8, 75, scheduler="slurm")  # progress is still required
+    assert not decision.requeue and decision.reason.startswith("no progress")

@@ -5,7 +5,9 @@ tests about operations (status, logs, chains, sweeps, cancel, report) that need 
 * resumes from the newest complete checkpoint under ``Run.checkpoint_dir()`` (``step-N`` with a
   manifest, ``latest`` pointer), published through the runtime's own store functions;
 * rank 0 appends one metrics.jsonl record per step and writes the attempt's result.json;
-* SIGUSR1/SIGTERM (or the batch shell's signal flag) -> emergency checkpoint -> exit 75.
+* SIGUSR1/SIGTERM (or the batch shell's signal flag) -> emergency checkpoint -> exit 75;
+* under the local executor (one rank), it claims the attempt, logs to the rank log and records
+  the ledger itself, as the runtime does there.
 
 Speed comes from the profile's env: FAKE_STEP_S (seconds per step, default 0.2).
 Pickled by value, so the job need not import the tests package.
@@ -47,13 +49,28 @@ def _newest(root: Path) -> tuple[int, Path | None]:
     return 0, None
 
 
+def _local_end(run, attempt: int, code: int, began: float) -> None:
+    """Under the local executor (no batch shell) rank 0 records the attempt itself, as the
+    runtime does, and exits 144 when the policy says requeue."""
+    from hpctrain.attempts import finish_attempt
+    _, decision = finish_attempt(run, attempt, code, scheduler="local", started_at=began)
+    sys.stdout.flush()
+    os._exit(144 if decision.requeue else code)
+
+
 def fake_train(run_dir: str) -> str:
     from hpctrain.attempts import write_result
     from hpctrain.runs import Run, append_jsonl
     run = Run(Path(run_dir))
     job = run.resolved_job()
+    local = "SLURM_JOB_ID" not in os.environ  # one rank only under the local executor
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")))
-    attempt = int(os.environ.get("HPCTRAIN_ATTEMPT", "1"))
+    attempt = int(os.environ["HPCTRAIN_ATTEMPT"]) if not local else run.begin_attempt()
+    if local and os.environ.get("HPCTRAIN_LOG_TO_FILE") == "1":
+        log = open(run.rank_log(attempt, rank), "a", buffering=1)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = log
     flag = os.environ.get("HPCTRAIN_SIGNAL_FLAG")
     step_s = float(os.environ.get("FAKE_STEP_S", "0.2"))
     got = []
@@ -76,6 +93,8 @@ def fake_train(run_dir: str) -> str:
                                             "checkpoint_saved": str(saved), "last_loss": _loss(step)})
             print(f"rank {rank}: signal at step {step}; saved, exiting {PREEMPTED}", flush=True)
             sys.stdout.flush()
+            if local:
+                _local_end(run, attempt, PREEMPTED, began)
             os._exit(PREEMPTED)
         time.sleep(step_s)
         step += 1
@@ -96,6 +115,9 @@ def fake_train(run_dir: str) -> str:
                                     "checkpoint_loaded": str(loaded) if loaded else None,
                                     "checkpoint_saved": str(saved), "last_loss": _loss(step)})
     print(f"rank {rank}: finished at step {step}", flush=True)
+    if local:
+        from hpctrain.attempts import finish_attempt
+        finish_attempt(run, attempt, 0, scheduler="local", started_at=began)
     return "finished"
 
 

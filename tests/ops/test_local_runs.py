@@ -1,0 +1,53 @@
+"""The same commands on the local profile (submitit's local executor on this machine): the job
+id is the controller's pid, cancel sends it SIGTERM, a running job cannot be requeued in place,
+resume follows the new attempt to its end; a local sweep trains its runs one after another."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hpctrain.config import load_profile
+from hpctrain.ops.sweep import expand
+from hpctrain.ops.sweep_launch import prepare_sweep, run_sweep_locally
+from hpctrain.slurm.state import live_jobs
+from tests.conftest import wait_until
+from tests.ops.trainer import _loss
+from tests.ops.helpers import FAKE_ENTRY, FAKE_JOB, cli, fake_resolved, start_fake_run, wait_step
+
+
+def local_profile(step_s: float):
+    p = load_profile("local")
+    return dataclasses.replace(p, env={**p.env, "FAKE_STEP_S": str(step_s)},
+                               slurm=dataclasses.replace(p.slurm, gpus_per_node=1))
+
+
+def test_cancel_requeue_and_resume_on_the_local_profile(tmp_path):
+    root = tmp_path / "runs"
+    run, sub = start_fake_run(root, fake_resolved(local_profile(0.05), steps=200))
+    wait_step(run, 3)
+    status = cli(root, "status", run.id).stdout
+    assert f"State       RUNNING, job {sub.job_id}" in status
+    refused = cli(root, "requeue", run.id, check=False)
+    assert refused.returncode == 2 and "cannot be requeued in place" in refused.stderr
+    assert cli(root, "cancel", run.id).stdout.startswith(f"Cancelled run {run.id}: job(s) {sub.job_id}.")
+    wait_until(lambda: not live_jobs(run) and run.ledger(), 30, what="the local run to stop")
+    (first,) = run.ledger()
+    assert first["exit_reason"] == "cancelled" and first["scheduler"] == "local"
+    assert "State       CANCELLED" in cli(root, "status", run.id).stdout
+    out = cli(root, "resume", run.id).stdout  # the local profile waits by default
+    assert f"from step {first['end_step']}." in out.splitlines()[0]
+    assert "rank 0: attempt 1" not in out  # only the new attempt is followed
+    assert f"rank 0: attempt 2 starts at step {first['end_step']}" in out
+    assert out.rstrip().endswith(f"Run {run.id} finished at step 200 (loss {_loss(200)}).")
+    assert [r["exit_reason"] for r in run.ledger()] == ["cancelled", "finished"]
+
+
+def test_a_local_sweep_trains_its_runs_one_after_another(tmp_path):
+    from hpctrain.cli.submit_cmd import follow_to_end
+    points = expand(str(FAKE_JOB), local_profile(0.02), ["train.steps=5,7"])
+    sweep_dir, runs = prepare_sweep(points, tmp_path / "runs", source=str(FAKE_JOB), entry=FAKE_ENTRY)
+    done = run_sweep_locally(sweep_dir, runs, lambda sub: follow_to_end(sub, quiet=True) or "finished")
+    assert [r.outcome for r in done.runs] == ["finished", "finished"]
+    (a,), (b,) = (r.run.ledger() for r in runs)
+    assert (a["end_step"], b["end_step"]) == (5, 7)
+    assert b["start_time"] >= a["end_time"] - 0.5  # the second began after the first ended
