@@ -23,7 +23,8 @@ class ModelSection:
     ffn_hidden_size: int | None = doc("MLP hidden size (null: 4h).", default=None)
     kv_channels: int | None = doc("Per-head size (null: h / a).", default=None)
     vocab_size: int = doc("Tokenizer vocabulary size (padded as Megatron pads it).")
-    make_vocab_size_divisible_by: int = doc("Pad the vocabulary to a multiple of this × TP.",
+    make_vocab_size_divisible_by: int = doc("Pad the vocabulary to a multiple of lcm(this, TP): the "
+                                            "same size on every TP ≤ this, so checkpoints reshard.",
                                             default=128)
     seq_length: int = doc("Sequence length s.")
     max_position_embeddings: int | None = doc("Positions (null: seq_length).", default=None)
