@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import click
@@ -37,10 +38,8 @@ def report(run_ref, output, size, runs_dir, as_json):
         raise UsageError(f"--size {size!r}: expected WIDTHxHEIGHT in pixels, each at least 200 "
                          "(e.g. 1200x900)") from None
     run = find(run_ref, runs_dir)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("hpctrain report needs matplotlib: pip install 'hpctrain[report]'") from None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("hpctrain report needs matplotlib: pip install 'hpctrain[report]'")
     data = collect(run)
     path = (output or run.path / "report.png").resolve()
     write_png(build_figure(data, width, height), path)
