@@ -5,10 +5,11 @@ port) and runs ``hpctrain.runtime`` on a run folder. Two ways to start them:
 
 * ``mode="exec"``: one ``python -m hpctrain.runtime RUN_DIR`` process per rank (the real
   command line);
-* ``mode="fork"`` (default): one launcher process imports torch and megatron-core once, then
-  forks the ranks. Same code, same processes and gloo groups, but the ~10 s of imports is
-  paid once per launch instead of once per rank — on a 2-core machine that is the difference
-  between a test suite of minutes and one of a quarter hour.
+* ``mode="fork"`` (default): a fork server, started once per test session, imports torch and
+  megatron-core, then forks a supervisor per launch, which forks the ranks. Same code, same
+  separate processes and gloo groups, but the ~10 s of imports per rank is paid once per
+  session — on a 2-core machine that is the difference between a test suite of minutes and
+  one of a quarter hour.
 
 Like ``srun --kill-on-bad-exit``, the first rank that dies abnormally (not 0, 3, 75 or 144)
 takes the others down, unless ``kill_on_failure=False`` (a test that checks the runtime
@@ -64,7 +65,8 @@ class Result:
 
 class Launch:
     def __init__(self, run_dir, nprocs: int, env: dict | None = None, mode: str = "fork",
-                 kill_on_failure: bool = True, out_dir=None) -> None:
+                 kill_on_failure: bool = True, out_dir=None, module: str = "hpctrain.runtime",
+                 args: list[str] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.nprocs = nprocs
         self.mode = mode
@@ -79,23 +81,19 @@ class Launch:
         base = dict(os.environ)
         base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.procs: list[subprocess.Popen] = []
+        argv = [module, *(args if args is not None else [str(self.run_dir)])]
         if mode == "exec":
             for r in range(nprocs):
                 out = open(self.out_dir / f"rank-{r}.out", "w")
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "hpctrain.runtime", str(self.run_dir)],
+                    [sys.executable, "-m", *argv],
                     env={**base, **rank_env(r, nprocs, self.port, self.extra)},
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
                 out.close()
         else:
-            spec = json.dumps({"run_dir": str(self.run_dir), "n": nprocs, "port": self.port,
-                               "env": self.extra, "out": str(self.out_dir),
-                               "kill_on_failure": kill_on_failure})
-            log = open(self.out_dir / "launcher.out", "w")
-            self.procs.append(subprocess.Popen([sys.executable, __file__, spec], env=base,
-                                               stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
-            log.close()
+            _server().submit({"run_dir": str(self.run_dir), "n": nprocs, "port": self.port,
+                              "env": self.extra, "out": str(self.out_dir), "argv": argv,
+                              "kill_on_failure": kill_on_failure})
 
     def pids(self, timeout: float = 60) -> list[int]:
         """The ranks' process ids (rank order)."""
@@ -120,24 +118,30 @@ class Launch:
         if self.mode == "exec":
             codes = _monitor(self.procs, self.kill_on_failure, end)
         else:
-            try:
-                self.procs[0].wait(max(1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise TimeoutError(f"launch did not finish in {timeout}s; see {self.out_dir}")
-            codes = json.loads((self.out_dir / "codes.json").read_text())
+            codes_file = self.out_dir / "codes.json"
+            while not codes_file.exists():
+                if time.time() > end:
+                    self.kill()
+                    raise TimeoutError(f"launch did not finish in {timeout}s; see {self.out_dir}")
+                if not _server().alive():
+                    raise RuntimeError(f"the fork server died; see {_server().log}")
+                time.sleep(0.05)
+            codes = json.loads(codes_file.read_text())
         return Result(codes=codes, seconds=time.time() - self.started, out_dir=self.out_dir)
 
     def kill(self) -> None:
-        pids = []
+        if self.mode == "exec":
+            for p in self.procs:
+                _killpg(p.pid)
+            return
+        supervisor = self.out_dir / "supervisor.pid"
+        if supervisor.exists():
+            _kill(int(supervisor.read_text()))
         try:
-            pids = self.pids(timeout=0.1) if self.mode != "exec" else []
+            for pid in self.pids(timeout=0.1):
+                _kill(pid)
         except TimeoutError:
             pass
-        for p in self.procs:
-            _killpg(p.pid)
-        for pid in pids:
-            _kill(pid)
 
 
 def _kill(pid: int) -> None:
@@ -178,7 +182,49 @@ def launch(run_dir, nprocs: int, env: dict | None = None, timeout: float = 300, 
     return Launch(run_dir, nprocs, env=env, **kw).wait(timeout)
 
 
-# ----------------------------------------------------------------------------- fork launcher
+# ----------------------------------------------------------------------------- fork server
+class _ForkServer:
+    """A process that imported the heavy modules once and forks a supervisor per launch."""
+
+    def __init__(self) -> None:
+        import tempfile
+        self.log = Path(tempfile.mkstemp(prefix="hpctrain-fork-server-", suffix=".log")[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, __file__, "--server"], env=env,
+                                         stdin=subprocess.PIPE, stdout=log,
+                                         stderr=subprocess.STDOUT, text=True,
+                                         start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def submit(self, spec: dict) -> None:
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                _killpg(self.proc.pid)
+
+
+_SERVER: _ForkServer | None = None
+
+
+def _server() -> _ForkServer:
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive():
+        import atexit
+        _SERVER = _ForkServer()
+        atexit.register(_SERVER.stop)
+    return _SERVER
+
+
 class _Forked:
     """A forked rank, with the small part of Popen's interface _monitor uses."""
 
@@ -200,7 +246,50 @@ class _Forked:
         return self.code
 
 
-def _zygote(spec: dict) -> None:
+def _run_rank(spec: dict, rank: int) -> None:
+    """In a forked rank: become rank ``rank`` and run the module's ``main``."""
+    import importlib
+    code = 1
+    try:
+        fd = os.open(Path(spec["out"]) / f"rank-{rank}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.environ.update(rank_env(rank, spec["n"], spec["port"], spec["env"]))
+        module, *args = spec["argv"]
+        target = importlib.import_module(module)
+        if not hasattr(target, "main"):  # a package run with -m: its __main__ module
+            target = importlib.import_module(f"{module}.__main__")
+        code = target.main(args)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 1)
+
+
+def _supervise(spec: dict) -> None:
+    """In a forked supervisor: fork the ranks, report their pids and exit codes."""
+    out = Path(spec["out"])
+    (out / "supervisor.pid").write_text(str(os.getpid()))
+    children = []
+    for r in range(spec["n"]):
+        pid = os.fork()
+        if pid == 0:
+            _run_rank(spec, r)
+        children.append(_Forked(pid))
+    (out / "pids.json").write_text(json.dumps([c.pid for c in children]))
+    codes = _monitor(children, spec["kill_on_failure"], time.time() + 24 * 3600)
+    tmp = out / "codes.json.tmp"
+    tmp.write_text(json.dumps(codes))
+    os.replace(tmp, out / "codes.json")
+
+
+def _serve() -> None:
     sys.path.insert(0, str(REPO))
     from hpctrain.runtime import cpu_shim
     cpu_shim.install()  # the tests rehearse on CPU; prepare_device would install it anyway
@@ -208,35 +297,29 @@ def _zygote(spec: dict) -> None:
     import megatron.core.models.gpt.gpt_model  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel.schedules  # noqa: F401
+    import hpctrain.runtime.__main__  # noqa: F401
     import hpctrain.runtime.entry  # noqa: F401
-    from hpctrain.runtime import __main__ as rank_main
-
-    out = Path(spec["out"])
-    children = []
-    for r in range(spec["n"]):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
+    import hpctrain.runtime.init_weights  # noqa: F401
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped automatically
+    print("fork server ready", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        spec = json.loads(line)
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its ranks
+            code = 0
             try:
-                fd = os.open(out / f"rank-{r}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.environ.update(rank_env(r, spec["n"], spec["port"], spec["env"]))
-                code = rank_main.main([spec["run_dir"]])
-            except SystemExit as e:
-                code = int(e.code or 0)
+                os.setsid()
+                _supervise(spec)
             except BaseException:
                 import traceback
                 traceback.print_exc()
+                code = 1
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
                 os._exit(code)
-        children.append(_Forked(pid))
-    (out / "pids.json").write_text(json.dumps([c.pid for c in children]))
-    codes = _monitor(children, spec["kill_on_failure"], time.time() + 24 * 3600)
-    (out / "codes.json").write_text(json.dumps(codes))
 
 
 if __name__ == "__main__":
-    _zygote(json.loads(sys.argv[1]))
+    if sys.argv[1:] == ["--server"]:
+        _serve()

@@ -70,7 +70,6 @@ class MetricsWriter:
                 value = rec[key]
                 if isinstance(value, (int, float)):
                     self.tb.add_scalar(f"train/{key}", value, step)
-            self.tb.flush()
         logger.info(self.progress_line(rec))
         return rec
 

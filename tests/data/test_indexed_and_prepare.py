@@ -1,0 +1,235 @@
+"""Megatron's indexed format: our writer and reader against megatron-core's own, tokenizers,
+``hpctrain data prepare`` on the example corpus, and the GPT sample order."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpctrain.data import indexed
+from hpctrain.data.gpt_dataset import GPTSamples, rank_microbatches
+from hpctrain.data.prepare import ensure_prepared, prepare
+from hpctrain.data.tokenizers import ByteTokenizer, HuggingFaceTokenizer, load_tokenizer
+from hpctrain.errors import UsageError
+from tests.conftest import REPO, hpctrain
+
+CORPUS = REPO / "examples" / "corpus" / "kjv.txt.gz"
+
+
+def _megatron_indexed():
+    from hpctrain.runtime import cpu_shim
+    cpu_shim.install()
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    return IndexedDataset, IndexedDatasetBuilder
+
+
+def test_our_files_read_by_megatron_and_megatron_files_read_by_us(tmp_path):
+    import torch
+    MegatronDataset, MegatronBuilder = _megatron_indexed()
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 50000, size=n).astype(np.uint16) for n in (5, 1, 17, 300, 2)]
+
+    with indexed.IndexedDatasetWriter(tmp_path / "ours", np.uint16) as w:
+        for d in docs[:3]:
+            w.add_document(d)
+        w.add_sequence(docs[3])  # one document made of two sequences
+        w.add_sequence(docs[4])
+        w.end_document()
+    theirs = MegatronDataset(str(tmp_path / "ours"))
+    assert len(theirs) == 5
+    for i, d in enumerate(docs):
+        assert np.array_equal(theirs[i], d)
+    assert list(theirs.document_indices) == [0, 1, 2, 3, 5]
+
+    builder = MegatronBuilder(str(tmp_path / "megatron.bin"), dtype=np.uint16)
+    for d in docs[:3]:
+        builder.add_item(torch.from_numpy(d.astype(np.int64)))
+        builder.end_document()
+    builder.add_document(torch.from_numpy(np.concatenate(docs[3:]).astype(np.int64)),
+                         [len(docs[3]), len(docs[4])])
+    builder.finalize(str(tmp_path / "megatron.idx"))
+    ours = indexed.IndexedDataset(tmp_path / "megatron")
+    assert (tmp_path / "megatron.idx").read_bytes() == (tmp_path / "ours.idx").read_bytes()
+    assert (tmp_path / "megatron.bin").read_bytes() == (tmp_path / "ours.bin").read_bytes()
+    assert [list(ours[i]) for i in range(5)] == [list(d) for d in docs]
+    assert list(ours.document(3)) == list(np.concatenate(docs[3:]))
+    assert ours.num_documents == 4 and ours.dtype == np.uint16
+
+
+def test_damaged_index_is_a_one_line_error(tmp_path):
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.int32) as w:
+        w.add_document([1, 2, 3])
+    idx = tmp_path / "d.idx"
+    good = idx.read_bytes()
+    idx.write_bytes(b"NOTMMID" + good[7:])
+    with pytest.raises(UsageError, match="not a Megatron index file"):
+        indexed.IndexedDataset(tmp_path / "d")
+    idx.write_bytes(good[:-4])
+    with pytest.raises(UsageError, match="truncated"):
+        indexed.IndexedDataset(tmp_path / "d")
+    idx.write_bytes(good)
+    (tmp_path / "d.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(UsageError, match="holds 8 bytes but"):
+        indexed.IndexedDataset(tmp_path / "d")
+    with pytest.raises(UsageError, match="does not exist"):
+        indexed.IndexedDataset(tmp_path / "missing")
+
+
+def test_writer_leaves_nothing_behind_on_error(tmp_path):
+    with pytest.raises(RuntimeError):
+        with indexed.IndexedDatasetWriter(tmp_path / "x", np.uint16) as w:
+            w.add_document([1, 2])
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_byte_tokenizer_roundtrip_and_vocab():
+    tok = load_tokenizer("byte")
+    ids = tok.encode("Grüße, world")
+    assert ids.max() < 256 and tok.vocab_size == 257 and tok.eod == 256
+    assert tok.decode(ids) == "Grüße, world"
+
+
+def _tiny_hf_tokenizer(folder):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"])
+    tok.train_from_iterator(["in the beginning god created the heaven and the earth"] * 20,
+                            trainer=trainer)
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    return folder
+
+
+def test_local_hugging_face_tokenizer(tmp_path):
+    folder = _tiny_hf_tokenizer(tmp_path / "tok")
+    tok = HuggingFaceTokenizer(folder)
+    assert tok.eod == tok._tok.token_to_id("</s>")
+    ids = tok.encode("the heaven and the earth")
+    assert tok.decode(ids).replace(" ", "") == "theheavenandtheearth"
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": t}) for t in ("god created", "the earth")))
+    stats = prepare([jsonl], tmp_path / "out", str(folder))
+    ds = indexed.IndexedDataset(tmp_path / "out")
+    assert stats.documents == 2 and ds.num_documents == 2
+    assert int(ds.document(0)[-1]) == tok.eod and int(ds.document(1)[-1]) == tok.eod
+    with pytest.raises(UsageError, match="no tokenizer.json"):
+        HuggingFaceTokenizer(tmp_path)
+    with pytest.raises(UsageError, match="does not exist"):
+        load_tokenizer(str(tmp_path / "nope"))
+
+
+def test_prepare_text_and_jsonl_documents(tmp_path):
+    txt = tmp_path / "a.txt"
+    txt.write_text("first paragraph\nstill first\n\n\nsecond\n")
+    jl = tmp_path / "b.jsonl.gz"
+    with gzip.open(jl, "wt") as f:
+        f.write(json.dumps({"content": "héllo"}) + "\n\n" + json.dumps({"content": "x"}) + "\n")
+    prepare([txt], tmp_path / "t")
+    t = indexed.IndexedDataset(tmp_path / "t")
+    assert t.num_documents == 2
+    assert ByteTokenizer().decode(t.document(0)) == "first paragraph\nstill first\n"
+    assert int(t.document(1)[-1]) == 256
+    prepare([jl], tmp_path / "j", json_key="content")
+    j = indexed.IndexedDataset(tmp_path / "j")
+    assert j.num_documents == 2 and ByteTokenizer().decode(j.document(0)) == "héllo"
+    with pytest.raises(UsageError, match=r"b.jsonl.gz:1: no 'text' field \(fields: content\)"):
+        prepare([jl], tmp_path / "k")
+
+
+def test_long_paragraph_is_one_document_in_pieces(tmp_path, monkeypatch):
+    from hpctrain.data import sources
+    monkeypatch.setattr(sources, "PIECE_CHARS", 10)
+    txt = tmp_path / "long.txt"
+    txt.write_text("".join(f"line {i}\n" for i in range(6)) + "\nnext\n")
+    prepare([txt], tmp_path / "p")
+    ds = indexed.IndexedDataset(tmp_path / "p")
+    assert ds.num_documents == 2 and len(ds) > 2
+    assert ByteTokenizer().decode(ds.document(0)) == "".join(f"line {i}\n" for i in range(6))
+
+
+def test_cli_prepares_the_example_corpus_and_reports_bad_input(tmp_path):
+    out = tmp_path / "kjv"
+    proc = hpctrain("data", "prepare", str(CORPUS), "--output", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)
+    with gzip.open(CORPUS, "rb") as f:
+        raw = f.read()
+    ds = indexed.IndexedDataset(out)
+    assert stats["tokens"] == len(raw) + 1 == ds.num_tokens  # bytes + one end-of-document
+    assert bytes(ds.tokens[:-1].astype(np.uint8)) == raw
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{broken\n')
+    proc = hpctrain("data", "prepare", str(bad), "--output", str(tmp_path / "b"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: {bad}:2: not valid JSON (Expecting property name enclosed in double quotes); "
+        "JSONL needs one object per line"]
+    proc = hpctrain("data", "prepare", str(tmp_path / "x.csv"), "--output", str(tmp_path / "c"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert not list(tmp_path.glob("b.*")) and not list(tmp_path.glob("c.*"))
+
+
+def test_gpt_samples_order_is_seeded_and_dp_slices_tile_the_global_batch(tmp_path):
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.uint16) as w:
+        w.add_document(np.arange(1000) % 250)
+    ds = indexed.IndexedDataset(tmp_path / "d")
+    a, b = GPTSamples(ds, 9, seed=7), GPTSamples(ds, 9, seed=7)
+    c = GPTSamples(ds, 9, seed=8)
+    assert a.num_samples == 111
+    order = [a.sample_index(p) for p in range(a.num_samples)]
+    assert sorted(order) == list(range(a.num_samples))          # each sample once per epoch
+    assert order == [b.sample_index(p) for p in range(a.num_samples)]
+    assert order != [c.sample_index(p) for p in range(a.num_samples)]
+    epoch2 = [a.sample_index(a.num_samples + p) for p in range(a.num_samples)]
+    assert sorted(epoch2) == sorted(order) and epoch2 != order  # reshuffled next epoch
+    s = a.sample(5)
+    j = a.sample_index(5)
+    assert list(s) == list(np.arange(j * 9, j * 9 + 10) % 250)  # seq_length + 1 tokens
+    whole = rank_microbatches(a, 32, 16, 0, 1, 4)
+    parts = [m for r in range(2) for m in rank_microbatches(a, 32, 16, r, 2, 2)]
+    assert np.array_equal(np.concatenate(whole), np.concatenate(parts))
+    with pytest.raises(UsageError, match="beyond model.vocab_size"):
+        GPTSamples(ds, 9, seed=7, vocab_size=100).sample(0)
+    with pytest.raises(UsageError, match="fewer than one sample"):
+        GPTSamples(ds, 5000, seed=7)
+
+
+def test_ensure_prepared_without_importing_torch(tmp_path):
+    script = f"""
+import sys, json
+from hpctrain.config import job_from_mapping
+from hpctrain.data.prepare import ensure_prepared
+job = job_from_mapping({{"name": "t", "model": {{"num_layers": 1, "hidden_size": 8,
+    "num_attention_heads": 1, "vocab_size": 257, "seq_length": 8}},
+    "batch": {{"micro_batch_size": 1, "global_batch_size": 1}}, "train": {{"steps": 1}},
+    "data": {{"path": "{tmp_path}/kjv", "prepare_from": ["{CORPUS}"]}}}}, "t")
+print(json.dumps([ensure_prepared(job), ensure_prepared(job), "torch" in sys.modules]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [True, False, False]
+    assert indexed.exists(tmp_path / "kjv")
+
+
+def test_ensure_prepared_names_the_field_to_fix(tmp_path):
+    from hpctrain.config import job_from_mapping
+    job = job_from_mapping({"name": "t", "model": {"num_layers": 1, "hidden_size": 8,
+                                                   "num_attention_heads": 1, "vocab_size": 100,
+                                                   "seq_length": 8},
+                            "batch": {"micro_batch_size": 1, "global_batch_size": 1},
+                            "train": {"steps": 1}, "data": {"path": str(tmp_path / "none")}}, "t")
+    with pytest.raises(UsageError, match=r"data.path: .*none.bin/.idx do not exist"):
+        ensure_prepared(job)
+    job.data.prepare_from = [str(CORPUS)]
+    with pytest.raises(UsageError, match=r"model.vocab_size: 100 is smaller than the tokenizer's "
+                                         r"vocabulary \(257\)"):
+        ensure_prepared(job)
+    assert not indexed.exists(tmp_path / "none")

@@ -1,0 +1,202 @@
+"""Real megatron-core training on CPU/gloo, in real processes: layouts, resume, preemption,
+faults. Every run starts from the same exported initial weights and reads the real example
+corpus (prepared by ``hpctrain data prepare``), so losses are comparable across runs."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import pytest
+
+from hpctrain import exit_codes
+from hpctrain.runtime.checkpoint import store
+from tests.conftest import wait_until
+from tests.launch import Launch, launch
+from tests.runtime.conftest import _explain
+from tests.runtime.helpers import local_profile, losses, result
+
+pytestmark = pytest.mark.megatron
+TOL = 1e-5
+
+
+def _max_diff(a: dict, b: dict, steps) -> float:
+    return max(abs(a[s] - b[s]) for s in steps)
+
+
+def _copy_checkpoint(src_run, step: int, dst_run) -> None:
+    name = store.step_name(step)
+    dst = dst_run.path / "checkpoints"
+    dst.mkdir(exist_ok=True)
+    shutil.copytree(src_run.path / "checkpoints" / name, dst / name)
+
+
+def test_single_process_reference_learns_the_corpus(ws):
+    run = ws.reference("single")
+    loss = losses(run)
+    assert sorted(loss) == list(range(1, 13))
+    assert loss[12] < loss[1] - 0.8, loss                 # ln(257) ≈ 5.55 falls on real text
+    res = result(run, 1)
+    assert res["exit_reason"] == "finished" and res["end_step"] == 12
+    assert res["checkpoint_saved"].endswith("step-00000012")
+    rec = run.metrics()[-1]
+    assert rec["tokens_per_s"] > 0 and rec["lr"] == pytest.approx(3e-4) and rec["mfu"] is None
+    assert (run.path / "tensorboard").is_dir()
+
+
+@pytest.mark.parametrize("layout", ["tp2pp2", "tp2pp2vpp2", "pp2vpp2dp2_zero1", "tp2dp2_zero1"])
+def test_layouts_match_the_single_process_run(ws, layout):
+    ref = losses(ws.reference("single"))
+    run = ws.reference(layout)
+    got = losses(run)
+    assert sorted(got) == list(range(1, 13))
+    assert _max_diff(got, ref, range(1, 13)) < TOL, (got, ref)
+
+
+def test_resume_is_bitwise_identical_to_an_uninterrupted_run(ws):
+    ref = ws.reference("pp2vpp2dp2_zero1")        # saved step 6 in the background, finished 12
+    run = ws.new_run("resume-same-layout", "pp2vpp2dp2_zero1")
+    _copy_checkpoint(ref, 6, run)
+    res = launch(run.path, 4)
+    assert res.codes == [0] * 4, _explain(res)
+    r = result(run, 1)
+    assert r["start_step"] == 6 and r["checkpoint_loaded"].endswith("step-00000006")
+    a, b = losses(ref), losses(run)
+    assert sorted(b) == list(range(7, 13))
+    assert [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]   # bitwise
+    assert r["weights_digest"] == result(ref, 1)["weights_digest"]
+
+
+def test_resume_on_another_layout_and_fewer_ranks(ws):
+    src = ws.reference("pp2vpp2dp2_zero1")        # 4 ranks: PP2 x VPP2 x DP2, ZeRO-1
+    run = ws.new_run("resume-other-layout", "dp2_zero1")     # 2 ranks: DP2, ZeRO-1
+    _copy_checkpoint(src, 6, run)
+    res = launch(run.path, 2)
+    assert res.codes == [0, 0], _explain(res)
+    assert result(run, 1)["start_step"] == 6
+    assert "layout changed from TP1×PP2×VPP2×DP2 to TP1×PP1×DP2" in res.output(0)
+    got, ref = losses(run), losses(ws.reference("single"))
+    assert sorted(got) == list(range(7, 13))
+    assert _max_diff(got, ref, range(7, 13)) < TOL
+
+
+def test_signal_saves_exits_75_and_requeued_attempt_finishes_identically(ws):
+    ref = ws.reference("tp2pp2vpp2")
+    run = ws.new_run("signal", "tp2pp2vpp2")
+    env = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242",
+           "HPCTRAIN_TEST_STEP_SLEEP_S": "0.4"}
+    first = Launch(run.path, 4, env=env)
+    wait_until(lambda: any(m["step"] >= 3 for m in run.metrics()), timeout=240,
+               what="step 3 of the first attempt")
+    first.signal_rank(3, signal.SIGUSR1)         # one rank hears it; all must stop together
+    res = first.wait(240)
+    assert res.codes == [exit_codes.LOCAL_REQUEUE] * 4, _explain(res)
+    r1 = result(run, 1)
+    assert r1["exit_reason"] == "preempted" and "signal" in r1["message"]
+    stopped = r1["end_step"]
+    assert 3 <= stopped < 12 and r1["checkpoint_saved"].endswith(store.step_name(stopped))
+    (record,) = run.ledger()
+    assert record["decision"]["requeue"] and record["job_id"] == "4242"
+    assert record["end_step"] == stopped
+
+    res = launch(run.path, 4, env={"SUBMITIT_EXECUTOR": "local"})   # the local requeue
+    assert res.codes == [0] * 4, _explain(res)
+    r2 = result(run, 2)
+    assert r2["start_step"] == stopped and r2["exit_reason"] == "finished"
+    assert [r["attempt"] for r in run.ledger()] == [1, 2]
+    a, b = losses(ref), losses(run)
+    assert [a[s] for s in range(1, 13)] == [b[s] for s in range(1, 13)]
+    assert r2["weights_digest"] == result(ref, 1)["weights_digest"]
+
+
+def test_rank_killed_while_saving_resumes_from_the_previous_checkpoint(ws):
+    run = ws.new_run("kill-during-save", "dp2_zero1",
+                     checkpoint={"interval_steps": 3, "async_save": False})
+    res = launch(run.path, 2, env={"HPCTRAIN_TEST_KILL_DURING_SAVE": "1@6"})
+    assert res.codes[1] == -signal.SIGKILL and res.codes[0] != 0, _explain(res)
+    root = run.path / "checkpoints"
+    assert [s for s, _ in store.complete_checkpoints(root)] == [3]
+    (partial,) = store.partial_checkpoints(root)
+    assert partial.name.startswith(".partial-step-00000006")
+    assert store.read_latest(root) == "step-00000003"
+
+    res = launch(run.path, 2, env={"HPCTRAIN_ATTEMPT": "2"})   # as the batch script numbers it
+    assert res.codes == [0, 0], _explain(res)
+    r = result(run, 2)
+    assert r["start_step"] == 3 and r["checkpoint_loaded"].endswith("step-00000003")
+    (aside,) = (root / store.QUARANTINE).iterdir()
+    assert aside.name.startswith("partial-step-00000006")
+    assert "incomplete" in (aside / "QUARANTINED.txt").read_text()
+    assert "moved incomplete .partial-step-00000006" in res.output(0)
+    got, ref = losses(run), losses(ws.reference("single"))
+    assert _max_diff(got, ref, range(1, 13)) < TOL
+
+
+def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
+    src = ws.reference("single")
+    run = ws.new_run("corrupt", "single", steps=8)
+    _copy_checkpoint(src, 6, run)
+    shutil.copytree(src.path / "checkpoints" / "step-00000012",
+                    run.path / "checkpoints" / "step-00000012")
+    damaged = sorted((run.path / "checkpoints" / "step-00000012").glob("__0_*.distcp"))[0]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    res = launch(run.path, 1)
+    assert res.codes == [0], _explain(res)
+    assert result(run, 1)["start_step"] == 6
+    assert "step-00000012 is damaged" in res.output(0) and "CRC32" in res.output(0)
+    (aside,) = (run.path / "checkpoints" / store.QUARANTINE).iterdir()
+    assert aside.name.startswith("step-00000012")
+
+
+def test_nan_step_is_skipped_and_the_guard_stops_the_run(ws):
+    run, res = ws.train("nan", "single", expect=exit_codes.UNSTABLE,
+                        env={"HPCTRAIN_TEST_NAN_AT_STEP": "3,7,8"},
+                        train={"stability": {"max_skipped_steps": 2}})
+    by_step = {m["step"]: m for m in run.metrics()}
+    assert by_step[3]["skipped"] and by_step[3]["skip_reason"] == "loss is nan"
+    assert not by_step[4]["skipped"] and by_step[4]["loss"] < by_step[2]["loss"] + 0.5
+    assert by_step[8]["skipped"] and by_step[8]["skipped_total"] == 3
+    r = result(run, 1)
+    assert r["exit_reason"] == "unstable" and r["end_step"] == 8
+    assert "2 updates in a row were skipped" in r["message"]
+    assert "max_skipped_steps is 2" in r["message"]
+    kinds = [e["event"] for e in run.events()]
+    assert kinds.count("step_skipped") == 3
+
+
+def test_deadline_saves_and_exits_for_requeue(ws):
+    margin = 7200.0
+    run, res = ws.train("deadline", "single", expect=exit_codes.PREEMPTED,
+                        env={"HPCTRAIN_DEADLINE": str(time.time() + 3600)},
+                        checkpoint={"deadline_margin_s": margin})
+    r = result(run, 1)
+    assert r["exit_reason"] == "deadline" and "time limit" in r["message"]
+    assert r["end_step"] == 1 and r["checkpoint_saved"].endswith("step-00000001")
+
+
+def test_a_crashing_rank_brings_the_whole_launch_down(ws):
+    run = ws.new_run("crash", "tp2")
+    res = launch(run.path, 2, env={"HPCTRAIN_TEST_CRASH_AT_STEP": "3@1"}, kill_on_failure=False,
+                 timeout=180)   # gloo's own timeout is 30 minutes: finishing here means no hang
+    assert all(c != 0 for c in res.codes), _explain(res)
+    assert "injected crash in step 3 on rank 1" in res.output(1)
+    r = result(run, 1)
+    assert r["exit_reason"] == "failed" and r["end_step"] == 2
+
+
+def test_wrong_world_size_and_unreachable_rendezvous_are_clear_errors(ws):
+    run = ws.new_run("mismatch", "tp2pp2")
+    res = launch(run.path, 1)
+    assert res.codes == [1]
+    assert "Error: the launcher started 1 ranks but profile 'local' describes 4" in res.output(0)
+    run = ws.new_run("rendezvous", "tp2", train={"init_timeout_s": 3})
+    started = time.time()
+    # only rank 1 of 2 starts: rank 0, which serves the rendezvous, never comes
+    res = Launch(run.path, 1, env={"RANK": "1", "WORLD_SIZE": "2"}).wait(120)
+    out = res.output(0)
+    assert res.codes == [1] and time.time() - started < 100, out
+    assert "rank 1 of 2: the process group did not form within 3s at 127.0.0.1:" in out
+    assert "could not reach rank 0's rendezvous" in out

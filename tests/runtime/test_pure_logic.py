@@ -1,0 +1,246 @@
+"""The runtime's decisions without torch: LR schedules, the stability guard, deadlines and
+periodic saves on a fake clock, signals, rank environments, test hooks and FLOPs."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import pytest
+
+from hpctrain.errors import UsageError
+from hpctrain.flops import (ModelShape, forward_flops_per_token, mfu, model_flops_per_step,
+                            padded_vocab_size, param_counts)
+from hpctrain.runtime.env import LaunchError, job_env, rank_env
+from hpctrain.runtime.guard import StabilityGuard
+from hpctrain.runtime.lr_schedule import LRSchedule
+from hpctrain.runtime.preemption import DeadlinePolicy, PeriodicSaves, PreemptionFlag, SaveEstimate
+from hpctrain.runtime.testhooks import InjectedCrash, TestHooks
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ------------------------------------------------------------------------------- schedules
+def test_warmup_then_cosine_reaches_min_lr_on_the_last_step():
+    s = LRSchedule(lr=1.0, min_lr=0.1, total_steps=110, warmup_steps=10, style="cosine")
+    assert [s.lr_at(k) for k in range(3)] == pytest.approx([0.1, 0.2, 0.3])
+    assert s.lr_at(9) == pytest.approx(1.0)
+    assert s.lr_at(59) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert s.lr_at(109) == pytest.approx(0.1)
+    assert s.lr_at(500) == pytest.approx(0.1)
+    lrs = [s.lr_at(k) for k in range(10, 110)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_linear_constant_and_wsd():
+    lin = LRSchedule(lr=2.0, min_lr=0.0, total_steps=4, warmup_steps=0, style="linear")
+    assert [lin.lr_at(k) for k in range(4)] == pytest.approx([1.5, 1.0, 0.5, 0.0])
+    const = LRSchedule(lr=2.0, min_lr=0.0, total_steps=4, warmup_steps=2, style="constant")
+    assert [const.lr_at(k) for k in range(5)] == pytest.approx([1.0, 2.0, 2.0, 2.0, 2.0])
+    wsd = LRSchedule(lr=1.0, min_lr=0.0, total_steps=100, warmup_steps=5, style="wsd")
+    assert wsd.decay_steps == 10
+    assert wsd.lr_at(4) == pytest.approx(1.0) and wsd.lr_at(89) == pytest.approx(1.0)
+    assert wsd.lr_at(94) == pytest.approx(0.5)
+    assert wsd.lr_at(99) == pytest.approx(0.0)
+    short = LRSchedule(lr=1.0, min_lr=0.5, total_steps=20, warmup_steps=0, style="wsd",
+                       wsd_decay_steps=4)
+    assert [round(short.lr_at(k), 4) for k in (15, 16, 19)] == [1.0, 0.9268, 0.5]
+    with pytest.raises(ValueError, match="unknown schedule"):
+        LRSchedule(lr=1, min_lr=0, total_steps=1, style="step")
+
+
+# ------------------------------------------------------------------------------- guard
+def test_guard_skips_nonfinite_and_spikes_and_stops_after_the_limit():
+    g = StabilityGuard(spike_factor=2.0, spike_window=3, max_skipped_steps=2)
+    assert not g.check(4.0, 1.0).skip           # window not full: no spike rule yet
+    assert not g.check(3.0, 1.0).skip
+    assert not g.check(2.0, 1.0).skip
+    v = g.check(float("nan"), 1.0)
+    assert v.skip and "loss is nan" in v.reason and v.stop is None
+    assert not g.check(2.5, 1.0).skip            # a good step resets the run of skips
+    v = g.check(7.0, 1.0)                        # mean(3, 2, 2.5) = 2.5; 7 > 2 x 2.5
+    assert v.skip and "loss spike" in v.reason
+    v = g.check(1.0, float("inf"))
+    assert v.skip and "gradient norm is inf" in v.reason
+    assert "max_skipped_steps is 2" in v.stop
+    assert g.skipped_total == 3
+    restored = StabilityGuard(spike_factor=2.0, spike_window=3, max_skipped_steps=2)
+    restored.load_state_dict(g.state_dict())
+    assert restored.state_dict() == g.state_dict()
+    assert restored.judge(7.0, 1.0) == g.judge(7.0, 1.0)
+
+
+def test_guard_can_be_told_not_to_skip():
+    g = StabilityGuard(skip_nonfinite=False, spike_factor=0.0)
+    assert not g.check(float("nan"), float("nan")).skip
+    assert not g.check(1e9, 1.0).skip
+
+
+# ------------------------------------------------------------------------------- time
+def test_deadline_reserves_save_time_margin_and_one_step():
+    clock = Clock(0.0)
+    d = DeadlinePolicy(deadline=1000.0, safety_factor=2.0, margin_s=30.0, clock=clock)
+    clock.t = 1000 - 131
+    assert not d.must_stop(save_estimate_s=40, step_time_s=10)   # 869 left, need 120
+    clock.t = 1000 - 119
+    assert d.must_stop(save_estimate_s=40, step_time_s=10)
+    assert d.time_left() == pytest.approx(119)
+    assert not DeadlinePolicy(None, clock=clock).must_stop(1e9, 1e9)
+
+
+def test_save_estimate_prefers_measurements():
+    e = SaveEstimate()
+    assert e.seconds == SaveEstimate.DEFAULT_S
+    e = SaveEstimate(previous_s=None, load_s=4.0)
+    assert e.seconds == 4.0
+    e = SaveEstimate(previous_s=12.0, load_s=4.0)
+    assert e.seconds == 12.0
+    e.record(10.0)
+    assert e.seconds == 10.0
+    e.record(30.0)           # a slower save raises the estimate at once
+    assert e.seconds == 30.0
+    e.record(2.0)            # a faster one lowers it only halfway
+    assert e.seconds == 16.0
+
+
+def test_periodic_saves_by_steps_and_by_minutes():
+    clock = Clock(0.0)
+    p = PeriodicSaves(interval_steps=50, interval_minutes=0, clock=clock, start_step=0)
+    assert [s for s in range(1, 201) if p.due(s)] == [50, 100, 150, 200]
+    p = PeriodicSaves(interval_steps=0, interval_minutes=15, clock=clock, start_step=10)
+    assert not p.due(11)
+    clock.t = 15 * 60 - 1
+    assert not p.due(12)
+    clock.t = 15 * 60
+    assert p.due(13)
+    p.saved(13)
+    assert not p.due(14)
+    assert not p.due(13)     # never twice for one step
+    off = PeriodicSaves(0, 0, clock=clock)
+    clock.t = 1e9
+    assert not off.due(5)
+
+
+def test_preemption_flag_from_signals_and_flag_file(tmp_path):
+    flag = PreemptionFlag("USR2", flag_file=str(tmp_path / "flag"))
+    flag.install()
+    try:
+        assert not flag.requested and not flag.check_file()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert flag.requested and flag.received == "SIGUSR2"
+        flag2 = PreemptionFlag("USR1")
+        flag2.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag2.received == "SIGTERM"
+        flag2.uninstall()
+    finally:
+        flag.uninstall()
+    late = PreemptionFlag("USR1", flag_file=str(tmp_path / "flag"))
+    (tmp_path / "flag").touch()
+    assert late.check_file() and late.received == "flag file"
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+# ------------------------------------------------------------------------------- environment
+def test_rank_environment_from_each_launcher():
+    base = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    slurm = rank_env({**base, "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+                      "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_ID": "7"})
+    assert (slurm.rank, slurm.local_rank, slurm.world_size, slurm.local_world_size,
+            slurm.launcher) == (5, 1, 8, 4, "slurm")
+    local = rank_env({**base, "SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_LOCALID": "2",
+                      "SUBMITIT_LOCAL_NTASKS": "4"})
+    assert (local.rank, local.world_size, local.launcher) == (2, 4, "submitit-local")
+    both = rank_env({**base, "RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0",
+                     "SLURM_NTASKS": "1"})
+    assert (both.rank, both.world_size, both.launcher) == (1, 2, "torchrun")
+    assert both.endpoint == "10.0.0.1:29400"
+    alone = rank_env({})
+    assert (alone.rank, alone.world_size) == (0, 1)
+    with pytest.raises(LaunchError, match="MASTER_PORT not set"):
+        rank_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "x"})
+    with pytest.raises(LaunchError, match="not in a job step"):
+        rank_env({"SLURM_JOB_ID": "3"})
+    with pytest.raises(LaunchError, match="outside the world size"):
+        rank_env({**base, "RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_job_environment():
+    e = job_env({"HPCTRAIN_RUN_DIR": "/r", "HPCTRAIN_ATTEMPT": "3", "HPCTRAIN_DEADLINE": "17.5",
+                 "HPCTRAIN_PREEMPT_SIGNAL": "USR2", "HPCTRAIN_LOG_TO_FILE": "1",
+                 "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "99"})
+    assert (e.run_dir, e.attempt, e.deadline, e.preempt_signal, e.log_to_file, e.local_executor,
+            e.local_job_id) == ("/r", 3, 17.5, "USR2", True, True, "99")
+    assert job_env({}).attempt is None and not job_env({}).local_executor
+    with pytest.raises(LaunchError, match="HPCTRAIN_ATTEMPT"):
+        job_env({"HPCTRAIN_ATTEMPT": "x"})
+
+
+def test_attempt_number_follows_the_ledger(tmp_path):
+    from hpctrain.runs import Run
+    from hpctrain.runtime.entry import attempt_number
+    run = Run(tmp_path)
+    assert attempt_number(run, None) == 1
+    assert attempt_number(run, 4) == 4
+    run.append_ledger({"attempt": 1})
+    run.append_ledger({"attempt": 2})
+    assert attempt_number(run, None) == 3
+    assert attempt_number(run, 2) == 3      # a restarted local task inherits HPCTRAIN_ATTEMPT=2
+    assert attempt_number(run, 5) == 5
+
+
+def test_test_hooks_parse_and_fire():
+    h = TestHooks.from_env({"HPCTRAIN_TEST_CRASH_AT_STEP": "4@1", "HPCTRAIN_TEST_NAN_AT_STEP": "3,7",
+                            "HPCTRAIN_TEST_KILL_DURING_SAVE": "2@6",
+                            "HPCTRAIN_TEST_STEP_SLEEP_S": "0.25"})
+    assert h.active and h.step_sleep_s == 0.25 and h.nan_in(7) and not h.nan_in(4)
+    h.maybe_crash(4, 0)
+    with pytest.raises(InjectedCrash):
+        h.maybe_crash(4, 1)
+    assert not h.kill_during_save(2, 3) and not h.kill_during_save(1, 6)
+    assert h.kill_during_save(2, 6) and not h.kill_during_save(2, 6)  # once
+    assert not TestHooks.from_env({}).active
+    with pytest.raises(UsageError):
+        TestHooks.from_env({"HPCTRAIN_TEST_CRASH_AT_STEP": "soon"})
+
+
+# ------------------------------------------------------------------------------- flops
+class _Model:
+    def __init__(self, **kw):
+        defaults = dict(num_query_groups=None, kv_channels=None, ffn_hidden_size=None,
+                        make_vocab_size_divisible_by=128, max_position_embeddings=None,
+                        position_embedding_type="learned_absolute", activation="gelu",
+                        add_bias_linear=True, untie_embeddings_and_output_weights=False)
+        self.__dict__.update({**defaults, **kw})
+
+
+def test_flops_equal_megatron_lm_formula_and_gpt3_size():
+    gpt3 = _Model(num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=50257,
+                  seq_length=2048)
+    shape = ModelShape.from_model(gpt3)
+    assert abs(param_counts(shape)["total"] / 1e9 - 175.0) < 0.5
+    b, s, l, h, v = 1536, 2048, 96, 12288, shape.vocab_size
+    # Narayanan et al. 2021, eq. 3 without recomputation: 72·B·s·l·h²·(1 + s/6h + V/12lh)
+    paper = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    assert model_flops_per_step(shape, b) == pytest.approx(paper, rel=1e-12)
+    assert forward_flops_per_token(shape) * 3 * b * s == model_flops_per_step(shape, b)
+
+
+def test_flops_gqa_swiglu_and_mfu():
+    llama = _Model(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                   ffn_hidden_size=14336, vocab_size=128256, seq_length=8192,
+                   position_embedding_type="rope", activation="swiglu", add_bias_linear=False,
+                   untie_embeddings_and_output_weights=True)
+    counts = param_counts(ModelShape.from_model(llama))
+    assert abs(counts["total"] / 1e9 - 8.03) < 0.02      # Llama-3-8B
+    assert padded_vocab_size(257, 128, 1) == 384 == padded_vocab_size(257, 128, 8)
+    assert padded_vocab_size(257, 64, 3) == 384            # lcm(64, 3) = 192
+    assert mfu(1e15, 2.0, 4, 250.0) == pytest.approx(1e15 / 2 / (4 * 250e12))
+    assert mfu(1e15, 2.0, 4, None) is None
