@@ -49,6 +49,7 @@ class ModelShape:
     untied_output: bool
     learned_positions: bool
     max_position_embeddings: int
+    norm_has_bias: bool = True   # LayerNorm: weight and bias; RMSNorm: weight only
 
     @classmethod
     def from_model(cls, model, tensor_parallel: int = 1) -> "ModelShape":
@@ -69,6 +70,7 @@ class ModelShape:
             untied_output=model.untie_embeddings_and_output_weights,
             learned_positions=model.position_embedding_type == "learned_absolute",
             max_position_embeddings=model.max_position_embeddings or model.seq_length,
+            norm_has_bias=getattr(model, "normalization", "LayerNorm") == "LayerNorm",
         )
 
     @property
@@ -96,8 +98,12 @@ def layer_params(m: ModelShape) -> int:
     if m.add_bias_linear:
         fc1_out = (2 if m.gated_mlp else 1) * m.ffn_hidden_size
         biases = (m.attention_width + 2 * m.kv_width) + h + fc1_out + h
-    norms = 2 * 2 * h  # weight and bias of two LayerNorms (RMSNorm has no bias; close enough)
+    norms = 2 * _norm_params(m)
     return layer_matmul_params(m) + biases + norms
+
+
+def _norm_params(m: ModelShape) -> int:
+    return m.hidden_size * (2 if m.norm_has_bias else 1)
 
 
 def param_counts(m: ModelShape) -> dict[str, int]:
@@ -106,7 +112,7 @@ def param_counts(m: ModelShape) -> dict[str, int]:
     if m.learned_positions:
         embedding += m.max_position_embeddings * m.hidden_size
     output = m.vocab_size * m.hidden_size if m.untied_output else 0
-    layers = m.num_layers * layer_params(m) + 2 * m.hidden_size  # + the final norm
+    layers = m.num_layers * layer_params(m) + _norm_params(m)  # + the final norm
     return {"embedding": embedding, "output": output, "layers": layers,
             "total": embedding + output + layers}
 

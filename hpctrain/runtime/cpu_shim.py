@@ -9,7 +9,10 @@ module makes CUDA requests land on the CPU:
   gathers through it) and makes ``Tensor.type()`` report ``torch.cuda.*`` names (the
   distributed optimizer and grad clipping check for them);
 * small stand-ins for ``torch.cuda.current_device/synchronize/manual_seed/get_rng_state``,
-  ``default_generators`` and ``_lazy_call`` (the RNG tracker) use the CPU generator.
+  ``default_generators`` and ``_lazy_call`` (the RNG tracker) use the CPU generator;
+* the tensor factories (``torch.ones`` ...) and ``Tensor.cuda`` are also redirected globally,
+  because function modes are thread-local and inactive inside autograd's backward, where
+  activation recomputation runs megatron's forward again.
 
 ``install()`` must run before megatron is imported (``megatron.core.tensor_parallel.random``
 binds ``torch.cuda._lazy_call`` at import). It changes nothing on a machine that trains on GPUs:
@@ -17,6 +20,8 @@ the runtime installs it only when the device is CPU. Validated on megatron-core 
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -47,6 +52,29 @@ class CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# Factories megatron calls with device="cuda" where the mode is not active: torch function
+# modes are thread-local and off inside autograd's backward, where activation recomputation
+# re-runs the forward (e.g. the causal mask built in the attention).
+FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "rand", "randn",
+             "randint", "randperm", "eye", "linspace", "empty_strided", "empty_like", "zeros_like",
+             "ones_like", "full_like", "rand_like", "randn_like")
+
+
+def _cpu_factory(factory):
+    @functools.wraps(factory)
+    def call(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _as_cpu(kwargs["device"])
+        return factory(*args, **kwargs)
+    return call
+
+
+def _patch_globally() -> None:
+    for name in FACTORIES:
+        setattr(torch, name, _cpu_factory(getattr(torch, name)))
+    torch.Tensor.cuda = lambda self, *a, **k: self
+
+
 _mode: CudaToCpuMode | None = None
 
 
@@ -67,5 +95,6 @@ def install() -> None:
     cuda.set_rng_state = cuda.random.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     cuda.default_generators = (torch.default_generator,)
     cuda._lazy_call = lambda callback, **k: callback()
+    _patch_globally()
     _mode = CudaToCpuMode()
     _mode.__enter__()

@@ -141,7 +141,9 @@ def _train(run, renv, jenv, attempt, state):
         _log_start(ctx, hooks)
     initialize_parallel(layout, job.train.seed)
     mo = build_model_and_optimizer(job, layout, device)
+    state["local_parameters"] = sum(p.numel() for m in mo.modules for p in m.parameters())
     if ctx.is_rank0:
+        _log_model(ctx, state["local_parameters"])
         for note in mo.notes:
             logger.info(f"note: {note}")
     from megatron.core import parallel_state as ps
@@ -195,6 +197,15 @@ def _weights_digest(mo) -> str:
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     parts = collectives.gather_objects(h.hexdigest())
     return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def _log_model(ctx, local: int) -> None:
+    from ..flops import ModelShape, forward_flops_per_token, param_counts
+    from .log import logger
+    shape = ModelShape.from_model(ctx.job.model, ctx.layout.tensor_model_parallel_size)
+    total = param_counts(shape)["total"]
+    logger.info(f"model: {total / 1e6:.2f}M parameters ({local / 1e6:.2f}M on rank 0), "
+                f"{3 * forward_flops_per_token(shape) / 1e9:.3f} GFLOP per trained token")
 
 
 def _log_start(ctx, hooks) -> None:

@@ -177,6 +177,44 @@ def test_deadline_saves_and_exits_for_requeue(ws):
     assert r["end_step"] == 1 and r["checkpoint_saved"].endswith("step-00000001")
 
 
+def test_flag_file_from_the_batch_shell_counts_as_a_signal(ws, tmp_path):
+    flag = tmp_path / "signal-arrived"
+    flag.touch()          # the batch shell trapped the signal before the ranks were listening
+    run, res = ws.train("flag-file", "single", expect=exit_codes.PREEMPTED,
+                        env={"HPCTRAIN_SIGNAL_FLAG": str(flag), "HPCTRAIN_LOG_TO_FILE": "1"})
+    r = result(run, 1)
+    assert r["exit_reason"] == "preempted" and "flag file" in r["message"] and r["end_step"] == 1
+    log = run.rank_log(1, 0).read_text()              # HPCTRAIN_LOG_TO_FILE: the rank's own log
+    assert "step 1/12" in log and "saving an emergency checkpoint" in log
+    assert res.output(0).strip() == ""
+
+
+def test_llama_style_model_with_recomputation_trains(ws):
+    from hpctrain.config import job_from_mapping
+    from hpctrain.flops import ModelShape, param_counts
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
+             "ffn_hidden_size": 96, "activation": "swiglu", "normalization": "RMSNorm",
+             "position_embedding_type": "rope", "add_bias_linear": False,
+             "untie_embeddings_and_output_weights": True}
+    run, res = ws.train("llama-style", "tp2", steps=6, model=model,
+                        train={"init_from": None, "recompute_granularity": "full",
+                               "recompute_method": "block", "recompute_num_layers": 1})
+    loss = losses(run)
+    assert loss[6] < loss[1] - 0.3, loss
+    job = job_from_mapping(json_safe(run), "job")
+    total = param_counts(ModelShape.from_model(job.model, 2))["total"]
+    assert f"model: {total / 1e6:.2f}M parameters" in res.output(0)
+    # TP2 splits every matrix; norms are replicated on both ranks
+    h, layers = 64, 2
+    replicated = (2 * layers + 1) * h
+    assert result(run, 1)["local_parameters"] == (total - replicated) // 2 + replicated
+
+
+def json_safe(run):
+    from hpctrain.config import yamlio
+    return yamlio.read_mapping(run.job_file)
+
+
 def test_a_crashing_rank_brings_the_whole_launch_down(ws):
     run = ws.new_run("crash", "tp2")
     res = launch(run.path, 2, env={"HPCTRAIN_TEST_CRASH_AT_STEP": "3@1"}, kill_on_failure=False,
