@@ -57,10 +57,14 @@ def prepare_sweep(points: list[SweepPoint], runs_root: Path, *, source: str,
 
 
 def _write_sweep_file(sweep_dir: Path, runs: list[SweepRun], **info) -> None:
-    data = {"id": sweep_dir.name, "created": now_iso(), **info,
-            "runs": [{"index": r.point.index, "run": r.run.id, "run_dir": str(r.run.path),
-                      "values": r.point.values, "job_id": r.job_id} for r in runs]}
-    yamlio.write_atomic(sweep_dir / "sweep.yaml", yamlio.dump(data))
+    path = sweep_dir / "sweep.yaml"
+    data = yamlio.read_mapping(path) if path.exists() else {"id": sweep_dir.name,
+                                                            "created": now_iso()}
+    data.update(info)
+    data["runs"] = [{"index": r.point.index, "run": r.run.id, "run_dir": str(r.run.path),
+                     "values": r.point.values, "job_id": r.job_id, "outcome": r.outcome}
+                    for r in runs]
+    yamlio.write_atomic(path, yamlio.dump(data))
 
 
 def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
