@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from hpctrain.config import yamlio
 from hpctrain.ops.report import build_figure, collect, per_step
 from hpctrain.runs import find_run
 from hpctrain.slurm.state import job_states
@@ -21,10 +22,21 @@ pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 JOB = REPO / "tests" / "ops" / "tiny-ops.yaml"
 
 
+def one_rank_profile(folder) -> str:
+    """dev-slurm with one rank per job: the cheapest real runs (two fit the machine at once)."""
+    data = yamlio.read_mapping(REPO / "cluster_profiles" / "dev-slurm.yaml")
+    data["name"] = "dev-slurm-1"
+    data["slurm"].update(nodes=1, gpus_per_node=1)
+    path = folder / "dev-slurm-1.yaml"
+    yamlio.write_atomic(path, yamlio.dump(data))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def sweep(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("real") / "runs"
-    proc = hpctrain("submit", str(JOB), "-p", "dev-slurm", "-N", "1", "--json",
+    profile = one_rank_profile(root.parent)
+    proc = hpctrain("submit", str(JOB), "-p", profile, "--json",
                     "--sweep", "train.lr=1e-3,3e-3", "--max-parallel", "2",
                     env={"HPCTRAIN_RUNS_DIR": str(root)}, check=True)
     out = json.loads(proc.stdout)
@@ -59,7 +71,7 @@ def test_status_logs_and_report_of_the_drilled_run(sweep):
     assert data["state"] == "FINISHED" and data["step"] == 30 and data["loss"] is not None
     assert [(a["attempt"], a["exit_reason"]) for a in data["attempts"]] == \
         [(1, "preempted"), (2, "finished")]
-    assert data["checkpoint"]["step"] == 30 and data["layout"] == "TP2×PP1×DP1"
+    assert data["checkpoint"]["step"] == 30 and data["layout"] == "TP1×PP1×DP1"
     assert data["sweep"]["values"] == {"train.lr": 1e-3}
     text = cli(root, "status", run.id).stdout
     assert f" {stop}→30 " in text and f" 0→{stop} " in text
@@ -67,7 +79,8 @@ def test_status_logs_and_report_of_the_drilled_run(sweep):
     assert f"step-{stop:08d}" in latest and "step 30/30" in latest
     batch = cli(root, "logs", run.id, "--batch", "--attempt", "1").stdout
     assert "batch shell got SIGUSR1" in batch and "requeueing job" in batch
-    assert cli(root, "logs", run.id, "--rank", "1", "--attempt", "1").stdout.strip()
+    no_rank = cli(root, "logs", run.id, "--rank", "1", "--attempt", "1", check=False)
+    assert no_rank.returncode == 2 and "(it has rank logs 0 and batch.log)" in no_rank.stderr
     out = cli(root, "report", run.id).stdout
     assert "Attempts    2 (1 preempted, 1 requeued)" in out
     assert png_size(run.path / "report.png") == (1200, 900)
