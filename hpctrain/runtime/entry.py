@@ -175,6 +175,7 @@ def _train(run, renv, jenv, attempt, state):
                                 "bytes", "sync")} for s in ckpt.saves]
     if loaded is not None:
         state["load_seconds"] = round(loaded.seconds, 3)
+        state["verify_seconds"] = round(ckpt.verify_seconds or 0.0, 3)
     if trainer.first_step_started is not None:
         state["first_step_after_s"] = round(trainer.first_step_started - state["start_time"], 3)
     summary = {"run": run.id, "attempt": attempt, "start_step": outcome.start_step,

@@ -141,6 +141,7 @@ class Checkpointer:
         self.estimate = None                # a preemption.SaveEstimate, fed with every save
         self.last_sync_seconds: float | None = None
         self.saves: list[dict] = []         # timings of every save this attempt
+        self.verify_seconds: float | None = None
 
     # ------------------------------------------------------------------ saving
     def _save_strategy(self):
@@ -305,7 +306,9 @@ class Checkpointer:
         return None
 
     def resume(self) -> Loaded | None:
+        started = time.monotonic()
         found = self.find_resumable()
+        self.verify_seconds = time.monotonic() - started
         if found is None:
             return None
         folder, manifest = found
