@@ -29,7 +29,7 @@ class ModelAndOptimizer:
 
     @property
     def modules(self) -> list:
-        """The unwrapped GPTModel chunks."""
+        """The chunks inside DDP (GPTModel, or Float16Module around it with 16-bit params)."""
         return [m.module for m in self.model]
 
 
@@ -105,7 +105,9 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
         batch_p2p_comm=gpu and vpp is None,
         overlap_p2p_comm=False,
         gradient_accumulation_fusion=gpu and _grad_accumulation_fusion_available(),
-        bias_activation_fusion=gpu, bias_dropout_fusion=gpu, masked_softmax_fusion=gpu,
+        # megatron refuses the gelu fusion without a bias to fuse
+        bias_activation_fusion=gpu and (swiglu or m.add_bias_linear),
+        bias_dropout_fusion=gpu, masked_softmax_fusion=gpu,
         apply_rope_fusion=False, persist_layer_norm=False,
         recompute_granularity=recompute,
         recompute_method=t.recompute_method if recompute == "full" else None,
@@ -174,10 +176,14 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
     from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                            finalize_model_grads)
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import Float16Module
 
     notes: list[str] = []
     config = transformer_config(job, layout, device, notes)
     chunks = build_model_chunks(job, layout, device, config)
+    if config.bf16 or config.fp16:
+        # 16-bit parameters: embed/emit in fp32 at the pipeline's ends, as Megatron-LM does
+        chunks = [Float16Module(config, c) for c in chunks]
     t = job.train
     distopt = bool(job.parallel.use_distributed_optimizer)
     ddp_config = DistributedDataParallelConfig(
