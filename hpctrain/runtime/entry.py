@@ -112,7 +112,8 @@ def _train(run, renv, jenv, attempt, state):
     from ..data.indexed import IndexedDataset
     from . import collectives, distributed
     from .batches import BatchFeeder
-    from .checkpoint.manager import Checkpointer, load_model_only
+    from .checkpoint.manager import Checkpointer
+    from .checkpoint.weights import load_model_only
     from .context import RankContext
     from .log import logger
     from .loop import Trainer

@@ -17,7 +17,7 @@ def export_initial_weights(run_dir: str, output: str) -> Path:
     from ..config.layout import Layout
     from ..runs import Run
     from . import distributed
-    from .checkpoint.manager import export_model
+    from .checkpoint.weights import export_model
     from .context import RankContext
     from .env import job_env, rank_env
     from .log import logger, setup

@@ -204,7 +204,7 @@ class Trainer:
                              None)
 
     def _save(self, reason: str, sync: bool) -> str | None:
-        info = self.ckpt.save(self.step, self.common_state(), reason, sync=sync)
+        self.ckpt.save(self.step, self.common_state(), reason, sync=sync)
         if sync:
             self.ckpt.wait()
             return self.ckpt.last_published_path

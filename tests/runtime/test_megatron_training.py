@@ -15,7 +15,7 @@ from hpctrain.runtime.checkpoint import store
 from tests.conftest import wait_until
 from tests.launch import Launch, launch
 from tests.runtime.conftest import _explain
-from tests.runtime.helpers import local_profile, losses, result
+from tests.runtime.helpers import losses, result
 
 pytestmark = pytest.mark.megatron
 TOL = 1e-5
@@ -190,7 +190,6 @@ def test_flag_file_from_the_batch_shell_counts_as_a_signal(ws, tmp_path):
 
 
 def test_llama_style_model_with_recomputation_trains(ws):
-    from hpctrain.config import job_from_mapping
     from hpctrain.flops import ModelShape, param_counts
     model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
              "ffn_hidden_size": 96, "activation": "swiglu", "normalization": "RMSNorm",
@@ -201,18 +200,13 @@ def test_llama_style_model_with_recomputation_trains(ws):
                                "recompute_method": "block", "recompute_num_layers": 1})
     loss = losses(run)
     assert loss[6] < loss[1] - 0.3, loss
-    job = job_from_mapping(json_safe(run), "job")
+    job = run.resolved_job()
     total = param_counts(ModelShape.from_model(job.model, 2))["total"]
     assert f"model: {total / 1e6:.2f}M parameters" in res.output(0)
     # TP2 splits every matrix; norms are replicated on both ranks
     h, layers = 64, 2
     replicated = (2 * layers + 1) * h
     assert result(run, 1)["local_parameters"] == (total - replicated) // 2 + replicated
-
-
-def json_safe(run):
-    from hpctrain.config import yamlio
-    return yamlio.read_mapping(run.job_file)
 
 
 def test_a_crashing_rank_brings_the_whole_launch_down(ws):

@@ -31,6 +31,7 @@ from .. import collectives, rng
 from ..log import logger
 from . import state as ckstate
 from . import store
+from .results_queue import install_results_queue
 
 SIDECAR = ".crc-rank{rank}.json"
 
@@ -68,61 +69,6 @@ def _write_then_checksum(write_fn, folder: str, rank: int, main_pid: int, kill: 
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, f"__{rank}_*")))
     sums = store.checksum_files(Path(folder), names)
     store.write_json_atomic(Path(folder) / SIDECAR.format(rank=rank), sums)
-
-
-class FileResultsQueue:
-    """What megatron-core's checkpoint writer needs from its results queue (``put`` in the
-    writer, ``get_nowait`` in the rank), through files in a private folder.
-
-    megatron-core serves that queue from a ``spawn``ed manager process that it starts during
-    the first save and never stops: the first save waited seconds for that process to import
-    torch (tens of seconds on a busy node — an emergency save cannot afford it), and a rank
-    killed mid-run left the process running forever. The writer runs in the rank itself or in
-    a process forked from it, so a folder both can see is all it takes.
-    """
-
-    def __init__(self) -> None:
-        import tempfile
-        self.folder = Path(tempfile.mkdtemp(prefix="hpctrain-write-results-"))
-        self.folder_owner = os.getpid()
-
-    def put(self, obj) -> None:
-        import pickle
-        name = f"{time.time_ns():020d}-{os.getpid()}"
-        tmp = self.folder / f".{name}"
-        with open(tmp, "wb") as f:
-            pickle.dump(obj, f)
-        os.replace(tmp, self.folder / f"{name}.pkl")
-
-    def get_nowait(self):
-        import pickle
-        import queue
-        items = sorted(self.folder.glob("*.pkl"))
-        if not items:
-            raise queue.Empty
-        with open(items[0], "rb") as f:
-            obj = pickle.load(f)
-        items[0].unlink()
-        return obj
-
-    def remove(self) -> None:
-        import shutil
-        if os.getpid() == self.folder_owner:
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
-_RESULTS: FileResultsQueue | None = None
-
-
-def install_results_queue() -> None:
-    """Give megatron-core's writer our file-backed results queue (once per rank)."""
-    global _RESULTS
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-    if _RESULTS is None:
-        import atexit
-        _RESULTS = FileResultsQueue()
-        atexit.register(_RESULTS.remove)
-    filesystem_async._results_queue = _RESULTS
 
 
 class Checkpointer:
@@ -353,61 +299,3 @@ class Checkpointer:
                         f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in {seconds:.2f}s){note}")
         return Loaded(step=int(common["step"]), path=folder, common=common, manifest=manifest,
                       seconds=seconds, same_layout=same_layout)
-
-
-# ---------------------------------------------------------------------- model-only checkpoints
-def resolve_model_checkpoint(path: str | Path) -> Path:
-    """``train.init_from`` may name a checkpoint folder (``step-N`` or a model export), a run's
-    checkpoint root (its newest complete checkpoint is used) or a plain dist_checkpointing
-    folder."""
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise CheckpointError(f"train.init_from: {p} does not exist (give a checkpoint folder, "
-                              f"a checkpoint root or a model export)")
-    if (p / store.MANIFEST).is_file() or (p / "metadata.json").is_file():
-        return p
-    for _, d in store.complete_checkpoints(p):
-        if not store.manifest_problems(d, store.read_manifest(d)):
-            return d
-    raise CheckpointError(f"train.init_from: {p} holds no complete checkpoint")
-
-
-def load_model_only(mo, path: str | Path) -> Path:
-    """Load weights (no optimizer state, no step) into every layout alike (collective)."""
-    from megatron.core import dist_checkpointing
-
-    folder = resolve_model_checkpoint(path)
-    manifest = store.read_manifest(folder)
-    if manifest is not None:
-        problems = store.manifest_problems(folder, manifest)
-        if problems:
-            raise CheckpointError(f"train.init_from: {folder} is damaged: {'; '.join(problems[:3])}")
-    loaded = dist_checkpointing.load(ckstate.model_sharded_state(mo.model), str(folder))
-    ckstate.load_model_state(mo.model, loaded)
-    mo.optimizer.reload_model_params()  # fp32 main copies / distributed shards follow the weights
-    return folder
-
-
-def export_model(ctx, mo, out: str | Path) -> Path:
-    """Write the model weights alone (collective): the start every layout can share."""
-    from megatron.core import dist_checkpointing
-
-    out = Path(out).expanduser().resolve()
-    partial = out.with_name(f"{store.PARTIAL_PREFIX}{out.name}")
-    if ctx.is_rank0:
-        if out.exists():
-            raise CheckpointError(f"{out} already exists; choose a new folder")
-        partial.mkdir(parents=True, exist_ok=False)
-    collectives.barrier()
-    dist_checkpointing.save(ckstate.model_sharded_state(mo.model), str(partial))
-    collectives.barrier()
-    if ctx.is_rank0:
-        files = store.checksum_files(partial, store.list_files(partial))
-        manifest = store.build_manifest(0, files, kind="model", layout=ctx.layout_record(),
-                                        versions=versions(), job=ctx.job.name,
-                                        seed=ctx.job.train.seed)
-        store.write_json_atomic(partial / store.MANIFEST, manifest)
-        os.rename(partial, out)
-        store.fsync_dir(out.parent)
-    collectives.barrier()
-    return out

@@ -1,0 +1,73 @@
+"""Model-only checkpoints: initial weights shared by every layout (``train.init_from``).
+
+Megatron initializes each pipeline stage's layers from its own generator, so two layouts do
+not start from the same weights even with one seed. Exporting the weights once and loading
+them everywhere gives identical starts: how layouts are compared, and how a run restarted on
+other hardware keeps its initialization.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import collectives
+from . import state as ckstate
+from . import store
+from .manager import CheckpointError, versions
+
+def resolve_model_checkpoint(path: str | Path) -> Path:
+    """``train.init_from`` may name a checkpoint folder (``step-N`` or a model export), a run's
+    checkpoint root (its newest complete checkpoint is used) or a plain dist_checkpointing
+    folder."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise CheckpointError(f"train.init_from: {p} does not exist (give a checkpoint folder, "
+                              f"a checkpoint root or a model export)")
+    if (p / store.MANIFEST).is_file() or (p / "metadata.json").is_file():
+        return p
+    for _, d in store.complete_checkpoints(p):
+        if not store.manifest_problems(d, store.read_manifest(d)):
+            return d
+    raise CheckpointError(f"train.init_from: {p} holds no complete checkpoint")
+
+
+def load_model_only(mo, path: str | Path) -> Path:
+    """Load weights (no optimizer state, no step) into every layout alike (collective)."""
+    from megatron.core import dist_checkpointing
+
+    folder = resolve_model_checkpoint(path)
+    manifest = store.read_manifest(folder)
+    if manifest is not None:
+        problems = store.manifest_problems(folder, manifest)
+        if problems:
+            raise CheckpointError(f"train.init_from: {folder} is damaged: {'; '.join(problems[:3])}")
+    loaded = dist_checkpointing.load(ckstate.model_sharded_state(mo.model), str(folder))
+    ckstate.load_model_state(mo.model, loaded)
+    mo.optimizer.reload_model_params()  # fp32 main copies / distributed shards follow the weights
+    return folder
+
+
+def export_model(ctx, mo, out: str | Path) -> Path:
+    """Write the model weights alone (collective): the start every layout can share."""
+    from megatron.core import dist_checkpointing
+
+    out = Path(out).expanduser().resolve()
+    partial = out.with_name(f"{store.PARTIAL_PREFIX}{out.name}")
+    if ctx.is_rank0:
+        if out.exists():
+            raise CheckpointError(f"{out} already exists; choose a new folder")
+        partial.mkdir(parents=True, exist_ok=False)
+    collectives.barrier()
+    dist_checkpointing.save(ckstate.model_sharded_state(mo.model), str(partial))
+    collectives.barrier()
+    if ctx.is_rank0:
+        files = store.checksum_files(partial, store.list_files(partial))
+        manifest = store.build_manifest(0, files, kind="model", layout=ctx.layout_record(),
+                                        versions=versions(), job=ctx.job.name,
+                                        seed=ctx.job.train.seed)
+        store.write_json_atomic(partial / store.MANIFEST, manifest)
+        os.rename(partial, out)
+        store.fsync_dir(out.parent)
+    collectives.barrier()
+    return out
