@@ -211,6 +211,8 @@ class _ForkServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 _killpg(self.proc.pid)
+        if self.proc.returncode == 0:
+            self.log.unlink(missing_ok=True)
 
 
 _SERVER: _ForkServer | None = None

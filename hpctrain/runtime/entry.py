@@ -86,6 +86,7 @@ def train_main(run_dir: str | None = None) -> dict:
     try:
         outcome, summary = _train(run, renv, jenv, attempt, state)
     except BaseException as e:  # noqa: BLE001 - record every way an attempt can end
+        _cleanup()
         if isinstance(e, SystemExit) and e.code in STOP_CODES:
             raise
         reason = "failed"
@@ -102,6 +103,7 @@ def train_main(run_dir: str | None = None) -> dict:
     code = _finish(run, renv, jenv, state, outcome.exit_reason, outcome.exit_code,
                    outcome.message, collective=True)
     _teardown()
+    _cleanup()
     if code != exit_codes.FINISHED:
         raise SystemExit(code)
     return summary
@@ -249,6 +251,12 @@ def _finish(run, renv, jenv, state, reason: str, code: int, message: str, collec
     if requeue:
         return exit_codes.LOCAL_REQUEUE
     return code
+
+
+def _cleanup() -> None:
+    import sys
+    if "hpctrain.runtime.checkpoint.results_queue" in sys.modules:
+        sys.modules["hpctrain.runtime.checkpoint.results_queue"].remove_results_queue()
 
 
 def _teardown() -> None:

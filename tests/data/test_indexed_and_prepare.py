@@ -165,6 +165,8 @@ def test_cli_prepares_the_example_corpus_and_reports_bad_input(tmp_path):
     ds = indexed.IndexedDataset(out)
     assert stats["tokens"] == len(raw) + 1 == ds.num_tokens  # bytes + one end-of-document
     assert bytes(ds.tokens[:-1].astype(np.uint8)) == raw
+    info = json.loads(hpctrain("data", "info", str(out), "--json").stdout)
+    assert (info["documents"], info["tokens"], info["vocab_size"]) == (1, len(raw) + 1, 257)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{broken\n')
     proc = hpctrain("data", "prepare", str(bad), "--output", str(tmp_path / "b"))

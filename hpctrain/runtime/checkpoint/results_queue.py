@@ -26,6 +26,7 @@ class FileResultsQueue:
     def put(self, obj) -> None:
         import pickle
         name = f"{time.time_ns():020d}-{os.getpid()}"
+        self.folder.mkdir(parents=True, exist_ok=True)  # a /tmp cleaner may have removed it
         tmp = self.folder / f".{name}"
         with open(tmp, "wb") as f:
             pickle.dump(obj, f)
@@ -49,6 +50,12 @@ class FileResultsQueue:
 
 
 _RESULTS: FileResultsQueue | None = None
+
+
+def remove_results_queue() -> None:
+    """Delete this rank's folder (also registered with atexit, which os._exit skips)."""
+    if _RESULTS is not None:
+        _RESULTS.remove()
 
 
 def install_results_queue() -> None:
