@@ -19,14 +19,18 @@ class FileResultsQueue:
     """
 
     def __init__(self) -> None:
+        import secrets
         import tempfile
-        self.folder = Path(tempfile.mkdtemp(prefix="hpctrain-write-results-"))
+        # The folder exists only while a result waits to be read: nothing is left behind
+        # between saves, even by a rank that is killed.
+        self.folder = Path(tempfile.gettempdir()) / \
+            f"hpctrain-write-results-{os.getpid()}-{secrets.token_hex(4)}"
         self.folder_owner = os.getpid()
 
     def put(self, obj) -> None:
         import pickle
         name = f"{time.time_ns():020d}-{os.getpid()}"
-        self.folder.mkdir(parents=True, exist_ok=True)  # a /tmp cleaner may have removed it
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.folder / f".{name}"
         with open(tmp, "wb") as f:
             pickle.dump(obj, f)
@@ -35,12 +39,16 @@ class FileResultsQueue:
     def get_nowait(self):
         import pickle
         import queue
-        items = sorted(self.folder.glob("*.pkl"))
+        items = sorted(self.folder.glob("*.pkl")) if self.folder.is_dir() else []
         if not items:
             raise queue.Empty
         with open(items[0], "rb") as f:
             obj = pickle.load(f)
         items[0].unlink()
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass  # another result is waiting
         return obj
 
     def remove(self) -> None:
