@@ -56,7 +56,8 @@ def prepare_cmd(files, output, tokenizer, json_key, as_json):
     if as_json:
         echo_json(stats.__dict__)
         return
-    click.echo(f"Wrote {stats.output}.bin/.idx: {stats.documents:,} documents, "
+    docs = "document" if stats.documents == 1 else "documents"
+    click.echo(f"Wrote {stats.output}.bin/.idx: {stats.documents:,} {docs}, "
                f"{stats.tokens:,} tokens ({stats.dtype}, vocabulary {stats.vocab_size}) "
                f"in {stats.seconds:.1f}s")
 
