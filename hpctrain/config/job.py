@@ -135,6 +135,14 @@ class CheckpointSection:
     deadline_safety_factor: float = doc("Save and exit when the time left < save time × this + "
                                         "margin.", default=2.0)
     deadline_margin_s: float = doc("Margin added to the deadline check.", default=30.0)
+    optimizer_format: str = doc("How the distributed optimizer's state is saved: "
+                                "fully_reshardable (resumes on any TP/PP/VPP/DP; saving gathers "
+                                "each DP group's state into host memory, fine up to a few billion "
+                                "parameters per TP×PP shard) or dp_reshardable (every rank writes "
+                                "its own shard: lean and fast for large models, but only the DP "
+                                "size may change on resume).",
+                                choices=("fully_reshardable", "dp_reshardable"),
+                                default="fully_reshardable")
 
 
 @dataclass(kw_only=True)

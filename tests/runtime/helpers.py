@@ -29,8 +29,10 @@ LAYOUTS = {
     "pp2dp2_zero1": dict(pipeline_model_parallel_size=2, use_distributed_optimizer=True),
     "dp2_zero1": dict(use_distributed_optimizer=True),
     "tp2": dict(tensor_model_parallel_size=2),
+    "single_zero1": dict(use_distributed_optimizer=True),
+    "tp2_zero1": dict(tensor_model_parallel_size=2, use_distributed_optimizer=True),
 }
-WORLD = {"single": 1, "tp2": 2, "dp2_zero1": 2}
+WORLD = {"single": 1, "tp2": 2, "dp2_zero1": 2, "single_zero1": 1, "tp2_zero1": 2}
 
 
 def world_of(layout: str) -> int:

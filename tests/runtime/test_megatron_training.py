@@ -81,6 +81,28 @@ def test_resume_on_another_layout_and_fewer_ranks(ws):
     assert _max_diff(got, ref, range(7, 13)) < TOL
 
 
+def test_dp_reshardable_optimizer_resumes_on_another_dp_size_only(ws):
+    src, _ = ws.train("dp-reshardable", "dp2_zero1",
+                      checkpoint={"interval_steps": 6, "optimizer_format": "dp_reshardable"})
+    ref = losses(ws.reference("single"))
+    assert _max_diff(losses(src), ref, range(1, 13)) < TOL
+    assert store.read_manifest(src.path / "checkpoints" / "step-00000006")["optimizer_format"] \
+        == "dp_reshardable"
+    run = ws.new_run("dp-reshardable-dp1", "single_zero1")        # DP2 -> DP1: allowed
+    _copy_checkpoint(src, 6, run)
+    res = launch(run.path, 1)
+    assert res.codes == [0], _explain(res)
+    assert result(run, 1)["start_step"] == 6
+    assert _max_diff(losses(run), ref, range(7, 13)) < TOL
+    run = ws.new_run("dp-reshardable-tp2", "tp2_zero1")           # TP changes: refused
+    _copy_checkpoint(src, 6, run)
+    res = launch(run.path, 2)
+    assert res.codes[0] == 1
+    assert "stores the distributed optimizer as dp_reshardable, which resumes only on the same " \
+           "TP×PP×VPP (saved TP1×PP1×DP2, now TP2×PP1×DP1" in res.output(0)
+    assert (run.path / "checkpoints" / "step-00000006").is_dir()   # nothing moved or lost
+
+
 def test_signal_saves_exits_75_and_requeued_attempt_finishes_identically(ws):
     ref = ws.reference("tp2pp2vpp2")
     run = ws.new_run("signal", "tp2pp2vpp2")

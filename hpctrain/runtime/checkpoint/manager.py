@@ -127,7 +127,8 @@ class Checkpointer:
                 store.quarantine(self.root, partial, "left by an earlier save of the same step")
             partial.mkdir()
         collectives.barrier()
-        sd = ckstate.full_sharded_state(self.mo, common, rng.capture(self.ctx.device))
+        sd = ckstate.full_sharded_state(self.mo, common, rng.capture(self.ctx.device),
+                                        self.ctx.job.checkpoint.optimizer_format)
         request = dist_checkpointing.save(
             sd, str(partial), sharded_strategy=self._save_strategy(), async_sharded_save=True,
             validate_access_integrity=not self._validated)
@@ -183,6 +184,7 @@ class Checkpointer:
                     step, files, kind="full", reason=info["reason"],
                     consumed_samples=common["consumed_samples"],
                     layout=self.ctx.layout_record(), versions=versions(),
+                    optimizer_format=self.ctx.job.checkpoint.optimizer_format,
                     run=self.ctx.run.id, attempt=self.ctx.attempt, job=self.ctx.job.name,
                     save_seconds=round(time.monotonic() - info["started"], 3),
                     background=not info["sync"])
@@ -277,7 +279,15 @@ class Checkpointer:
                 f"train.init_from")
         here = self.ctx.layout_record()
         same_layout = all(saved.get(k) == here[k] for k in ("tp", "pp", "vpp", "dp"))
-        template = ckstate.loading_template(self.mo, with_rng=same_layout)
+        fmt = manifest.get("optimizer_format", "fully_reshardable")
+        if want_distopt and fmt == "dp_reshardable" and \
+                any(saved.get(k) != here[k] for k in ("tp", "pp", "vpp")):
+            raise CheckpointError(
+                f"checkpoint {folder} stores the distributed optimizer as dp_reshardable, which "
+                f"resumes only on the same TP×PP×VPP (saved {saved.get('describe')}, now "
+                f"{here['describe']}; the DP size may change); resume on the saved TP/PP/VPP, "
+                f"or save with checkpoint.optimizer_format: fully_reshardable")
+        template = ckstate.loading_template(self.mo, with_rng=same_layout, fmt=fmt)
         template["hpctrain"] = None
         loaded = dist_checkpointing.load(template, str(folder))
         common = loaded["hpctrain"]

@@ -4,9 +4,10 @@ A checkpoint is one ``dist_checkpointing`` sharded state dict:
 
 * ``model`` (``model0``, ``model1``, ... with a virtual pipeline): the chunks' sharded
   tensors, whose keys are global (layer numbers included), so any TP/PP/VPP/DP reads them;
-* ``optimizer``: Adam's moments; the distributed optimizer writes them in the
-  ``fully_reshardable`` format (it gathers each DP group's shards), which loads on any
-  layout — ``dp_reshardable`` would only allow another DP size;
+* ``optimizer``: Adam's moments; the distributed optimizer writes them in the format of
+  ``checkpoint.optimizer_format``: ``fully_reshardable`` (it gathers each DP group's shards;
+  loads on any layout) or ``dp_reshardable`` (each rank's own shard; only the DP size may
+  change on resume);
 * ``rng``: one object per rank (python/numpy/torch/cuda and megatron's tracker), restored
   only when the layout is unchanged (on another layout there is no rank to give it to);
 * ``hpctrain``: step, consumed samples, optimizer updates, LR schedule, guard state — the
@@ -27,7 +28,7 @@ megatron-core 0.16.1 needs four fixes, each caught by a resume test that compare
 
 from __future__ import annotations
 
-DISTOPT_FORMAT = "fully_reshardable"
+DISTOPT_FORMATS = ("fully_reshardable", "dp_reshardable")
 RNG_KEY = "hpctrain.rng_state"
 
 
@@ -53,8 +54,10 @@ def _is_distributed(opt) -> bool:
     return isinstance(opt, DistributedOptimizer)
 
 
-def optimizer_metadata() -> dict:
-    return {"distrib_optim_sharding_type": DISTOPT_FORMAT}
+def optimizer_metadata(fmt: str) -> dict:
+    if fmt not in DISTOPT_FORMATS:
+        raise ValueError(f"unknown distributed optimizer format {fmt!r}")
+    return {"distrib_optim_sharding_type": fmt}
 
 
 def rank_coordinates() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -107,24 +110,24 @@ def _buffer_aligned(o):
     return original, aligned
 
 
-def optimizer_sharded_state(optimizer, model_sd: dict) -> dict:
+def optimizer_sharded_state(optimizer, model_sd: dict, fmt: str) -> dict:
     restore = []
     for o in sub_optimizers(optimizer):
-        if _is_distributed(o):
+        if _is_distributed(o) and fmt == "fully_reshardable":
             original, aligned = _buffer_aligned(o)
             o.get_parameter_state_dp_zero = aligned
             restore.append((o, original))
     try:
-        return optimizer.sharded_state_dict(model_sd, metadata=optimizer_metadata())
+        return optimizer.sharded_state_dict(model_sd, metadata=optimizer_metadata(fmt))
     finally:
         for o, original in restore:
             o.get_parameter_state_dp_zero = original
 
 
-def full_sharded_state(mo, common: dict, rng_state) -> dict:
+def full_sharded_state(mo, common: dict, rng_state, fmt: str) -> dict:
     """The state dict a checkpoint save writes."""
     sd = model_sharded_state(mo.model)
-    sd["optimizer"] = optimizer_sharded_state(mo.optimizer, sd)
+    sd["optimizer"] = optimizer_sharded_state(mo.optimizer, sd, fmt)
     sd["rng"] = rng_sharded_object(rng_state)
     sd["hpctrain"] = common
     return sd
@@ -137,12 +140,13 @@ def prepare_optimizer_for_load(optimizer) -> None:
             o._init_optimizer_states_with_dummy_values()
 
 
-def loading_template(mo, with_rng: bool) -> dict:
-    """The sharded state dict that tells dist_checkpointing what to read into."""
+def loading_template(mo, with_rng: bool, fmt: str) -> dict:
+    """The sharded state dict that tells dist_checkpointing what to read into (``fmt``: the
+    format the checkpoint was saved in)."""
     prepare_optimizer_for_load(mo.optimizer)
     sd = model_sharded_state(mo.model)
     sd["optimizer"] = mo.optimizer.sharded_state_dict(sd, is_loading=True,
-                                                      metadata=optimizer_metadata())
+                                                      metadata=optimizer_metadata(fmt))
     if with_rng:
         sd["rng"] = rng_sharded_object(None)
     return sd
