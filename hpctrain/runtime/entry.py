@@ -65,6 +65,14 @@ def resolve_layout(job, profile, world_size: int):
     return layout
 
 
+def mark_ready(run, attempt: int) -> None:
+    """Every rank has its signal handlers (installed before the rendezvous): from now on the
+    batch shell may forward a signal to the step instead of only leaving the flag file."""
+    folder = run.attempt_dir(attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ready").touch()
+
+
 def train_main(run_dir: str | None = None) -> dict:
     from ..runs import Run
     from .env import job_env, rank_env
@@ -138,6 +146,9 @@ def _train(run, renv, jenv, attempt, state):
     distributed.init_process_group(renv, device, job.train.init_timeout_s)
     attempt = collectives.broadcast_object(attempt)
     state["attempt"] = attempt
+    hooks.attempt = attempt
+    if renv.rank == 0:
+        mark_ready(run, attempt)
     ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=renv, job_env=jenv,
                       attempt=attempt, device=device)
     if ctx.is_rank0:

@@ -58,6 +58,12 @@ def clip_gradients(optimizer, max_norm: float, total_norm: float) -> None:
                 use_decoupled_grad=o.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
 
 
+def checkpoint_bytes_guess(mo) -> int:
+    """What this rank writes per checkpoint, at most: fp32 weights plus Adam's fp32 master
+    copy and two moments (16 bytes per local parameter; less under the distributed optimizer)."""
+    return 16 * sum(p.numel() for m in mo.modules for p in m.parameters())
+
+
 class Trainer:
     def __init__(self, ctx, mo, feeder, checkpointer, hooks, flag, loaded=None, metrics=None,
                  clock=time.time) -> None:
@@ -79,7 +85,8 @@ class Trainer:
             previous_save = loaded.manifest.get("save_seconds")
         self.start_step = self.step
         self.estimate = SaveEstimate(previous_s=previous_save,
-                                     load_s=loaded.seconds if loaded else None)
+                                     load_s=loaded.seconds if loaded else None,
+                                     state_bytes=checkpoint_bytes_guess(mo))
         checkpointer.estimate = self.estimate
         ck = job.checkpoint
         self.deadline = DeadlinePolicy(ctx.job_env.deadline, ck.deadline_safety_factor,

@@ -88,14 +88,24 @@ class DeadlinePolicy:
 
 
 class SaveEstimate:
-    """How long a synchronous save takes: measured, else from the last attempt, else a guess."""
+    """How long a synchronous save takes: measured, else from the last attempt, else a guess.
+
+    The guess matters on a first attempt under a short time limit: it comes from the bytes
+    this rank will write at a conservative bandwidth, not a flat minute that would stop a
+    one-minute job before its first step.
+    """
 
     DEFAULT_S = 60.0
+    GUESS_BANDWIDTH_BPS = 100e6   # a busy shared filesystem, per rank
+    GUESS_OVERHEAD_S = 3.0        # metadata, barrier, manifest, rename
 
-    def __init__(self, previous_s: float | None = None, load_s: float | None = None) -> None:
+    def __init__(self, previous_s: float | None = None, load_s: float | None = None,
+                 state_bytes: int | None = None) -> None:
         self.measured_s: float | None = None
         self.previous_s = previous_s
         self.load_s = load_s
+        self.guess_s = (None if state_bytes is None else
+                        self.GUESS_OVERHEAD_S + state_bytes / self.GUESS_BANDWIDTH_BPS)
 
     def record(self, seconds: float) -> None:
         self.measured_s = seconds if self.measured_s is None else max(seconds, 0.5 * (
@@ -103,7 +113,7 @@ class SaveEstimate:
 
     @property
     def seconds(self) -> float:
-        for value in (self.measured_s, self.previous_s, self.load_s):
+        for value in (self.measured_s, self.previous_s, self.load_s, self.guess_s):
             if value is not None:
                 return value
         return self.DEFAULT_S

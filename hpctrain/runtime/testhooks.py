@@ -8,7 +8,9 @@ Steps are numbered as in the metrics: step N is the N-th optimizer step (1-based
 ``HPCTRAIN_TEST_NAN_AT_STEP=N[,M,...]``   make the loss (and so the gradients) NaN in those steps
 ``HPCTRAIN_TEST_KILL_DURING_SAVE=R[@N]``  rank R SIGKILLs itself after writing its shards of a
                                           checkpoint (of step N, or the first one) and before
-                                          it is published
+                                          it is published; in the run's first attempt only
+                                          (a fault to recover from, where a crash at a step
+                                          repeats in every attempt like a bug would)
 
 Unset (the normal case) every hook is a no-op.
 """
@@ -42,6 +44,7 @@ class TestHooks:
     nan_steps: set[int] = field(default_factory=set)
     kill_rank: int | None = None
     kill_step: int | None = None
+    attempt: int | None = None
     _kill_armed: bool = True
 
     @classmethod
@@ -77,7 +80,7 @@ class TestHooks:
         return step in self.nan_steps
 
     def kill_during_save(self, rank: int, step: int) -> bool:
-        if self.kill_rank != rank or not self._kill_armed:
+        if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):
             return False
         if self.kill_step is not None and self.kill_step != step:
             return False

@@ -12,6 +12,11 @@ names chosen here are assigned, so nothing from a profile or the environment can
   ``HPCTRAIN_REQUEUE=0|1`` from the requeue policy (budget and progress).
 * ``gate-failed RUN --attempt N --exit-code RC`` — the preflight gate failed: record it, add the
   bad nodes to the job's exclude list and requeue it (within the budget).
+* ``signal RUN --signal SIG`` — the batch shell got SIG: pass it on now, or defer it (print
+  ``HPCTRAIN_SIGNAL_ACTION=now|defer`` and the delay). Slurm delivers the time-limit warning
+  up to a minute early; passing it on at once would cost up to a minute of every attempt, and a
+  whole attempt when the limit is short. A preemption (Slurm sets the job's PreemptTime) or a
+  signal far from the end (a person's drill) goes on at once.
 * ``master-addr`` — the first node's address (for non-training steps).
 """
 
@@ -25,6 +30,7 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from .. import exit_codes
@@ -85,6 +91,31 @@ def cancelled(run: Run) -> bool:
 
 def finished(run: Run) -> bool:
     return run.finished()
+
+
+EARLY_WARNING_S = 75   # Slurm: "up to 60 seconds earlier than specified", plus its check period
+
+
+def signal_action(now: float, end_time: float | None, lead_time_s: float, preempting: bool,
+                  signal_name: str) -> tuple[str, float]:
+    """("now", 0) to pass the signal to the ranks, or ("defer", seconds) to re-raise it later."""
+    if signal_name == "TERM" or preempting or end_time is None:
+        return "now", 0.0
+    early = (end_time - now) - lead_time_s
+    if 5.0 < early <= EARLY_WARNING_S:
+        return "defer", round(early, 1)
+    return "now", 0.0
+
+
+def cmd_signal(run: Run, signal_name: str) -> str:
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    info = commands.job_info(job_id) if job_id else {}
+    preempting = info.get("PreemptTime", "None") not in ("None", "", "Unknown")
+    end = parse_slurm_time(info.get("EndTime", ""))
+    lead = run.resolved_profile().preemption.lead_time_s
+    action, delay = signal_action(time.time(), end, lead, preempting, signal_name)
+    run.event("signal", signal=signal_name, action=action, delay_s=delay, preempting=preempting)
+    return _assign(HPCTRAIN_SIGNAL_ACTION=action, HPCTRAIN_SIGNAL_DELAY=int(delay))
 
 
 def cmd_begin(run: Run) -> str:
@@ -174,6 +205,9 @@ def main(argv=None) -> int:
         e.add_argument("--attempt", type=int, required=True)
         e.add_argument("--exit-code", type=int, required=True)
         e.add_argument("--started", type=float, default=None)
+    sg = sub.add_parser("signal")
+    sg.add_argument("run_dir")
+    sg.add_argument("--signal", required=True)
     sub.add_parser("master-addr")
     args = ap.parse_args(argv)
     if args.cmd == "master-addr":
@@ -182,6 +216,8 @@ def main(argv=None) -> int:
     run = Run(Path(args.run_dir))
     if args.cmd == "begin":
         sys.stdout.write(cmd_begin(run))
+    elif args.cmd == "signal":
+        sys.stdout.write(cmd_signal(run, args.signal.upper().removeprefix("SIG")))
     elif args.cmd == "end":
         sys.stdout.write(cmd_end(run, args.attempt, args.exit_code, args.started))
     else:

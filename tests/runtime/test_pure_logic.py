@@ -98,6 +98,8 @@ def test_deadline_reserves_save_time_margin_and_one_step():
 def test_save_estimate_prefers_measurements():
     e = SaveEstimate()
     assert e.seconds == SaveEstimate.DEFAULT_S
+    e = SaveEstimate(state_bytes=200_000_000)   # no measurement yet: from the bytes to write
+    assert e.seconds == SaveEstimate.GUESS_OVERHEAD_S + 2.0
     e = SaveEstimate(previous_s=None, load_s=4.0)
     assert e.seconds == 4.0
     e = SaveEstimate(previous_s=12.0, load_s=4.0)

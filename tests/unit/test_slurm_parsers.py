@@ -37,3 +37,18 @@ def test_parse_slurm_time():
     t = parse_slurm_time("2026-11-25T22:28:51")
     assert dt.datetime.fromtimestamp(t).strftime("%H:%M:%S") == "22:28:51"
     assert parse_slurm_time("Unknown") is None and parse_slurm_time("N/A") is None
+
+
+def test_signal_action_defers_only_an_early_time_limit_warning():
+    from hpctrain.slurm.hooks import signal_action
+    end = 10_000.0
+    # the warning arrives 40 s before a 25 s lead: re-raise it 15 s later
+    assert signal_action(end - 40, end, 25, False, "USR1") == ("defer", 15.0)
+    # at (or a few seconds from) the lead time: pass it on
+    assert signal_action(end - 27, end, 25, False, "USR1") == ("now", 0.0)
+    # a preemption, SIGTERM, or no known end: at once
+    assert signal_action(end - 40, end, 25, True, "USR1") == ("now", 0.0)
+    assert signal_action(end - 40, end, 25, False, "TERM") == ("now", 0.0)
+    assert signal_action(end - 40, None, 25, False, "USR1") == ("now", 0.0)
+    # far from the end it cannot be Slurm's warning (a person's drill): at once
+    assert signal_action(end - 600, end, 25, False, "USR1") == ("now", 0.0)
