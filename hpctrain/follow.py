@@ -39,7 +39,8 @@ class Tail:
 
 def rank0_progress(line: str) -> bool:
     """Lines worth showing from rank 0's log: hpctrain's own, not library warnings."""
-    return bool(line.strip()) and not any(n in line for n in NOISE)
+    return bool(line.strip()) and not any(n in line for n in NOISE) \
+        and not line.startswith("submitit ")
 
 
 def hpctrain_line(line: str) -> bool:

@@ -122,16 +122,7 @@ def _submit(run, profile):
                              "inside an allocation instead") from None
         from ..preflight.launch import launch_local
         return launch_local(run.path, 1, profile.slurm.gpus_per_node)
-    resolved = _job_less(profile) if profile.scheduler == "slurm" else None
-    return submit_function(run, profile, preflight_main, (str(run.path),), kind="preflight",
-                           resolved=resolved).job
-
-
-def _job_less(profile):
-    """What the script renderer needs from a job, for a job that trains nothing."""
-    from types import SimpleNamespace
-    return SimpleNamespace(profile=profile, job=SimpleNamespace(name="preflight"),
-                           layout=SimpleNamespace(describe=lambda: "preflight (no training)"))
+    return submit_function(run, profile, preflight_main, (str(run.path),), kind="preflight").job
 
 
 def _job_done(job) -> bool:

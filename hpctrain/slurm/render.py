@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__, resources
-from ..config import Resolved
+from ..config import ClusterProfile, Resolved
 from ..config.profile import time_limit_seconds
 
 TRAIN_TEMPLATE = "train.sbatch.j2"
@@ -52,11 +52,11 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def sbatch_directives(resolved: Resolved, inputs: ScriptInputs) -> list[tuple[str, str | None]]:
+def sbatch_directives(p: ClusterProfile, job_name: str,
+                      inputs: ScriptInputs) -> list[tuple[str, str | None]]:
     """``(flag, value)`` pairs for the #SBATCH block, in a stable order (value None: bare flag)."""
-    p, job = resolved.profile, resolved.job
     s = p.slurm
-    d: list[tuple[str, str | None]] = [("job-name", job.name), ("nodes", str(s.nodes)),
+    d: list[tuple[str, str | None]] = [("job-name", job_name), ("nodes", str(s.nodes)),
                                         ("ntasks-per-node", str(s.gpus_per_node))]
     if s.gpu_directive == "gpus-per-node":
         d.append(("gpus-per-node", str(s.gpus_per_node)))
@@ -95,10 +95,23 @@ def sbatch_directives(resolved: Resolved, inputs: ScriptInputs) -> list[tuple[st
 
 
 def render_sbatch(resolved: Resolved, inputs: ScriptInputs) -> str:
-    """The batch script text. Pure: same inputs, same text (the golden-file tests rely on it)."""
-    p, job = resolved.profile, resolved.job
+    """The training job's batch script. Pure: same inputs, same text (golden-file tests)."""
+    return render_script(resolved.profile, inputs, job_name=resolved.job.name,
+                         layout=resolved.layout.describe())
+
+
+def render_step_script(profile: ClusterProfile, inputs: ScriptInputs) -> str:
+    """The batch script of a job that trains nothing (``inputs.kind``, e.g. preflight): the
+    profile's allocation, environment and container, one task per GPU, no requeue."""
+    if inputs.kind == "train":
+        raise ValueError("a training script needs the resolved job: use render_sbatch")
+    return render_script(profile, inputs, job_name=f"hpctrain-{inputs.kind}",
+                         layout=f"{profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node}")
+
+
+def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, layout: str) -> str:
     directives = [f"#SBATCH --{k}" if v is None else f"#SBATCH --{k}={_q(v)}"
-                  for k, v in sbatch_directives(resolved, inputs)]
+                  for k, v in sbatch_directives(p, job_name, inputs)]
     directives += [f"#SBATCH {x}" for x in p.slurm.extra_directives]
     container = []
     if p.container.image:
@@ -117,9 +130,9 @@ def render_sbatch(resolved: Resolved, inputs: ScriptInputs) -> str:
         "kind": inputs.kind,
         "run_dir": inputs.run_dir,
         "run_id": Path(inputs.run_dir).name,
-        "job_name": job.name,
+        "job_name": job_name,
         "profile_name": p.name,
-        "layout": resolved.layout.describe(),
+        "layout": layout,
         "directives": directives,
         "modules": list(p.modules),
         "env": env,

@@ -21,7 +21,7 @@ from ..config import ClusterProfile, Resolved, time_limit_seconds, yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError, SubmissionError
 from ..runs import Run, create_run
-from .render import ScriptInputs, render_sbatch
+from .render import ScriptInputs, render_sbatch, render_step_script
 
 
 @dataclass
@@ -122,9 +122,13 @@ def submit_function(run: Run, profile: ClusterProfile, function: Callable, args:
     process per rank on this machine. The job id is recorded in the run folder.
     """
     if profile.scheduler == "slurm":
-        if resolved is None:
-            raise ValueError("Slurm submissions need the resolved job for the script")
-        script = render_sbatch(resolved, script_inputs(run, profile, kind=kind, dependency=dependency))
+        inputs = script_inputs(run, profile, kind=kind, dependency=dependency)
+        if kind == "train":
+            if resolved is None:
+                raise ValueError("a training submission needs the resolved job for its script")
+            script = render_sbatch(resolved, inputs)
+        else:
+            script = render_step_script(profile, inputs)
         name = run.script_file if kind == "train" else run.path / f"{kind}.sbatch.sh"
         yamlio.write_atomic(name, script)
         job = _submit_slurm(run, profile, script, function, args)

@@ -137,3 +137,15 @@ def test_sbatch_test_only_refuses_what_slurm_refuses(slurm_cluster, tmp_path):
     script.write_text(text.replace("--partition=debug", "--partition=nosuchpartition"))
     with pytest.raises(Exception, match="invalid partition|Invalid partition"):
         sbatch_test_only(str(script))
+
+
+def test_step_script_of_a_job_that_trains_nothing():
+    from hpctrain.slurm.render import render_step_script
+    text = render_step_script(load_profile("h100-ib-pyxis"), ScriptInputs(
+        run_dir="/runs/pf", python="/usr/bin/python3", step_python="python3",
+        submitit_dir="/runs/pf/submitit", kind="preflight"))
+    assert "#SBATCH --job-name=hpctrain-preflight" in text
+    assert "#SBATCH --no-requeue" in text and "--signal" not in text
+    assert "hooks begin" not in text and "submitit.core._submit /runs/pf/submitit" in text
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.12-py3" in text
+    assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0

@@ -52,6 +52,9 @@ def export_model(ctx, mo, out: str | Path) -> Path:
     """Write the model weights alone (collective): the start every layout can share."""
     from megatron.core import dist_checkpointing
 
+    from .results_queue import install_results_queue
+    install_results_queue()   # no lingering writer-results process after this rank exits
+
     out = Path(out).expanduser().resolve()
     partial = out.with_name(f"{store.PARTIAL_PREFIX}{out.name}")
     if ctx.is_rank0:
