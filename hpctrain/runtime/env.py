@@ -57,9 +57,19 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise LaunchError(f"environment variable {key}={value!r} is not an integer") from None
 
 
+def launchers(env: Mapping[str, str]):
+    """The launchers in the order to trust them. Inside a Slurm job step (``SLURM_STEP_ID``)
+    Slurm's own variables win unless torchrun really started this process (it always sets
+    ``TORCHELASTIC_RUN_ID``): a ``RANK``/``WORLD_SIZE`` inherited from the shell that submitted
+    the job must not turn every task into rank 0 of a world of one."""
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and "TORCHELASTIC_RUN_ID" not in env:
+        return (LAUNCHERS[2],) + LAUNCHERS[:2]
+    return LAUNCHERS
+
+
 def rank_env(env: Mapping[str, str] | None = None) -> RankEnv:
     env = os.environ if env is None else env
-    for name, rank_key, local_key, world_key, local_world_key in LAUNCHERS:
+    for name, rank_key, local_key, world_key, local_world_key in launchers(env):
         if rank_key in env and world_key in env:
             rank, world = _int(env, rank_key), _int(env, world_key)
             local = _int(env, local_key) if local_key in env else rank

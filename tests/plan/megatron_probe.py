@@ -1,12 +1,15 @@
 """Build the real megatron-core model, DDP and optimizer on CPU and measure what they allocate.
 
-Used two ways: imported by the single-process tests (world size 1), and run as a script under
-``torch.distributed.run`` for layouts that need several ranks::
+Always run as a script in processes of its own (it installs the CPU shim and forms a
+process group, which must not happen inside the test runner): one process for world size 1,
+or under ``torch.distributed.run`` for layouts that need several ranks::
 
+    python tests/plan/megatron_probe.py CASES OUT
     python -m torch.distributed.run --nproc-per-node 4 tests/plan/megatron_probe.py CASES OUT
 
-CASES is a JSON list of {"name", "job" (a job mapping), "tp", "pp", "vpp", "measure_activations"};
-every rank writes its measurements to OUT.<rank>.json.
+CASES is a JSON list of {"name", "job" (a job mapping), "tp", "pp", "vpp",
+"measure_state" (default true), "measure_activations", "measure_peak"}; every rank writes its
+measurements to OUT.<rank>.json.
 """
 
 from __future__ import annotations
@@ -234,7 +237,10 @@ def run_cases(cases: list[dict]) -> list[dict]:
                   "dp": parallel_state.get_data_parallel_world_size()}
         if case.get("measure_activations"):
             result.update(measure_activations(chunks, job, job.batch.micro_batch_size))
-        result.update(measure_state(chunks, optimizer))
+        if case.get("measure_peak"):
+            result["peak_bytes"] = measure_peak(chunks, job, job.batch.micro_batch_size)
+        if case.get("measure_state", True):
+            result.update(measure_state(chunks, optimizer))
         out.append(result)
     return out
 

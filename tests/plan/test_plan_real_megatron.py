@@ -1,18 +1,24 @@
-"""The planner against the real megatron-core objects on CPU, in this process (world size 1).
+"""The planner against the real megatron-core objects on CPU, world size 1.
 
 Parameters (names, order, counts), weight/gradient-buffer/optimizer bytes and the activations
 the autograd graph keeps must equal what megatron-core allocates; the peak of a whole
 forward + backward must stay under the planned activations (stored + backward working set).
-Multi-rank layouts (TP, PP, VPP, DP sharding) are in test_plan_real_megatron_multi.py.
+Multi-rank layouts (TP, PP, VPP, DP sharding) are in test_plan_real_megatron_multi.py. The
+measurements run in one process of their own (megatron_probe.py), never in the test runner.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
-import megatron_probe as probe
 import pytest
-from plan_jobs import TINY_GPT, TINY_LLAMA, make_job
+from plan_jobs import TINY_GPT, TINY_LLAMA, job_mapping, make_job
 
 from hpctrain.config import Layout
 from hpctrain.plan.activations import CPU_KERNELS, stage_activations
@@ -21,7 +27,7 @@ from hpctrain.plan.memory import state_bytes_per_pipeline_rank
 from hpctrain.plan.parameters import chunk_parameters, count_parameters, pipeline_chunks
 from hpctrain.plan.shape import ModelShape
 
-probe.init_process_group()
+PROBE = Path(__file__).with_name("megatron_probe.py")
 
 NO_BIAS_GQA_LEARNED = dict(TINY_GPT, add_bias_linear=False, num_query_groups=1,
                            untie_embeddings_and_output_weights=True, vocab_size=300)
@@ -43,11 +49,10 @@ def _strip(name: str) -> str:
 
 
 @pytest.mark.parametrize("case", list(STATE_CASES))
-def test_parameters_and_state_bytes_equal_what_megatron_allocates(case):
+def test_parameters_and_state_bytes_equal_what_megatron_allocates(measured, case):
     model, kwargs = STATE_CASES[case]
     job = make_job(model, **kwargs)
-    chunks, optimizer = probe.build(job, 1, 1, None)
-    real = probe.measure_state(chunks, optimizer)
+    real = measured[f"state {case}"]
     shape = ModelShape.from_job(job)
     (chunk,), = pipeline_chunks(shape.num_layers, 1, None)
     planned = [(p.name, p.numel) for p in chunk_parameters(shape, 1, 1, chunk)]
@@ -87,10 +92,9 @@ def planned_activations(job, micro_batch_size):
 
 @pytest.mark.parametrize("recompute", list(RECOMPUTE))
 @pytest.mark.parametrize("model", list(ACTIVATION_MODELS))
-def test_stored_activations_equal_what_autograd_keeps(model, recompute):
+def test_stored_activations_equal_what_autograd_keeps(measured, model, recompute):
     job = make_job(ACTIVATION_MODELS[model], precision="fp32", mbs=2, train=RECOMPUTE[recompute])
-    chunks, _ = probe.build(job, 1, 1, None)
-    real = probe.measure_activations(chunks, job, 2)["activation_bytes"]
+    real = measured[f"activations {model} {recompute}"]["activation_bytes"]
     planned = planned_activations(job, 2).stored
     if recompute == "selective":
         # the checkpoint of the attention core also keeps a few scalars (16 bytes seen)
@@ -110,10 +114,9 @@ PEAK_SHAPES = {
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full-uniform-2"])
 @pytest.mark.parametrize("name", list(PEAK_SHAPES))
-def test_forward_backward_peak_stays_within_the_planned_activations(name, recompute):
+def test_forward_backward_peak_stays_within_the_planned_activations(measured, name, recompute):
     job = make_job(PEAK_SHAPES[name], precision="fp32", mbs=2, train=RECOMPUTE[recompute])
-    chunks, _ = probe.build(job, 1, 1, None)
-    peak = probe.measure_peak(chunks, job, 2)
+    peak = measured[f"peak {name} {recompute}"]["peak_bytes"]
     planned = plan_layout(job, Layout(1, 1, None, 1, 2, 2),
                           Target(1, 1, None, Target.from_profile(None, 1).hardware, "cpu"),
                           sequence_parallel=False, recompute=job.train.recompute_granularity)
@@ -122,3 +125,37 @@ def test_forward_backward_peak_stays_within_the_planned_activations(name, recomp
           f"{act.total / 2**20:.2f} MiB, measured peak {peak / 2**20:.2f} MiB "
           f"({(act.total - peak) / peak:+.0%})")
     assert act.stored < peak <= act.total <= 1.6 * peak
+
+
+def _cases() -> list[dict]:
+    cases = [dict(name=f"state {case}", tp=1, pp=1, job=job_mapping(model, **kwargs))
+             for case, (model, kwargs) in STATE_CASES.items()]
+    cases += [dict(name=f"activations {model} {recompute}", tp=1, pp=1, measure_state=False,
+                   measure_activations=True,
+                   job=job_mapping(ACTIVATION_MODELS[model], precision="fp32", mbs=2,
+                                   train=RECOMPUTE[recompute]))
+              for model in ACTIVATION_MODELS for recompute in RECOMPUTE]
+    cases += [dict(name=f"peak {name} {recompute}", tp=1, pp=1, measure_state=False,
+                   measure_peak=True,
+                   job=job_mapping(PEAK_SHAPES[name], precision="fp32", mbs=2,
+                                   train=RECOMPUTE[recompute]))
+              for name in PEAK_SHAPES for recompute in ["none", "selective", "full-uniform-2"]]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict[str, dict]:
+    """Every case built and measured by real megatron-core in one process (world size 1)."""
+    folder = tmp_path_factory.mktemp("probe1")
+    (folder / "cases.json").write_text(json.dumps(_cases()))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "RANK": "0",
+           "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    proc = subprocess.run([sys.executable, str(PROBE), str(folder / "cases.json"),
+                           str(folder / "out")], capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["name"]: r for r in json.loads((folder / "out.0.json").read_text())}

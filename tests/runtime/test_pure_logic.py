@@ -164,6 +164,13 @@ def test_rank_environment_from_each_launcher():
                      "SLURM_NTASKS": "1"})
     assert (both.rank, both.world_size, both.launcher) == (1, 2, "torchrun")
     assert both.endpoint == "10.0.0.1:29400"
+    # in a Slurm job step, a RANK/WORLD_SIZE inherited from the submitting shell loses...
+    step = {**base, "RANK": "0", "WORLD_SIZE": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
+            "SLURM_LOCALID": "1", "SLURM_NTASKS": "4"}
+    assert (rank_env(step).rank, rank_env(step).world_size) == (3, 4)
+    # ...unless torchrun itself started the process inside the step
+    torchrun = rank_env({**step, "TORCHELASTIC_RUN_ID": "x", "RANK": "2", "WORLD_SIZE": "8"})
+    assert (torchrun.rank, torchrun.world_size, torchrun.launcher) == (2, 8, "torchrun")
     alone = rank_env({})
     assert (alone.rank, alone.world_size) == (0, 1)
     with pytest.raises(LaunchError, match="MASTER_PORT not set"):

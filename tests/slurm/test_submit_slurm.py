@@ -51,6 +51,9 @@ def echo_server():
 def test_two_nodes_two_tasks_see_their_ranks_and_gpus(slurm_cluster, tmp_path, monkeypatch,
                                                       echo_server):
     monkeypatch.setenv("TEST_ECHO_PORT", str(echo_server))
+    # launcher variables in the submitting shell must not reach the tasks (sbatch exports it)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
     r = dev_resolved(env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "1"})
     run = prepare_run(r, tmp_path / "runs")
     sub = submit_function(run, r.profile, tasks.task_environment, resolved=r)
@@ -68,6 +71,7 @@ def test_two_nodes_two_tasks_see_their_ranks_and_gpus(slurm_cluster, tmp_path, m
     assert {x["HPCTRAIN_ATTEMPT"] for x in results} == {"1"}
     assert {x["HPCTRAIN_RUN_DIR"] for x in results} == {str(run.path)}
     assert {x["NCCL_DEBUG"] for x in results} == {"WARN"}
+    assert {x["RANK"] for x in results} == {None} and {x["WORLD_SIZE"] for x in results} == {None}
     deadline = int(results[0]["HPCTRAIN_DEADLINE"])
     assert deadline > 0
     # the batch shell recorded the attempt in the ledger
