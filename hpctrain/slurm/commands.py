@@ -7,6 +7,7 @@ output; the runners here are thin. A missing command or a refusal becomes a
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -130,6 +131,35 @@ def sacct(job_ids: list[str], *, duplicates: bool = False) -> list[dict]:
     if proc.returncode != 0:
         return []
     return parse_sacct(proc.stdout)
+
+
+# ---- srun ------------------------------------------------------------------------------------
+
+_TASK_EXIT = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): "
+                        r"(?:Exited with exit code (?P<code>\d+)|(?P<signal>[A-Za-z][A-Za-z ]+))$")
+
+
+def parse_srun_task_exits(text: str) -> list[dict]:
+    """srun's per-task failure lines (``srun: error: n2: task 2: Exited with exit code 1``,
+    ``... task 1: Terminated``), in order: which task ended first and how."""
+    out = []
+    for line in text.splitlines():
+        m = _TASK_EXIT.match(line.strip())
+        if m:
+            out.append({"node": m["node"], "tasks": m["tasks"],
+                        "exit_code": int(m["code"]) if m["code"] else None,
+                        "signal": m["signal"].strip() if m["signal"] else None})
+    return out
+
+
+def step_exit_code(srun_code: int, task_exits: list[dict]) -> int:
+    """The code that says why a step ended. With --kill-on-bad-exit srun may report the
+    signal it used on the surviving tasks (143); the first task that exited on its own knows."""
+    if srun_code > 128 or srun_code < 0:
+        for t in task_exits:
+            if t["exit_code"]:
+                return t["exit_code"]
+    return srun_code
 
 
 # ---- scontrol / scancel -------------------------------------------------------------------

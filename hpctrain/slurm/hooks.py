@@ -156,7 +156,14 @@ def _scheduler_facts() -> dict:
 
 
 def cmd_end(run: Run, attempt: int, exit_code: int, started: float | None) -> str:
-    record, decision = finish_attempt(run, attempt, exit_code, started_at=started,
+    try:
+        batch_log = (run.attempt_dir(attempt) / "batch.log").read_text(errors="replace")
+    except OSError:
+        batch_log = ""
+    task_exits = commands.parse_srun_task_exits(batch_log)
+    code = commands.step_exit_code(exit_code, task_exits)
+    extra = {"task_exits": task_exits[:8]} if task_exits else None
+    record, decision = finish_attempt(run, attempt, code, started_at=started, extra=extra,
                                       **_scheduler_facts())
     print(f"[hpctrain] attempt {attempt}: {record['exit_reason']} at step {record['end_step']}; "
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)

@@ -52,3 +52,22 @@ def test_signal_action_defers_only_an_early_time_limit_warning():
     assert signal_action(end - 40, None, 25, False, "USR1") == ("now", 0.0)
     # far from the end it cannot be Slurm's warning (a person's drill): at once
     assert signal_action(end - 600, end, 25, False, "USR1") == ("now", 0.0)
+
+
+SRUN_LOG = """[hpctrain] attempt 1 of run /runs/x: job 51 restart 0 on n[1-2]; MASTER_ADDR=127.0.0.1:36669
+srun: error: n2: task 2: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=51.0
+srun: error: n1: tasks 0-1: Terminated
+srun: Force Terminated StepId=51.0
+[hpctrain] training step exited with 143 at 01:08:11
+"""
+
+
+def test_srun_task_exits_say_which_task_failed_first():
+    from hpctrain.slurm.commands import parse_srun_task_exits, step_exit_code
+    exits = parse_srun_task_exits(SRUN_LOG)
+    assert exits == [{"node": "n2", "tasks": "2", "exit_code": 1, "signal": None},
+                     {"node": "n1", "tasks": "0-1", "exit_code": None, "signal": "Terminated"}]
+    assert step_exit_code(143, exits) == 1          # srun's 143 hides the real failure
+    assert step_exit_code(0, []) == 0 and step_exit_code(137, []) == 137
+    assert step_exit_code(75, exits) == 75          # a real code is kept
