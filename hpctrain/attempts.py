@@ -6,6 +6,10 @@ executor — then calls :func:`finish_attempt`, which adds the scheduler's facts
 count, nodes, the step's exit code), asks :mod:`hpctrain.requeue_policy` whether to requeue,
 and appends one ledger record. When the ranks died without a result (SIGKILL, node failure),
 the record still gets written, from the exit code alone.
+
+Every rank that fails also leaves ``logs/attempt-N/failure-rank-R.json`` (when, where, what).
+One crash makes every peer fail a moment later ("connection closed by peer"), so the record
+names the *earliest* failure — the cause — not rank 0's echo of it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from .requeue_policy import Decision, decide
 from .runs import Run, now_iso
 
 RESULT_FILE = "result.json"
+FAILURE_GLOB = "failure-rank-*.json"
 
 
 def result_path(run: Run, attempt: int) -> Path:
@@ -36,6 +41,27 @@ def read_result(run: Run, attempt: int) -> dict:
         return json.loads(result_path(run, attempt).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+def write_failure(run: Run, attempt: int, rank: int, node: str, at: float, message: str) -> None:
+    """Any rank, as it fails: what went wrong there and when (atomic write)."""
+    from .config import yamlio
+    folder = run.attempt_dir(attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    yamlio.write_atomic(folder / f"failure-rank-{rank}.json",
+                        json.dumps({"rank": rank, "node": node, "time": at, "message": message}))
+
+
+def first_failure(run: Run, attempt: int) -> dict | None:
+    """The earliest failure any rank recorded in ``attempt``, or None."""
+    found = []
+    for path in run.attempt_dir(attempt).glob(FAILURE_GLOB):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    found = [f for f in found if isinstance(f.get("time"), (int, float))]
+    return min(found, key=lambda f: (f["time"], f.get("rank", 0))) if found else None
 
 
 def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
@@ -72,6 +98,11 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
         "last_loss": result.get("last_loss"),
         "message": result.get("message"),
     }
+    failure = first_failure(run, attempt) if reason == "failed" else None
+    if failure:
+        record["first_failure"] = failure
+        record["message"] = (f"rank {failure.get('rank')} on {failure.get('node') or '?'} "
+                             f"failed first: {failure.get('message')}")
     if extra:
         record.update(extra)
     if run.cancelled():

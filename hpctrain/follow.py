@@ -107,5 +107,7 @@ def describe_attempt(rec: dict) -> str:
     d = rec.get("decision", {})
     steps = f"steps {rec.get('start_step')}→{rec.get('end_step')}"
     then = ("requeued" if d.get("requeue") else "stopped") + (f": {d['reason']}" if d.get("reason") else "")
+    why = (f"\n[hpctrain]   {rec['message']}"
+           if rec.get("exit_reason") == "failed" and rec.get("message") else "")
     return (f"[hpctrain] attempt {rec.get('attempt')} ended: {rec.get('exit_reason')} ({steps}, "
-            f"{rec.get('duration_s')} s); {then}")
+            f"{rec.get('duration_s')} s); {then}{why}")

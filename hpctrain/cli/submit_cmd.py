@@ -182,5 +182,6 @@ def follow_to_end(sub, quiet: bool = False, from_attempt: int | None = None) -> 
     detail = failure_detail(sub)
     msg = (f"run {run.id} did not finish: last attempt ended with {reason or 'no record'}"
            + (f" ({last['decision']['reason']})" if last.get("decision") else "")
+           + (f"; {last['message']}" if reason == "failed" and last.get("message") else "")
            + f"; see `hpctrain logs {run.id}`")
     raise HpcTrainError(msg + (f"\n{detail}" if detail else ""))

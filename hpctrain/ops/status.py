@@ -189,6 +189,9 @@ def format_status(data: dict) -> str:
     if rows:
         lines.append("Attempts")
         lines.append(attempts_table(rows))
+        last = rows[-1]
+        if last.get("exit_reason") == "failed" and last.get("message"):
+            lines.append(f"  attempt {last.get('attempt')}: {last['message']}")
     else:
         lines.append("Attempts    none yet")
     return "\n".join(lines)

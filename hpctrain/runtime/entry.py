@@ -94,6 +94,7 @@ def train_main(run_dir: str | None = None) -> dict:
     try:
         outcome, summary = _train(run, renv, jenv, attempt, state)
     except BaseException as e:  # noqa: BLE001 - record every way an attempt can end
+        failed_at = time.time()
         _cleanup()
         if isinstance(e, SystemExit) and e.code in STOP_CODES:
             raise
@@ -101,6 +102,7 @@ def train_main(run_dir: str | None = None) -> dict:
         message = f"{type(e).__name__}: {e}" if not isinstance(e, HpcTrainError) else str(e)
         if isinstance(e, KeyboardInterrupt):
             message = "interrupted twice (Ctrl-C): stopped without a checkpoint"
+        _record_failure(run, state["attempt"], renv, failed_at, message)
         logger.info(f"attempt {attempt} failed: {message}")
         if not isinstance(e, HpcTrainError):
             logger.info(traceback.format_exc())
@@ -262,6 +264,19 @@ def _finish(run, renv, jenv, state, reason: str, code: int, message: str, collec
     if requeue:
         return exit_codes.LOCAL_REQUEUE
     return code
+
+
+def _record_failure(run, attempt: int, renv, at: float, message: str) -> None:
+    """This rank's failure, for the end of the attempt to find the first one."""
+    import os
+    import socket
+    from ..attempts import write_failure
+    from .log import logger
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    try:
+        write_failure(run, attempt, renv.rank, node, at, message)
+    except OSError as e:
+        logger.info(f"could not record this rank's failure: {e}")
 
 
 def _cleanup() -> None:

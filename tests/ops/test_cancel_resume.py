@@ -52,5 +52,5 @@ def test_cancel_then_resume_on_two_nodes(slurm_cluster, tmp_path):
     second = run.ledger()[1]
     assert (second["exit_reason"], second["start_step"], second["end_step"]) == \
         ("finished", first["end_step"], 24)
-    assert second["nodes"] == ["n1", "n2"]
+    assert len(second["nodes"]) == 2 and set(second["nodes"]) <= {"n1", "n2", "n3"}
     assert cli(root, "status", run.id).stdout.count(" finished ") == 1

@@ -15,10 +15,10 @@ def test_preflight_job_on_dev_cluster_passes(slurm_cluster, tmp_path):
                    "--wait", "240", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads(out.stdout)
-    assert report["passed"] and report["nodes"] == ["n1", "n2"] and report["world_size"] == 4
+    assert report["passed"] and len(report["nodes"]) == 2 and report["world_size"] == 4
     assert [s["size"] for s in report["sweep"]] == [262144, 1048576, 4194304]
     assert {r["node"] for r in report["checks"] if r["check"] == "collective.intra_node"} == \
-        {"n1", "n2"}
+        set(report["nodes"])
 
 
 @pytest.mark.slurm

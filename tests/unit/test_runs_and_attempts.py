@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from hpctrain import exit_codes
-from hpctrain.attempts import finish_attempt, write_result
+from hpctrain.attempts import finish_attempt, write_failure, write_result
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.errors import RunNotFoundError
 from hpctrain.runs import Run, append_jsonl, create_run, find_run, read_jsonl
@@ -83,6 +83,27 @@ def test_finish_attempt_without_result_uses_the_exit_code(run):
     n = run.begin_attempt()
     rec, decision = finish_attempt(run, n, 137, scheduler="slurm")
     assert rec["exit_reason"] == "killed" and not decision.requeue
+
+
+def test_a_failed_attempt_names_the_rank_that_failed_first(run):
+    """Rank 0's own error is the echo (its peer vanished); the earliest failure is the cause."""
+    n = run.begin_attempt()
+    write_result(run, n, {"start_step": 0, "end_step": 2, "exit_reason": "failed",
+                          "message": "RuntimeError: Connection closed by peer"})
+    write_failure(run, n, 0, "n1", 1000.5, "RuntimeError: Connection closed by peer")
+    write_failure(run, n, 3, "n2", 1000.7, "RuntimeError: Connection closed by peer")
+    write_failure(run, n, 2, "n2", 1000.1, "ValueError: bad batch")
+    rec, _ = finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
+    assert rec["first_failure"]["rank"] == 2
+    assert rec["message"] == "rank 2 on n2 failed first: ValueError: bad batch"
+
+
+def test_failure_records_do_not_rename_an_attempt_that_was_preempted(run):
+    n = run.begin_attempt()
+    write_result(run, n, {"start_step": 0, "end_step": 5, "exit_reason": "preempted"})
+    write_failure(run, n, 1, "n1", 1.0, "RuntimeError: Connection closed by peer")
+    rec, _ = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm")
+    assert rec["exit_reason"] == "preempted" and "first_failure" not in rec
 
 
 def test_a_cancel_event_prevents_requeue(run):
