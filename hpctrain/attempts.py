@@ -64,6 +64,13 @@ def first_failure(run: Run, attempt: int) -> dict | None:
     return min(found, key=lambda f: (f["time"], f.get("rank", 0))) if found else None
 
 
+def _saved_at_end(result: dict) -> bool:
+    """The attempt's newest published checkpoint is of its last step."""
+    from .runtime.checkpoint.store import step_name
+    saved, end = result.get("checkpoint_saved"), result.get("end_step")
+    return bool(saved) and isinstance(end, int) and Path(saved).name == step_name(end)
+
+
 def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
                    job_id: str | None = None, restart_count: int = 0,
                    nodes: list[str] | None = None, started_at: float | None = None,
@@ -75,8 +82,14 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
     """
     result = read_result(run, attempt)
     reason = result.get("exit_reason") or exit_codes.reason_for(exit_code)
+    note = None
     if exit_code not in (None, exit_codes.FINISHED) and reason == "finished":
-        reason = exit_codes.reason_for(exit_code)  # finished training but a rank failed after
+        if _saved_at_end(result):
+            # trained to the end and published the final checkpoint: nothing left to redo
+            note = (f"training finished and saved; the step then ended with exit code "
+                    f"{exit_code} ({exit_codes.reason_for(exit_code)})")
+        else:
+            reason = exit_codes.reason_for(exit_code)  # a rank failed before the final save
     ended = time.time()
     started = started_at or result.get("start_time") or ended
     record = {
@@ -103,6 +116,8 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
         record["first_failure"] = failure
         record["message"] = (f"rank {failure.get('rank')} on {failure.get('node') or '?'} "
                              f"failed first: {failure.get('message')}")
+    if note:
+        record["note"] = note
     if extra:
         record.update(extra)
     if run.cancelled():

@@ -17,24 +17,32 @@ NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "Deprecatio
 
 
 class Tail:
-    """New complete lines of a file since the last call (the file may not exist yet)."""
+    """New complete lines of a file since the last call (the file may not exist yet).
+    ``offset`` counts bytes: a line cut mid-write (or mid-character) waits for its end."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
-        self.offset = 0
-        self.partial = ""
+        self.offset = offset
+        self.partial = b""
 
     def lines(self) -> list[str]:
         try:
-            with open(self.path, "r", errors="replace") as f:
+            with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()
-                self.offset = f.tell()
         except FileNotFoundError:
             return []
-        data = self.partial + data
-        *complete, self.partial = data.split("\n")
-        return complete
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        return [line.decode(errors="replace") for line in complete]
+
+
+def complete_lines(path: Path) -> tuple[list[str], int]:
+    """The file's complete lines now, and the byte offset just after the last one (where a
+    :class:`Tail` picks up without losing or repeating a line)."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    return data[:end].decode(errors="replace").splitlines(), end
 
 
 def rank0_progress(line: str) -> bool:
@@ -63,9 +71,7 @@ def follow(run: Run, is_active: Callable[[], bool], echo: Callable[[str], None],
     offsets = start_offsets or {}
 
     def tail(path: Path) -> Tail:
-        t = Tail(path)
-        t.offset = offsets.get(path, 0)
-        return t
+        return Tail(path, offsets.get(path, 0))
     tails: dict[int, Tail] = {}
     batch_tails: dict[int, Tail] = {}
     seen_ledger = len(run.ledger())
@@ -109,5 +115,7 @@ def describe_attempt(rec: dict) -> str:
     then = ("requeued" if d.get("requeue") else "stopped") + (f": {d['reason']}" if d.get("reason") else "")
     why = (f"\n[hpctrain]   {rec['message']}"
            if rec.get("exit_reason") == "failed" and rec.get("message") else "")
+    if rec.get("note"):
+        why += f"\n[hpctrain]   {rec['note']}"
     return (f"[hpctrain] attempt {rec.get('attempt')} ended: {rec.get('exit_reason')} ({steps}, "
             f"{rec.get('duration_s')} s); {then}{why}")

@@ -129,15 +129,21 @@ def logs(run_ref, rank, attempt, batch, follow, tail_lines, runs_dir):
       hpctrain logs tiny-gpt -f                  # follow, across requeues
       hpctrain logs tiny-gpt --batch             # the batch shell: signals, requeue decisions
     """
+    from ..follow import complete_lines
     from ..ops.logs import choose_log, follow_logs
     run = find(run_ref, runs_dir)
     path = choose_log(run, rank=rank, attempt=attempt, batch=batch, must_exist=not follow)
+    shown = None
     if path is not None and path.exists():
-        lines = path.read_text(errors="replace").splitlines()
+        if follow:  # complete lines only: following picks up exactly where this stops
+            lines, end = complete_lines(path)
+            shown = (path, end)
+        else:
+            lines = path.read_text(errors="replace").splitlines()
         for line in lines[-tail_lines:] if tail_lines else lines:
             click.echo(line)
     if follow:
-        follow_logs(run, rank=None if batch else rank, attempt=attempt, skip_existing=path,
+        follow_logs(run, rank=None if batch else rank, attempt=attempt, shown=shown,
                     echo=click.echo)
 
 

@@ -18,9 +18,8 @@ from ..errors import ConfigError, UsageError
 from ..runs import Run, now_iso
 from ..slurm import commands
 from ..slurm.state import cancel_local, live_jobs
-from ..slurm.submit import Submitted
+from ..slurm.submit import Submitted, submit_training
 from .checkpoints import inspect_checkpoints
-from .launch import submit_run_job
 from .runview import RunView, build_view
 
 
@@ -180,6 +179,6 @@ def _resubmit(run: Run, resolved: Resolved, event: str, *, force: bool,
     run.event(event, **data)  # before submitting: it reopens a cancelled run for the new job
     next_attempt = max(run.attempts_started() + [int(r.get("attempt") or 0) for r in run.ledger()]
                        + [0]) + 1
-    sub = submit_run_job(resolved, run)
+    sub = submit_training(resolved, run)
     return Resubmitted(sub, sub.job_id, "resubmitted", from_step, resolved.profile.name,
                        resolved.profile.world_size, next_attempt)

@@ -46,21 +46,23 @@ def choose_log(run: Run, *, rank: int, attempt: int | None, batch: bool,
     return path
 
 
-def follow_logs(run: Run, *, rank: int | None, attempt: int | None, skip_existing: Path | None,
-                echo: Callable[[str], None], poll_s: float = 1.0) -> None:
+def follow_logs(run: Run, *, rank: int | None, attempt: int | None,
+                shown: tuple[Path, int] | None, echo: Callable[[str], None],
+                poll_s: float = 1.0) -> None:
     """Print new lines until the run has no pending or running job; with no ``attempt``, go on
     into the attempts that follow (requeues). What was already printed is not repeated; a rank
-    log is shown whole, with the batch shell's ``[hpctrain]`` lines (signals, requeues) between."""
-    from ..follow import follow, hpctrain_line
+    log is shown whole, with the batch shell's ``[hpctrain]`` lines (signals, requeues) between.
+    ``shown``: the file already printed and the byte offset its printing stopped at."""
+    from ..follow import complete_lines, follow, hpctrain_line
     from ..slurm.state import live_jobs
     current = attempt or (run.attempts_started() or [1])[-1]
     offsets = {}
-    if skip_existing is not None and skip_existing.exists():
-        offsets[skip_existing] = skip_existing.stat().st_size
+    if shown is not None:
+        offsets[shown[0]] = shown[1]
         if rank is not None:  # the batch lines of this attempt were not printed: start at the end
             batch = run.attempt_dir(current) / "batch.log"
             if batch.exists():
-                offsets[batch] = batch.stat().st_size
+                offsets[batch] = complete_lines(batch)[1]
     follow(run, lambda: bool(live_jobs(run)), echo, poll_s=poll_s, rank=rank, attempt=attempt,
            from_attempt=current, line_filter=lambda line: True,
            batch_filter=(lambda line: True) if rank is None else hpctrain_line,

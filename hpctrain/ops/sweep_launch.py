@@ -21,8 +21,7 @@ from ..config import yamlio
 from ..errors import HpcTrainError, SubmissionError, UsageError
 from ..runs import Run, now_iso
 from ..slurm.render import ScriptInputs, render_sbatch
-from ..slurm.submit import Submitted, node_python, prepare_run, step_python
-from .launch import DEFAULT_ENTRY, load_entry, submit_run_job
+from ..slurm.submit import Submitted, node_python, prepare_run, step_python, submit_training
 from .sweep import SweepPoint, new_sweep_dir
 
 
@@ -41,16 +40,15 @@ class SweepSubmission:
     runs: list[SweepRun]
 
 
-def prepare_sweep(points: list[SweepPoint], runs_root: Path, *, source: str,
-                  entry: str | None = None) -> tuple[Path, list[SweepRun]]:
+def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
+                  source: str) -> tuple[Path, list[SweepRun]]:
     """The sweep folder and one prepared run folder per combination (nothing submitted)."""
     sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name)
     runs = []
     for p in points:
         run = prepare_run(p.resolved, runs_root, source=source)
-        extra = {"entry": entry} if entry and entry != DEFAULT_ENTRY else {}
         run.update_meta(sweep={"id": sweep_dir.name, "dir": str(sweep_dir), "index": p.index,
-                               "values": p.values}, **extra)
+                               "values": p.values})
         runs.append(SweepRun(p, run))
     _write_sweep_file(sweep_dir, runs, source=source, profile=points[0].resolved.profile.name)
     return sweep_dir, runs
@@ -91,7 +89,8 @@ def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
                                               [r.run.submitit_dir for r in runs])
     except RuntimeError as e:
         raise HpcTrainError(f"cannot submit to Slurm from here: {e}") from None
-    calls = [functools.partial(load_entry(_entry(r.run)), str(r.run.path)) for r in runs]
+    from ..runtime.entry import train_main
+    calls = [functools.partial(train_main, str(r.run.path)) for r in runs]
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
@@ -115,7 +114,7 @@ def run_sweep_locally(sweep_dir: Path, runs: list[SweepRun],
     """Train the runs one after another on this machine; ``follow`` waits for one and says how
     it ended (``finished`` or the error), so one failure does not stop the sweep."""
     for r in runs:
-        sub = submit_run_job(r.point.resolved, r.run)
+        sub = submit_training(r.point.resolved, r.run)
         r.job_id = sub.job_id
         try:
             r.outcome = follow(sub)
@@ -123,10 +122,6 @@ def run_sweep_locally(sweep_dir: Path, runs: list[SweepRun],
             r.outcome = str(e).splitlines()[0]
     _write_sweep_file(sweep_dir, runs, profile=runs[0].point.resolved.profile.name)
     return SweepSubmission(sweep_dir, None, runs)
-
-
-def _entry(run: Run) -> str:
-    return run.meta().get("entry") or DEFAULT_ENTRY
 
 
 def check_max_parallel(max_parallel: int | None, scheduler: str) -> None:

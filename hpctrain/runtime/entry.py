@@ -180,6 +180,7 @@ def _train(run, renv, jenv, attempt, state):
     state["end_step"] = trainer.step
     try:
         outcome = trainer.run()
+        flag.stand_down()
     finally:
         state["end_step"] = trainer.step
         state["last_loss"] = trainer.last_loss

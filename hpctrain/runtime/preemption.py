@@ -45,6 +45,14 @@ class PreemptionFlag:
             signal.signal(num, handler)
         self._previous.clear()
 
+    def stand_down(self) -> None:
+        """The attempt's work is over: ignore the preemption signal from now on. Python gives
+        back the default action (terminate) to handled signals while the interpreter shuts
+        down, so a late time-limit warning would otherwise turn a clean exit into a kill."""
+        name = self.signal_names[0]
+        if name not in ("TERM", "INT"):
+            signal.signal(signal_number(name), signal.SIG_IGN)
+
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.received is not None:
             raise KeyboardInterrupt

@@ -1,5 +1,6 @@
-"""Shared helpers of the operations tests: a profile and job that fit the dev cluster with one
-node, run folders that run tests/ops/trainer.py, and waits on a run's files and jobs."""
+"""Shared helpers of the operations tests: the smallest real job (tests/ops/tiny-ops.yaml, the
+real runtime on one rank or a few), profiles that fit the dev cluster, run folders, and waits on
+a run's files and jobs."""
 
 from __future__ import annotations
 
@@ -8,42 +9,54 @@ import time
 from pathlib import Path
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.ops.launch import submit_run_job
 from hpctrain.runs import Run, read_last_jsonl
 from hpctrain.slurm.state import live_jobs
-from hpctrain.slurm.submit import prepare_run
+from hpctrain.slurm.submit import prepare_run, submit_training
 from tests.conftest import REPO, wait_until
 
-FAKE_JOB = REPO / "tests" / "ops" / "fake-job.yaml"
-FAKE_ENTRY = "tests.ops.trainer:fake_train"
+OPS_JOB = REPO / "tests" / "ops" / "tiny-ops.yaml"
 
 
-def fake_profile(*, nodes: int = 1, ranks_per_node: int = 2, step_s: float = 0.2,
-                 max_requeues: int = 5, **slurm):
+def slowed(profile, step_s: float):
+    """The profile with every training step slowed to at least ``step_s`` (the runtime's
+    HPCTRAIN_TEST_STEP_SLEEP_S): time for a test to act while the run is mid-way."""
+    return dataclasses.replace(profile, env={**profile.env, "HPCTRAIN_TEST_STEP_SLEEP_S": str(step_s)})
+
+
+def ops_profile(*, nodes: int = 1, ranks_per_node: int = 1, step_s: float = 0.2,
+                max_requeues: int = 5, **slurm):
+    """dev-slurm resized (``ranks_per_node`` fake GPUs = ranks on each node), steps slowed."""
     p = load_profile("dev-slurm")
-    return dataclasses.replace(
-        p, env={**p.env, "FAKE_STEP_S": str(step_s)},
-        slurm=dataclasses.replace(p.slurm, nodes=nodes, gpus_per_node=ranks_per_node, **slurm),
-        preemption=dataclasses.replace(p.preemption, max_requeues=max_requeues))
+    return slowed(dataclasses.replace(
+        p, slurm=dataclasses.replace(p.slurm, nodes=nodes, gpus_per_node=ranks_per_node, **slurm),
+        preemption=dataclasses.replace(p.preemption, max_requeues=max_requeues)), step_s)
 
 
-def fake_resolved(profile, steps: int | None = None, job_file: Path = FAKE_JOB):
+def ops_resolved(profile, steps: int | None = None, job_file: Path = OPS_JOB):
+    """The job resolved on ``profile``, its token data prepared (as `hpctrain submit` does)."""
+    from hpctrain.data.prepare import ensure_prepared
     job = load_job(job_file)
     if steps is not None:
         job.train.steps = steps
+    ensure_prepared(job)
     return resolve(job, profile, source=str(job_file))
 
 
-def fake_run(root: Path, resolved) -> Run:
-    """A prepared run folder whose jobs run the stand-in trainer."""
-    run = prepare_run(resolved, root, source=str(FAKE_JOB))
-    run.update_meta(entry=FAKE_ENTRY)
-    return run
+def ops_job() -> str:
+    """tests/ops/tiny-ops.yaml with its token data prepared (for sweeps, which load it)."""
+    from hpctrain.data.prepare import ensure_prepared
+    ensure_prepared(load_job(OPS_JOB))
+    return str(OPS_JOB)
 
 
-def start_fake_run(root: Path, resolved):
-    run = fake_run(root, resolved)
-    return run, submit_run_job(resolved, run)
+def ops_run(root: Path, resolved) -> Run:
+    """A prepared run folder (not submitted)."""
+    return prepare_run(resolved, root, source=str(OPS_JOB))
+
+
+def start_run(root: Path, resolved):
+    run = ops_run(root, resolved)
+    return run, submit_training(resolved, run)
 
 
 def step_of(run: Run) -> int:
@@ -51,7 +64,7 @@ def step_of(run: Run) -> int:
     return m["step"] if m else 0
 
 
-def wait_step(run: Run, step: int, timeout: float = 90) -> int:
+def wait_step(run: Run, step: int, timeout: float = 240) -> int:
     return wait_until(lambda: step_of(run) >= step and step_of(run), timeout,
                       what=f"run {run.id} to reach step {step}")
 
@@ -83,8 +96,7 @@ def record(attempt: int, start: int, end: int, reason: str, requeue: bool, *, jo
 def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(), steps=30) -> Run:
     """A run folder written by hand (no job): what a run looks like after its attempts."""
     from hpctrain.runs import append_jsonl
-    from tests.ops.trainer import _save
-    run = fake_run(root, fake_resolved(fake_profile(), steps=steps))
+    run = ops_run(root, ops_resolved(ops_profile(ranks_per_node=2), steps=steps))
     for r in ledger:
         run.append_ledger(r)
     for m in metrics:
@@ -92,8 +104,20 @@ def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(),
     for e in events:
         append_jsonl(run.events_file, e)
     for step in checkpoints:
-        _save(run.checkpoint_dir(), step, attempt=1)
+        write_checkpoint(run.checkpoint_dir(), step, attempt=1)
     return run
+
+
+def write_checkpoint(root: Path, step: int, attempt: int) -> Path:
+    """A published ``step-N`` folder (one small file, checksummed manifest) made with the
+    runtime's own store functions: what listings and status read, without a model."""
+    import json
+    from hpctrain.runtime.checkpoint import store
+    partial = store.partial_dir(root, step, attempt)
+    partial.mkdir(parents=True, exist_ok=True)
+    (partial / "state.json").write_text(json.dumps({"step": step}))
+    files = store.checksum_files(partial, store.list_files(partial))
+    return store.publish(partial, root, step, store.build_manifest(step, files))
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.config import yamlio
-from tests.ops.helpers import (cli, fake_profile, fake_resolved, start_fake_run, wait_ledger,
-                               wait_step, wait_stopped)
+from tests.ops.helpers import (cli, ops_profile, ops_resolved, start_run, wait_ledger, wait_step,
+                               wait_stopped)
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 
 def test_cancel_then_resume_on_two_nodes(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    resolved = fake_resolved(fake_profile(ranks_per_node=1, step_s=0.25), steps=24)
-    run, sub = start_fake_run(root, resolved)
+    resolved = ops_resolved(ops_profile(step_s=0.3), steps=24)
+    run, sub = start_run(root, resolved)
     wait_step(run, 3)
 
     busy = cli(root, "resume", run.id, check=False)
@@ -24,7 +24,7 @@ def test_cancel_then_resume_on_two_nodes(slurm_cluster, tmp_path):
 
     out = cli(root, "cancel", run.id).stdout
     assert out.startswith(f"Cancelled run {run.id}: job(s) {sub.job_id}. Checkpoints are kept")
-    (first,) = wait_ledger(run, 1)
+    (first,) = wait_ledger(run, 1, timeout=180)
     wait_stopped(run)
     assert first["exit_reason"] == "cancelled" and first["decision"]["requeue"] is False
     saved = first["checkpoint_saved"]
@@ -37,7 +37,7 @@ def test_cancel_then_resume_on_two_nodes(slurm_cluster, tmp_path):
     too_many = cli(root, "resume", run.id, "--nodes", "3", check=False)
     assert too_many.returncode == 2
     assert "cannot run on 'dev-slurm' with 3 ranks" in too_many.stderr
-    assert "batch.global_batch_size: 8 is not divisible" in too_many.stderr
+    assert "batch.global_batch_size: 4 is not divisible" in too_many.stderr
     assert not (run.path / "profile.1.yaml").exists()
 
     out = cli(root, "resume", run.id, "--nodes", "2").stdout
@@ -47,7 +47,7 @@ def test_cancel_then_resume_on_two_nodes(slurm_cluster, tmp_path):
     assert (old["slurm"]["nodes"], new["slurm"]["nodes"]) == (1, 2)
     meta = run.meta()
     assert meta["world_size"] == 2 and meta["profile_history"][0]["world_size"] == 1
-    wait_ledger(run, 2)
+    wait_ledger(run, 2, timeout=300)
     wait_stopped(run)
     second = run.ledger()[1]
     assert (second["exit_reason"], second["start_step"], second["end_step"]) == \

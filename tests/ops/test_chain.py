@@ -11,15 +11,15 @@ import pytest
 
 from hpctrain.ops.launch import submit_chain
 from tests.conftest import wait_until
-from tests.ops.helpers import cli, fake_profile, fake_resolved, fake_run, wait_ledger, wait_step, wait_stopped
+from tests.ops.helpers import cli, ops_profile, ops_resolved, ops_run, wait_ledger, wait_step, wait_stopped
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 
 def test_a_chain_of_jobs_continues_one_run(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    resolved = fake_resolved(fake_profile(ranks_per_node=1, step_s=0.25, max_requeues=0), steps=24)
-    run = fake_run(root, resolved)
+    resolved = ops_resolved(ops_profile(step_s=0.3, max_requeues=0), steps=24)
+    run = ops_run(root, resolved)
     first, second, third = [s.job_id for s in submit_chain(resolved, run, 3)]
     assert run.job_ids() == [first, second, third] and run.meta()["chain"] == [first, second, third]
     wait_step(run, 3)
@@ -28,8 +28,8 @@ def test_a_chain_of_jobs_continues_one_run(slurm_cluster, tmp_path):
         [(second, "PENDING", "Dependency"), (third, "PENDING", "Dependency")]
     assert data["state"] == "RUNNING" and data["job_id"] == first
     subprocess.run(["scancel", "--full", "-s", "USR1", first], check=True)
-    ledger = wait_ledger(run, 2)
-    wait_stopped(run)
+    ledger = wait_ledger(run, 2, timeout=300)
+    wait_stopped(run, timeout=180)
     one, two = run.ledger()
     assert (one["job_id"], one["exit_reason"], one["decision"]["requeue"]) == (first, "preempted", False)
     assert "requeue budget spent" in one["decision"]["reason"]

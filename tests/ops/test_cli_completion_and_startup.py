@@ -25,7 +25,7 @@ def test_commands_and_run_ids_complete(tmp_path):
     env = {"_HPCTRAIN_COMPLETE": "bash_complete", "HPCTRAIN_RUNS_DIR": str(root)}
     words = hpctrain(env={**env, "COMP_WORDS": "hpctrain re", "COMP_CWORD": "1"}, check=True)
     assert words.stdout.split() == ["plain,render", "plain,requeue", "plain,resume", "plain,report"]
-    ids = hpctrain(env={**env, "COMP_WORDS": "hpctrain status ops-", "COMP_CWORD": "2"}, check=True)
+    ids = hpctrain(env={**env, "COMP_WORDS": "hpctrain status tiny-", "COMP_CWORD": "2"}, check=True)
     assert sorted(ids.stdout.split()) == sorted([f"plain,{run.id}", f"plain,{other.id}"])
     one = hpctrain(env={**env, "COMP_WORDS": f"hpctrain logs {run.id}", "COMP_CWORD": "2"},
                    check=True)

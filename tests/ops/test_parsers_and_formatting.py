@@ -85,3 +85,22 @@ def test_progress_bar_is_cleared_around_log_lines():
     out = stream.getvalue()
     assert printed == ["line"]
     assert out.count("\r\x1b[K") == 3 and out.count("5/10") == 2  # drawn, cleared, redrawn, cleared
+
+
+def test_following_a_log_loses_no_line_and_waits_for_a_line_cut_mid_character(tmp_path):
+    from hpctrain.follow import Tail, complete_lines
+    log = tmp_path / "rank-0.log"
+    text = "step 1 on TP2×PP2\nstep 2 on TP2×PP2\n"
+    cut = text.encode().index("×".encode()) + 1  # inside the two bytes of the second line's ×
+    cut = text.encode().index("×".encode(), cut) + 1
+    log.write_bytes(text.encode()[:cut])
+    shown, end = complete_lines(log)
+    assert shown == ["step 1 on TP2×PP2"] and end == len("step 1 on TP2×PP2\n".encode())
+    tail = Tail(log, end)
+    assert tail.lines() == []
+    with open(log, "ab") as f:
+        f.write(text.encode()[cut:] + b"step 3")
+    assert tail.lines() == ["step 2 on TP2×PP2"]
+    with open(log, "ab") as f:
+        f.write(b"\n")
+    assert tail.lines() == ["step 3"]

@@ -10,24 +10,26 @@ import subprocess
 import pytest
 
 from tests.conftest import hpctrain
-from tests.ops.helpers import (cli, fake_profile, fake_resolved, png_size, start_fake_run, wait_ledger,
+from tests.ops.helpers import (cli, ops_profile, ops_resolved, png_size, start_run, wait_ledger,
                                wait_step, wait_stopped)
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 
 @pytest.fixture(scope="module")
 def preempted_run(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("preempted") / "runs"
-    resolved = fake_resolved(fake_profile(step_s=0.25), steps=30)
-    run, sub = start_fake_run(root, resolved)
+    resolved = ops_resolved(ops_profile(ranks_per_node=2, step_s=0.3), steps=30)
+    run, sub = start_run(root, resolved)
     wait_step(run, 6)
-    # needs both nodes whole: Slurm preempts the debug job (USR1, then requeue)
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "--nodes=2", "--exclusive",
+    # needs every node whole: Slurm preempts the debug job (USR1, then requeue)
+    nodes = len(subprocess.run(["sinfo", "-h", "-N", "-p", "high", "-o", "%N"], capture_output=True,
+                               text=True, check=True).stdout.split())
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", f"--nodes={nodes}", "--exclusive",
                            "--time=1", "-o", "/dev/null", "--wrap", "sleep 1"],
                           capture_output=True, text=True).stdout.strip()
-    ledger = wait_ledger(run, 2, timeout=150)
-    wait_stopped(run)
+    ledger = wait_ledger(run, 2, timeout=300)
+    wait_stopped(run, timeout=180)
     return {"run": run, "job_id": sub.job_id, "root": root, "high": high, "ledger": ledger}
 
 
@@ -61,10 +63,10 @@ def test_logs_of_a_given_rank_and_attempt(preempted_run):
     run, root = preempted_run["run"], preempted_run["root"]
     stop = run.ledger()[0]["end_step"]
     out = cli(root, "logs", run.id, "--rank", "1", "--attempt", "1").stdout
-    assert "rank 1: signal at step " in out and "; saved, exiting 75" in out  # ranks are not in lockstep
-    assert "rank 0" not in out
+    assert "global_rank=1(2)" in out and "rank 0" not in out  # rank 1's own log
     latest = cli(root, "logs", run.id).stdout
-    assert f"rank 0: attempt 2 starts at step {stop} from step-{stop:08d}" in latest
+    assert f"rank 0: run {run.id} attempt 2:" in latest and "attempt 1:" not in latest
+    assert f"checkpoint: resumed from {run.checkpoint_dir() / f'step-{stop:08d}'}" in latest
     batch = cli(root, "logs", run.id, "--batch", "--attempt", "1").stdout
     assert "batch shell got SIGUSR1" in batch and "requeue" in batch
     missing = cli(root, "logs", run.id, "--rank", "7", check=False)

@@ -10,15 +10,15 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.ops.helpers import cli, fake_profile, fake_resolved, start_fake_run, wait_ledger, wait_step
+from tests.ops.helpers import cli, ops_profile, ops_resolved, start_run, wait_ledger, wait_step
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 
 def test_requeue_a_running_job_while_following_its_logs(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    resolved = fake_resolved(fake_profile(ranks_per_node=1, step_s=0.25), steps=24)
-    run, sub = start_fake_run(root, resolved)
+    resolved = ops_resolved(ops_profile(step_s=0.3), steps=24)
+    run, sub = start_run(root, resolved)
     wait_step(run, 3)
     follower = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", run.id, "--follow"],
                                 cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)},
@@ -26,8 +26,8 @@ def test_requeue_a_running_job_while_following_its_logs(slurm_cluster, tmp_path)
     try:
         out = cli(root, "requeue", run.id).stdout
         assert out.startswith(f"Requeued job {sub.job_id} of run {run.id}: Slurm stops it")
-        first, second = wait_ledger(run, 2, timeout=150)
-        stdout, stderr = follower.communicate(timeout=60)
+        first, second = wait_ledger(run, 2, timeout=300)
+        stdout, stderr = follower.communicate(timeout=120)
     finally:
         follower.kill()
     assert follower.returncode == 0, stderr
@@ -37,9 +37,15 @@ def test_requeue_a_running_job_while_following_its_logs(slurm_cluster, tmp_path)
     assert requeues[0]["how"] == "scontrol requeue"
     lines = stdout.splitlines()
     stop = first["end_step"]
+
+    def where(text: str) -> int:
+        found = [n for n, line in enumerate(lines) if text in line]
+        assert len(found) == 1, f"{text!r} {len(found)} times in:\n{stdout}"  # once, not repeated
+        return found[0]
+
     # attempt 1's rank-0 lines, the batch shell's decision, attempt 2's lines, in that order
-    i = lines.index(f"rank 0: signal at step {stop}; saved, exiting 75")
-    j = next(k for k, ln in enumerate(lines) if ln.startswith("[hpctrain] attempt 1 ended: preempted"))
-    k = lines.index(f"rank 0: attempt 2 starts at step {stop} from step-{stop:08d}")
-    assert i < j < k and lines.index("rank 0: finished at step 24") > k
-    assert lines.count("rank 0: attempt 1 starts at step 0") == 1  # printed once, not repeated
+    i = where(f"rank 0: checkpoint: saved step {stop} (emergency")
+    j = where("[hpctrain] attempt 1 ended: preempted")
+    k = where(f"rank 0: checkpoint: resumed from {run.checkpoint_dir() / f'step-{stop:08d}'}")
+    assert where(f"rank 0: run {run.id} attempt 1:") < i < j < k
+    assert where("rank 0: attempt 2 ended: finished at step 24") > k

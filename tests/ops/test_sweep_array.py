@@ -12,16 +12,16 @@ from hpctrain.config import yamlio
 from hpctrain.ops.sweep import expand
 from hpctrain.ops.sweep_launch import prepare_sweep, submit_sweep_array
 from hpctrain.slurm.commands import parse_scontrol_record, sbatch_test_only
-from tests.ops.helpers import FAKE_ENTRY, FAKE_JOB, cli, fake_profile, wait_stopped
+from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_profile, wait_stopped
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 
 def test_sweep_runs_as_one_throttled_job_array(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    profile = fake_profile(ranks_per_node=1, step_s=0.1)
-    points = expand(str(FAKE_JOB), profile, ["train.lr=1e-3,2e-3", "train.steps=6,8"])
-    sweep_dir, runs = prepare_sweep(points, root, source=str(FAKE_JOB), entry=FAKE_ENTRY)
+    profile = ops_profile(step_s=0.0)
+    points = expand(ops_job(), profile, ["train.lr=1e-3,2e-3", "train.steps=3,4"])
+    sweep_dir, runs = prepare_sweep(points, root, source=str(OPS_JOB))
     sub = submit_sweep_array(sweep_dir, runs, max_parallel=2)
     array = sub.array_job_id
     info = parse_scontrol_record(subprocess.run(["scontrol", "show", "job", array],
@@ -31,7 +31,7 @@ def test_sweep_runs_as_one_throttled_job_array(slurm_cluster, tmp_path):
     assert "#SBATCH --array=0-3%2" in script
     assert [r.run.job_ids() for r in runs] == [[f"{array}_{i}"] for i in range(4)]
     for r in runs:
-        wait_stopped(r.run)
+        wait_stopped(r.run, timeout=300)
     for r in runs:
         (rec,) = r.run.ledger()
         job = yamlio.read_mapping(r.run.job_file)
@@ -51,8 +51,11 @@ def test_sweep_dry_run_prepares_folders_and_slurm_accepts_the_array_script(slurm
     data.parent.mkdir()
     for ext in (".bin", ".idx"):
         data.with_name(data.name + ext).write_bytes(b"")
-    job = yamlio.read_mapping(FAKE_JOB)
+    job = yamlio.read_mapping(OPS_JOB)
     job["data"]["path"] = str(data)
+    job["data"].pop("prepare_from")
+    job["batch"]["global_batch_size"] = 8  # DP 4 on dev-slurm's 2 × 2 ranks
+    job["train"]["min_lr"] = 1.0e-5  # below the swept learning rates
     job_file = tmp_path / "job.yaml"
     yamlio.write_atomic(job_file, yamlio.dump(job))
     root = tmp_path / "runs"

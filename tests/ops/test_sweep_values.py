@@ -9,8 +9,23 @@ from click.testing import CliRunner
 from hpctrain.cli import cli
 from hpctrain.errors import UsageError
 from hpctrain.ops.sweep import combinations, expand, parse_axes, parse_axis
-from tests.conftest import hpctrain
-from tests.ops.helpers import FAKE_JOB, fake_profile
+from hpctrain.config import yamlio
+from tests.conftest import REPO, hpctrain
+from tests.ops.helpers import OPS_JOB, ops_profile
+
+
+@pytest.fixture(scope="module")
+def job_file(tmp_path_factory) -> str:
+    """tests/ops/tiny-ops.yaml with a global batch of 8 (fits 4 ranks of data parallelism) and a
+    lower min_lr (the sweeps below go down to lr 1e-4)."""
+    data = yamlio.read_mapping(OPS_JOB)
+    data["batch"]["global_batch_size"] = 8
+    data["train"]["min_lr"] = 1.0e-5
+    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
+    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    path = tmp_path_factory.mktemp("sweep-values") / "job.yaml"
+    yamlio.write_atomic(path, yamlio.dump(data))
+    return str(path)
 
 
 def test_values_are_yaml_scalars_in_the_given_order():
@@ -40,17 +55,17 @@ def test_bad_specs_say_what_to_write(spec, message):
         parse_axis(spec)
 
 
-def test_each_combination_is_a_resolved_job_with_its_values():
-    points = expand(str(FAKE_JOB), fake_profile(), ["train.lr=1e-4,3e-4", "batch.global_batch_size=4,8"])
+def test_each_combination_is_a_resolved_job_with_its_values(job_file):
+    points = expand(job_file, ops_profile(ranks_per_node=2), ["train.lr=1e-4,3e-4", "batch.global_batch_size=4,8"])
     assert [(p.resolved.job.train.lr, p.resolved.job.batch.global_batch_size) for p in points] == \
         [(1e-4, 4), (1e-4, 8), (3e-4, 4), (3e-4, 8)]
     assert [p.index for p in points] == [0, 1, 2, 3]
     assert points[3].resolved.layout.num_microbatches == 2  # gbs 8 / (mbs 2 × DP 2)
 
 
-def test_every_invalid_combination_is_reported_at_once():
+def test_every_invalid_combination_is_reported_at_once(job_file):
     with pytest.raises(UsageError) as err:
-        expand(str(FAKE_JOB), fake_profile(), ["batch.global_batch_size=8,6,7"])
+        expand(job_file, ops_profile(ranks_per_node=2), ["batch.global_batch_size=8,6,7"])
     text = str(err.value)
     assert text.startswith("2 of 3 sweep combinations are invalid; nothing was submitted")
     assert "[sweep batch.global_batch_size=6]" in text and "[sweep batch.global_batch_size=7]" in text
@@ -58,16 +73,16 @@ def test_every_invalid_combination_is_reported_at_once():
     assert "=8]" not in text
 
 
-def test_unknown_keys_get_the_job_files_did_you_mean():
+def test_unknown_keys_get_the_job_files_did_you_mean(job_file):
     with pytest.raises(UsageError, match=r"train\.lrr: unknown key \(did you mean 'lr'\?\)"):
-        expand(str(FAKE_JOB), fake_profile(), ["train.lrr=1,2"])
+        expand(job_file, ops_profile(ranks_per_node=2), ["train.lrr=1,2"])
     with pytest.raises(UsageError, match="--sweep train.lr.x: train.lr is not a section"):
-        expand(str(FAKE_JOB), fake_profile(), ["train.lr.x=1"])
+        expand(job_file, ops_profile(ranks_per_node=2), ["train.lr.x=1"])
 
 
-def test_cli_refuses_a_sweep_that_breaks_the_layout_before_creating_anything(tmp_path):
+def test_cli_refuses_a_sweep_that_breaks_the_layout_before_creating_anything(job_file, tmp_path):
     root = tmp_path / "runs"
-    proc = hpctrain("submit", str(FAKE_JOB), "-p", "dev-slurm", "--runs-dir", str(root),
+    proc = hpctrain("submit", job_file, "-p", "dev-slurm", "--runs-dir", str(root),
                     "--sweep", "parallel.tensor_model_parallel_size=1,3")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -82,8 +97,8 @@ def test_cli_refuses_a_sweep_that_breaks_the_layout_before_creating_anything(tmp
     (["--sweep", "train.lr=1,2", "--max-parallel", "0"], "--max-parallel: expected at least 1"),
     (["--chain", "2", "-p", "local"], "--chain needs a Slurm profile"),
 ])
-def test_cli_option_mistakes_are_one_line_usage_errors(tmp_path, args, message):
-    argv = ["submit", str(FAKE_JOB), "--runs-dir", str(tmp_path / "runs")] + args
+def test_cli_option_mistakes_are_one_line_usage_errors(job_file, tmp_path, args, message):
+    argv = ["submit", job_file, "--runs-dir", str(tmp_path / "runs")] + args
     if "-p" not in args:
         argv += ["-p", "dev-slurm"]
     res = CliRunner().invoke(cli, argv)

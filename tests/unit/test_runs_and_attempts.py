@@ -85,6 +85,24 @@ def test_finish_attempt_without_result_uses_the_exit_code(run):
     assert rec["exit_reason"] == "killed" and not decision.requeue
 
 
+def test_a_kill_after_the_final_checkpoint_does_not_undo_a_finished_attempt(run):
+    """Killed on the way out (a late time-limit signal) after saving the last step: finished."""
+    n = run.begin_attempt()
+    write_result(run, n, {"start_step": 30, "end_step": 40, "exit_reason": "finished",
+                          "checkpoint_saved": "/ck/step-00000040"})
+    rec, decision = finish_attempt(run, n, 138, scheduler="slurm")
+    assert rec["exit_reason"] == "finished" and not decision.requeue
+    assert "then ended with exit code 138 (killed)" in rec["note"]
+
+
+def test_a_rank_failing_before_the_final_save_is_a_failure_even_if_rank_0_finished(run):
+    n = run.begin_attempt()
+    write_result(run, n, {"start_step": 30, "end_step": 40, "exit_reason": "finished",
+                          "checkpoint_saved": "/ck/step-00000035"})
+    rec, _ = finish_attempt(run, n, 1, scheduler="slurm")
+    assert rec["exit_reason"] == "failed" and "note" not in rec
+
+
 def test_a_failed_attempt_names_the_rank_that_failed_first(run):
     """Rank 0's own error is the echo (its peer vanished); the earliest failure is the cause."""
     n = run.begin_attempt()
