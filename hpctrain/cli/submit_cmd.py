@@ -177,7 +177,7 @@ def follow_to_end(sub, quiet: bool = False, from_attempt: int | None = None) -> 
     if reason == "finished":
         if not quiet:
             click.echo(f"Run {run.id} finished at step {last.get('end_step')} "
-                       f"(loss {last.get('last_loss')}).")
+                       f"(loss {_loss_text(last.get('last_loss'))}).")
         return
     detail = failure_detail(sub)
     msg = (f"run {run.id} did not finish: last attempt ended with {reason or 'no record'}"
@@ -185,3 +185,7 @@ def follow_to_end(sub, quiet: bool = False, from_attempt: int | None = None) -> 
            + (f"; {last['message']}" if reason == "failed" and last.get("message") else "")
            + f"; see `hpctrain logs {run.id}`")
     raise HpcTrainError(msg + (f"\n{detail}" if detail else ""))
+
+
+def _loss_text(loss) -> str:
+    return f"{loss:.4f}" if isinstance(loss, float) else str(loss)

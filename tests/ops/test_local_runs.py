@@ -46,7 +46,7 @@ def test_cancel_requeue_and_resume_on_the_local_profile(tmp_path):
     last = run.ledger()[-1]
     assert [r["exit_reason"] for r in run.ledger()] == ["cancelled", "finished"]
     assert (last["start_step"], last["end_step"]) == (first["end_step"], 40)
-    assert out.rstrip().endswith(f"Run {run.id} finished at step 40 (loss {last['last_loss']}).")
+    assert out.rstrip().endswith(f"Run {run.id} finished at step 40 (loss {last['last_loss']:.4f}).")
 
 
 def test_a_local_sweep_trains_its_runs_one_after_another(tmp_path):
