@@ -269,13 +269,11 @@ def _finish(run, renv, jenv, state, reason: str, code: int, message: str, collec
 
 def _record_failure(run, attempt: int, renv, at: float, message: str) -> None:
     """This rank's failure, for the end of the attempt to find the first one."""
-    import os
-    import socket
     from ..attempts import write_failure
+    from ..preflight.dist_env import node_name
     from .log import logger
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
-        write_failure(run, attempt, renv.rank, node, at, message)
+        write_failure(run, attempt, renv.rank, node_name(), at, message)
     except OSError as e:
         logger.info(f"could not record this rank's failure: {e}")
 

@@ -45,6 +45,14 @@ def submit(root: Path, profile: str, *extra: str, job: Path = JOB) -> tuple[Run,
     return find_run(out["run"], root), out["job_id"]
 
 
+def drill(run: Run, job_id: str, at_step: int, attempts: int, timeout: float = 300) -> list[dict]:
+    """Once the run reaches ``at_step``: SIGUSR1 to the whole job (batch shell and ranks), as a
+    person drilling preemption would; return the ledger once it holds ``attempts`` records."""
+    wait_step(run, at_step, timeout=600)
+    subprocess.run(["scancel", "--full", "-s", "USR1", job_id], check=True, timeout=30)
+    return wait_ledger(run, attempts, timeout=timeout)
+
+
 def losses(run: Run) -> dict[int, float]:
     """step -> loss over all attempts (a step is trained once: attempts continue, never redo)."""
     out: dict[int, float] = {}
@@ -92,9 +100,7 @@ def assert_same_training(run: Run, reference: Run) -> None:
 def test_signal_drill_saves_requeues_and_resumes_bitwise(reference, root):
     run, job_id = submit(root, profile_file(root.parent, "drill-signal",
                                             env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"}))
-    wait_step(run, 7, timeout=600)
-    subprocess.run(["scancel", "--full", "-s", "USR1", job_id], check=True, timeout=30)
-    wait_ledger(run, 2, timeout=600)
+    drill(run, job_id, at_step=7, attempts=2, timeout=600)
     wait_stopped(run)
     first, second = run.ledger()
     assert first["exit_reason"] == "preempted" and first["decision"]["requeue"], describe(run)
@@ -194,12 +200,8 @@ def test_requeue_budget_is_respected(slurm_cluster, root):
     profile = profile_file(root.parent, "drill-budget", env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"},
                            preemption={"max_requeues": 1})
     run, job_id = submit(root, profile)
-    wait_step(run, 5, timeout=600)
-    subprocess.run(["scancel", "--full", "-s", "USR1", job_id], check=True)
-    wait_ledger(run, 1, timeout=300)
-    wait_step(run, run.ledger()[0]["end_step"] + 3, timeout=600)
-    subprocess.run(["scancel", "--full", "-s", "USR1", job_id], check=True)
-    wait_ledger(run, 2, timeout=300)
+    (one,) = drill(run, job_id, at_step=5, attempts=1)
+    drill(run, job_id, at_step=one["end_step"] + 3, attempts=2)
     wait_stopped(run)
     first, second = run.ledger()
     assert first["decision"]["requeue"] and not second["decision"]["requeue"], describe(run)
@@ -212,9 +214,7 @@ def test_resume_on_a_different_layout_continues_from_the_same_step(reference, ro
     profile = profile_file(root.parent, "drill-shrink", env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"},
                            preemption={"max_requeues": 0})
     run, job_id = submit(root, profile)
-    wait_step(run, 10, timeout=600)
-    subprocess.run(["scancel", "--full", "-s", "USR1", job_id], check=True)
-    wait_ledger(run, 1, timeout=300)
+    drill(run, job_id, at_step=10, attempts=1)
     wait_stopped(run)
     (first,) = run.ledger()
     assert first["exit_reason"] == "preempted" and not first["decision"]["requeue"], describe(run)
