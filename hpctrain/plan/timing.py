@@ -3,7 +3,8 @@
 The estimate is for ranking layouts, not a promise. Its assumptions, all shown to the user:
 
 * dense matrix multiplies run at ``MATMUL_EFFICIENCY`` of the profile's ``node.peak_tflops``;
-* a step costs 3 forward passes of FLOPs per token (``hpctrain.flops``) plus what
+* a step costs 3 forward passes of FLOPs per token (``hpctrain.flops``: Megatron-LM's count,
+  the attention core halved for the causal mask as flash attention computes it) plus what
   recomputation repeats: one more forward for full recompute, the attention core again for
   selective; the most loaded pipeline stage (the last, with the logits) sets the pace;
 * the pipeline runs ``m + (p − 1)/v`` microbatch slots per step (bubble (p − 1)/(v·m));
@@ -83,8 +84,9 @@ def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp
     s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
     fs = flops_shape(shape, tp)
     tokens = s * b
-    layer_fwd = tokens * (2 * model_flops.layer_matmul_params(fs) + 4 * s * fs.attention_width)
-    attention_core_fwd = tokens * 4 * s * fs.attention_width
+    # the attention core as flash/fused attention computes it: the causal half of the square
+    attention_core_fwd = tokens * model_flops.attention_core_flops_per_token(fs)
+    layer_fwd = tokens * 2 * model_flops.layer_matmul_params(fs) + attention_core_fwd
     layer_cost = 3 * layer_fwd
     if recompute == "full":
         layer_cost += layer_fwd

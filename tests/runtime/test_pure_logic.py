@@ -11,7 +11,7 @@ import pytest
 
 from hpctrain.errors import UsageError
 from hpctrain.flops import (ModelShape, forward_flops_per_token, mfu, model_flops_per_step,
-                            padded_vocab_size, param_counts)
+                            model_flops_per_step_full_attention, padded_vocab_size, param_counts)
 from hpctrain.runtime.env import LaunchError, job_env, rank_env
 from hpctrain.runtime.guard import StabilityGuard
 from hpctrain.runtime.lr_schedule import LRSchedule
@@ -236,9 +236,12 @@ def test_flops_equal_megatron_lm_formula_and_gpt3_size():
     shape = ModelShape.from_model(gpt3)
     assert abs(param_counts(shape)["total"] / 1e9 - 175.0) < 0.5
     b, s, l, h, v = 1536, 2048, 96, 12288, shape.vocab_size
-    # Narayanan et al. 2021, eq. 3 without recomputation: 72·B·s·l·h²·(1 + s/6h + V/12lh)
+    # Narayanan et al. 2021, eq. 3 without recomputation: 72·B·s·l·h²·(1 + s/6h + V/12lh),
+    # attention over the full square; Megatron-LM 0.16.1 halves it for the causal mask (s/12h)
     paper = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
-    assert model_flops_per_step(shape, b) == pytest.approx(paper, rel=1e-12)
+    assert model_flops_per_step_full_attention(shape, b) == pytest.approx(paper, rel=1e-12)
+    causal = 72 * b * s * l * h * h * (1 + s / (12 * h) + v / (12 * l * h))
+    assert model_flops_per_step(shape, b) == pytest.approx(causal, rel=1e-12)
     assert forward_flops_per_token(shape) * 3 * b * s == model_flops_per_step(shape, b)
 
 
