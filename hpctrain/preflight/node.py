@@ -64,6 +64,6 @@ def run_node_checks(profile, *, node: str, nodes: int, run_dir: str | None = Non
 
     say("software")
     versions = software.local_versions()
-    rows += software.check_versions_local(versions, node)
+    rows += software.check_versions_local(versions, node, profile.node.device)
     return {"node": node, "rows": [r.to_dict() for r in rows], "versions": versions,
             "ib_devices": {k: sorted(v) for k, v in (ib_devices or {}).items()}}

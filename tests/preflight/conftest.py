@@ -1,4 +1,5 @@
-"""The fake-tools fixture: `nvidia-smi`/`ibstat` on PATH that print real captured output."""
+"""The fake-tools fixture: `nvidia-smi`/`ibstat` on PATH that print real captured output, and
+a GPU node's installed package metadata (HPCTRAIN_PREFLIGHT_SITE_PACKAGES)."""
 
 from __future__ import annotations
 
@@ -38,4 +39,6 @@ def fake_tools(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}/usr/bin:/bin")
     monkeypatch.setenv("HPCTRAIN_PREFLIGHT_SYSFS_IB", str(tmp_path / "no-sysfs"))
+    # the software of a GPU node (a CUDA torch, Transformer Engine): metadata, as for the tools
+    monkeypatch.setenv("HPCTRAIN_PREFLIGHT_SITE_PACKAGES", str(FIXTURES / "site_packages" / "gpu-node"))
     return install

@@ -32,7 +32,8 @@ def test_healthy_node_through_fake_tools(fake_tools, tmp_path):
     result = run_node_checks(_profile(tmp_path), node="n1", nodes=1)
     st = _statuses(result)
     for check in ("gpu.count", "gpu.ecc", "gpu.clocks", "topology.nvlink", "ib.hcas", "ib.ports",
-                  "ib.rate", "nccl.ib_hca", "nccl.ib_disable", "storage.writable"):
+                  "ib.rate", "nccl.ib_hca", "nccl.ib_disable", "storage.writable",
+                  "software.megatron", "software.torch", "software.transformer_engine"):
         assert st[check] == "pass", (check, result["rows"])
     assert result["ib_devices"]["mlx5_9"] == [1]
 

@@ -147,5 +147,5 @@ def test_step_script_of_a_job_that_trains_nothing():
     assert "#SBATCH --job-name=hpctrain-preflight" in text
     assert "#SBATCH --no-requeue" in text and "--signal" not in text
     assert "hooks begin" not in text and "submitit.core._submit /runs/pf/submitit" in text
-    assert "--container-image=nvcr.io#nvidia/pytorch:24.12-py3" in text
+    assert "--container-image=/lustre/fsw/llm-pretrain/images/hpctrain-ngc25.11.sqsh" in text
     assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0
