@@ -20,13 +20,17 @@ megatron-core 0.16.1 needs four fixes, each caught by a resume test that compare
 2. its fully-reshardable loader copies every state key but is never given Adam's ``step``
    (KeyError): the step is set aside while each parameter loads;
 3. Adam's ``step`` is restored from our own count of optimizer updates, never trusted to
-   the loader (with ``dp_reshardable`` it is silently left at its pre-load value);
+   the loader (with ``dp_reshardable`` it is silently left at its pre-load value), and put
+   where the optimizer class keeps it (``optimizer_step``: per parameter for torch's Adam,
+   per param group for Transformer Engine's and apex's FusedAdam);
 4. the fully-reshardable save drops the padding between gradient buckets and then indexes
    with offsets that include it, so parameters after a padded bucket are written shifted
    (megatron warns "param range exceeds unpadded buffer"); see ``_buffer_aligned``.
 """
 
 from __future__ import annotations
+
+from . import optimizer_step
 
 DISTOPT_FORMATS = ("fully_reshardable", "dp_reshardable")
 RNG_KEY = "hpctrain.rng_state"
@@ -179,7 +183,7 @@ def load_optimizer_state(optimizer, loaded_optimizer_state, updates: int) -> Non
             o._set_main_param_and_optimizer_states = setter
             restore.append((o, original))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), optimizer_step.load_in_own_step_format(optimizer, updates):
             optimizer.load_state_dict(loaded_optimizer_state)
     finally:
         for o, original in restore:
@@ -188,17 +192,9 @@ def load_optimizer_state(optimizer, loaded_optimizer_state, updates: int) -> Non
 
 
 def set_adam_step(optimizer, updates: int) -> None:
-    """Adam's bias correction counts updates; make every parameter's count ``updates`` (fix 3)."""
-    import torch
-    for o in sub_optimizers(optimizer):
-        inner = getattr(o, "optimizer", None)
-        if inner is None:
-            continue
-        for state in inner.state.values():
-            if "step" in state or state:
-                old = state.get("step")
-                state["step"] = torch.tensor(float(updates), dtype=old.dtype if isinstance(
-                    old, torch.Tensor) else torch.float32)
+    """Adam's bias correction counts updates: make the count ``updates`` wherever the
+    optimizer class keeps it (fix 3; per class in ``optimizer_step``)."""
+    optimizer_step.set_step(optimizer, updates)
 
 
 def uses_distributed_optimizer(optimizer) -> bool:
