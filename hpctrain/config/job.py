@@ -136,13 +136,16 @@ class CheckpointSection:
                                         "margin.", default=2.0)
     deadline_margin_s: float = doc("Margin added to the deadline check.", default=30.0)
     optimizer_format: str = doc("How the distributed optimizer's state is saved: "
-                                "fully_reshardable (resumes on any TP/PP/VPP/DP; saving gathers "
-                                "each DP group's state into host memory, fine up to a few billion "
-                                "parameters per TP×PP shard) or dp_reshardable (every rank writes "
-                                "its own shard: lean and fast for large models, but only the DP "
-                                "size may change on resume).",
-                                choices=("fully_reshardable", "dp_reshardable"),
-                                default="fully_reshardable")
+                                "fully_reshardable (resumes on any TP/PP/VPP/DP; saving rebuilds "
+                                "the whole TP×PP shard's optimizer state in host memory on every "
+                                "DP rank, through the GPU), dp_reshardable (Megatron-LM's default: "
+                                "every rank writes its own shard, nothing gathered, but only the DP "
+                                "size may change on resume), or auto: fully_reshardable when its "
+                                "save fits the GPU and half the node's host memory, else "
+                                "dp_reshardable (resolved at submit, recorded in the run's job.yaml; "
+                                "`hpctrain plan` shows the choice and the save's memory).",
+                                choices=("auto", "fully_reshardable", "dp_reshardable"),
+                                default="auto")
 
 
 @dataclass(kw_only=True)

@@ -49,6 +49,10 @@ class NodeSection:
     gpu_memory_gb: float | None = doc("Memory per GPU in GiB; the planner's fit limit.", default=None)
     peak_tflops: float | None = doc("Peak dense TFLOP/s per GPU at the training precision (MFU).",
                                     default=None)
+    host_memory_gb: float | None = doc("Host (CPU) memory per node in GiB: the planner's limit for "
+                                       "what a checkpoint save copies to host memory "
+                                       "(slurm.mem, when it is a size, is used instead).",
+                                       default=None)
     device: str = doc("cuda on GPU clusters; cpu to rehearse on CPUs with gloo.",
                       choices=("cuda", "cpu"), default="cuda")
 
@@ -178,6 +182,21 @@ def time_limit_seconds(profile: ClusterProfile) -> int:
     return _time_limit_seconds(profile.slurm.time_limit) or 0
 
 
+_MEM_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def host_memory_bytes(profile: ClusterProfile) -> int | None:
+    """Host memory a job may use per node: ``slurm.mem`` when it is a size (Slurm's unit is MB
+    when none is given), else ``node.host_memory_gb`` (also what ``mem: 0``, all of a node's
+    memory, means); None when neither says."""
+    import re
+    m = re.fullmatch(r"(\d+)([KMGT]?)", profile.slurm.mem or "")
+    if m and int(m.group(1)) > 0:
+        return int(m.group(1)) * _MEM_UNITS[m.group(2) or "M"]
+    gb = profile.node.host_memory_gb
+    return int(gb * 2**30) if gb else None
+
+
 def check_profile(p: ClusterProfile, problems: Problems) -> None:
     """Cross-field and safety checks; schema types are already checked by the loader."""
     s = p.slurm
@@ -199,6 +218,8 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
     for i, d in enumerate(s.extra_directives or []):
         safety.check_directive(d, f"slurm.extra_directives[{i}]", problems)
     n = p.node
+    if isinstance(n.host_memory_gb, (int, float)) and n.host_memory_gb <= 0:
+        problems.add("node.host_memory_gb", f"must be positive (or null), got {n.host_memory_gb}")
     if isinstance(n.gpus, int) and n.gpus > 0 and isinstance(s.gpus_per_node, int) \
             and s.gpus_per_node > n.gpus:
         problems.add("slurm.gpus_per_node", f"asks for {s.gpus_per_node} GPUs per node but node.gpus "

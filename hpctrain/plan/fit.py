@@ -12,6 +12,8 @@ from ..config.job import JobConfig
 from ..config.loader import resolve
 from ..config.profile import ClusterProfile
 from .layouts import GiB, LayoutPlan, Target, plan_layout, plan_layouts
+from .render import save_fix
+from .save_memory import HOST_SAVE_FRACTION
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,21 @@ def breakdown_line(plan: LayoutPlan) -> str:
     m = plan.memory
     stage = (f" on pipeline stage {m.pipeline_rank}"
              if plan.layout.pipeline_model_parallel_size > 1 else "")
-    return (f"{_gib(m.total)} per GPU{stage} = weights {_gib(m.weights)} + gradients "
+    line = (f"{_gib(m.total)} per GPU{stage} = weights {_gib(m.weights)} + gradients "
             f"{_gib(m.gradients)} + optimizer {_gib(m.optimizer)} + activations "
             f"{_gib(m.activations)} + allowance {_gib(m.allowance)}")
+    return line + "; " + save_line(plan) if plan.save else line
+
+
+def save_line(plan: LayoutPlan) -> str:
+    """The checkpoint save in one clause: the GPU at save, and host memory per node."""
+    sv = plan.save
+    host = f"{_gib(sv.host_per_node)} of host memory per node"
+    if sv.host_limit:
+        host += f" (a save may use {HOST_SAVE_FRACTION:.0%} of {sv.host_limit / GiB:g} GiB)"
+    gpu = f"{_gib(sv.gpu_at_save)} per GPU at save" + (
+        f" ({_gib(sv.gpu_transient)} of it gathered)" if sv.gpu_transient else "")
+    return f"a checkpoint save ({sv.optimizer_format}) needs {gpu} and {host}"
 
 
 def layout_settings(plan: LayoutPlan) -> str:
@@ -60,12 +74,19 @@ def check_fits(job: JobConfig, profile: ClusterProfile) -> FitCheck:
                        sequence_parallel=job.parallel.sequence_parallel,
                        recompute=job.train.recompute_granularity)
     head = f"{plan.describe()}: {breakdown_line(plan)}"
+    if plan.fits is None and plan.save is not None and plan.save.fits is False:
+        return FitCheck(False, f"{head}; the checkpoint save does NOT fit: {save_fix(plan)}",
+                        plan, None)
     if plan.fits is None:
         return FitCheck(None, f"{head}; the profile {profile.name!r} does not set "
                               "node.gpu_memory_gb, so whether it fits is unknown", plan, None)
     limit = f"{target.gpu_memory_bytes / GiB:g} GiB"
     if plan.fits:
         return FitCheck(True, f"{head}; fits in {limit}", plan, None)
+    if plan.training_fits:
+        return FitCheck(False, f"{head}; the training step fits in {limit} per GPU but the "
+                               f"checkpoint save does NOT fit: {save_fix(plan)} "
+                               "(`hpctrain plan` shows the save's memory)", plan, None)
     result = plan_layouts(job, target)
     best = result.best
     if best is None:

@@ -68,12 +68,14 @@ class GradBufferLayout:
         return max(self.owned_per_rank(dp))
 
 
-def bucket_elements(overlap_grad_reduce: bool, dp: int, first_stage_first_chunk: bool) -> int | None:
+def bucket_elements(overlap_grad_reduce: bool, dp: int, first_stage_first_chunk: bool,
+                    bucket_size: int | None = None) -> int | None:
     """Bucket size as DistributedDataParallel picks it: one bucket unless gradient reduction
-    overlaps the backward pass, and then only on the first pipeline stage's first chunk."""
+    overlaps the backward pass, and then only on the first pipeline stage's first chunk
+    (``bucket_size``: the job's ``parallel.ddp_bucket_size``, else megatron's default)."""
     if not overlap_grad_reduce or not first_stage_first_chunk:
         return None
-    return max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * dp)
+    return bucket_size or max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * dp)
 
 
 def grad_buffer_layout(params: list[ParamSpec], dp: int, distributed_optimizer: bool,

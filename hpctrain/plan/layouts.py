@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from ..config.job import JobConfig
 from ..config.layout import Layout, layout_problems
-from ..config.profile import ClusterProfile
+from ..config.profile import ClusterProfile, host_memory_bytes
 from ..config.schema import Problems
 from .activations import CPU_KERNELS, GPU_KERNELS, Kernels, StageActivations, stage_activations
-from .memory import allowance_bytes, state_bytes_per_pipeline_rank
+from .memory import allowance_bytes, optimizer_bytes_per_element, state_bytes_per_pipeline_rank
 from .parameters import ParameterCount, count_parameters
+from .save_memory import SaveMemory, choose_format, save_memory
 from .shape import PRECISION_BYTES, ModelShape
 from .timing import Hardware, StepTime, estimate_step_time, mfu, model_flops_per_step
 
@@ -58,8 +59,11 @@ class LayoutPlan:
     model_flops_per_step: float
     step: StepTime | None
     mfu: float | None
-    fits: bool | None
+    fits: bool | None                       # training AND the checkpoint save fit
     is_job_layout: bool = False
+    save: SaveMemory | None = None          # a checkpoint save in the job's optimizer format
+    format_reason: str = ""                 # why checkpoint.optimizer_format: auto chose it
+    training_fits: bool | None = None       # the training step alone
 
     def describe(self) -> str:
         rec = self.recompute or "no"
@@ -83,6 +87,9 @@ class LayoutPlan:
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute,
             "memory_bytes_per_gpu": self.memory.to_json(),
+            "checkpoint_save": None if self.save is None else {
+                **self.save.to_json(), "format_reason": self.format_reason},
+            "training_fits": self.training_fits,
             "pipeline_bubble_fraction": self.pipeline_bubble_fraction,
             "model_flops_per_step": self.model_flops_per_step,
             "step_time_s": self.step_time_s,
@@ -107,6 +114,7 @@ class Target:
     gpu_memory_bytes: int | None
     hardware: Hardware
     device: str = "cuda"   # cpu: the rehearsal runs fp32, torch kernels, local attention, no SP
+    host_memory_bytes: int | None = None   # per node (checkpoint saves' host copies)
 
     @classmethod
     def from_profile(cls, profile: ClusterProfile | None, gpus: int | None = None) -> "Target":
@@ -120,9 +128,13 @@ class Target:
             gpn = gpus
         mem = profile.node.gpu_memory_gb
         ic = profile.interconnect
+        host = host_memory_bytes(profile)
+        if host is None and profile.scheduler == "local":   # this machine: ask it
+            import psutil
+            host = psutil.virtual_memory().total
         return cls(world, gpn, int(mem * GiB) if mem else None,
                    Hardware(profile.node.peak_tflops, ic.intra_node_busbw_gbs,
-                            ic.inter_node_busbw_gbs, gpn), profile.node.device)
+                            ic.inter_node_busbw_gbs, gpn), profile.node.device, host)
 
 
 @dataclass(frozen=True)
@@ -161,9 +173,10 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
     vpp, dp = layout.virtual_pipeline_model_parallel_size, layout.data_parallel_size
     act_bytes = PRECISION_BYTES[run.precision]
     dist_opt = job.parallel.use_distributed_optimizer
+    buckets = _buckets(job)
     states = state_bytes_per_pipeline_rank(
         shape, tp=tp, pp=pp, vpp=vpp, dp=dp, precision=run.precision,
-        grad_reduce_in_fp32=run.grad_reduce_in_fp32, distributed_optimizer=dist_opt)
+        grad_reduce_in_fp32=run.grad_reduce_in_fp32, distributed_optimizer=dist_opt, **buckets)
     method, num_layers = _recompute_knobs(job, recompute)
     stages, acts = [], []
     for rank, st in enumerate(states):
@@ -186,14 +199,71 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
         sequence_parallel=sequence_parallel, recompute=recompute, act_bytes=act_bytes,
         grad_buffer_bytes=max(s.gradients for s in states),
         weight_bytes=max(s.weights for s in states), distributed_optimizer=dist_opt)
-    fits = None if target.gpu_memory_bytes is None else stages[worst].total <= target.gpu_memory_bytes
+    training_fits = None if target.gpu_memory_bytes is None else \
+        stages[worst].total <= target.gpu_memory_bytes
+    save, reason = plan_save(job, layout, target, states, run.precision, buckets)
+    fits = False if False in (training_fits, save.fits) else training_fits
     return LayoutPlan(
         layout=layout, sequence_parallel=sequence_parallel, recompute=recompute,
         parameters=count_parameters(shape, tp, pp, vpp), memory=stages[worst],
         per_stage=tuple(stages), activations=acts[worst], pipeline_bubble_fraction=bubble,
         model_flops_per_step=flops, step=step,
         mfu=mfu(flops, step.total_s, layout.world_size, target.hardware.peak_tflops) if step else None,
-        fits=fits, is_job_layout=_is_job_layout(job, layout, sequence_parallel, recompute))
+        fits=fits, is_job_layout=_is_job_layout(job, layout, sequence_parallel, recompute),
+        save=save, format_reason=reason, training_fits=training_fits)
+
+
+def _buckets(job: JobConfig) -> dict:
+    """The gradient buckets the runtime builds (``parallel.overlap_grad_reduce``,
+    ``parallel.ddp_bucket_size``; absent from older job schemas: one bucket per chunk)."""
+    par = job.parallel
+    return {"overlap_grad_reduce": bool(getattr(par, "overlap_grad_reduce", False)),
+            "bucket_size": getattr(par, "ddp_bucket_size", None)}
+
+
+def plan_save(job: JobConfig, layout: Layout, target: Target, states, precision: str,
+              buckets: dict | None = None) -> tuple[SaveMemory, str]:
+    """A checkpoint save of ``layout`` in the job's ``checkpoint.optimizer_format`` (``auto``
+    resolved for this layout, with the reason), on its most loaded ranks."""
+    buckets = _buckets(job) if buckets is None else buckets
+    dist_opt = bool(job.parallel.use_distributed_optimizer)
+    per_element = optimizer_bytes_per_element(precision, job.train.grad_reduce_in_fp32 or
+                                              precision == "fp32").total
+    shape = Execution.of(job, target).shape
+
+    def price(fmt: str) -> SaveMemory:
+        return save_memory(
+            shape, fmt, tp=layout.tensor_model_parallel_size,
+            pp=layout.pipeline_model_parallel_size, vpp=layout.virtual_pipeline_model_parallel_size,
+            dp=layout.data_parallel_size, precision=precision, states=states,
+            allowance=lambda n: allowance_bytes(n, target.device), device=target.device,
+            ranks_per_node=target.gpus_per_node or 1, gpu_limit=target.gpu_memory_bytes,
+            host_limit=target.host_memory_bytes,
+            owned_per_stage=tuple(st.optimizer // per_element for st in states),
+            distributed_optimizer=dist_opt, **buckets)
+
+    fmt = job.checkpoint.optimizer_format
+    if fmt == "auto":
+        fully = price("fully_reshardable")
+        fmt, reason = choose_format(fully, dist_opt)
+        return (fully if fmt == "fully_reshardable" else price(fmt)), reason
+    return price(fmt), ""
+
+
+def resolve_optimizer_format(job: JobConfig, profile: ClusterProfile, layout: Layout) -> tuple[str, str]:
+    """``checkpoint.optimizer_format`` of ``job`` on ``profile``'s ``layout``: the job's own
+    value, or what ``auto`` resolves to there, with the reason."""
+    if job.checkpoint.optimizer_format != "auto":
+        return job.checkpoint.optimizer_format, ""
+    target = Target.from_profile(profile)
+    run = Execution.of(job, target)
+    states = state_bytes_per_pipeline_rank(
+        run.shape, tp=layout.tensor_model_parallel_size, pp=layout.pipeline_model_parallel_size,
+        vpp=layout.virtual_pipeline_model_parallel_size, dp=layout.data_parallel_size,
+        precision=run.precision, grad_reduce_in_fp32=run.grad_reduce_in_fp32,
+        distributed_optimizer=job.parallel.use_distributed_optimizer, **_buckets(job))
+    save, reason = plan_save(job, layout, target, states, run.precision)
+    return save.optimizer_format, reason
 
 
 def _is_job_layout(job: JobConfig, layout: Layout, sp: bool, recompute: str | None) -> bool:

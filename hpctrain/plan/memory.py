@@ -92,7 +92,8 @@ def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: i
                                   dp: int, precision: str, grad_reduce_in_fp32: bool,
                                   distributed_optimizer: bool,
                                   overlap_grad_reduce: bool = False,
-                                  dp_rank: int | None = None) -> tuple[StateBytes, ...]:
+                                  dp_rank: int | None = None,
+                                  bucket_size: int | None = None) -> tuple[StateBytes, ...]:
     """Exact bytes on one GPU of each pipeline rank: the optimizer state of DP rank
     ``dp_rank``, or of the most loaded DP rank (slices differ by the padding they hold)."""
     w_bytes = PRECISION_BYTES[precision]
@@ -105,7 +106,8 @@ def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: i
         for chunk in chunks:
             # the layer range does not change the buffer, only where the chunk sits does
             key = dataclasses.replace(chunk, pipeline_rank=0, virtual_index=0, first_layer=0)
-            bucket = bucket_elements(overlap_grad_reduce, dp, rank == 0 and chunk.virtual_index == 0)
+            bucket = bucket_elements(overlap_grad_reduce, dp, rank == 0 and chunk.virtual_index == 0,
+                                     bucket_size)
             numel, unpadded, mine = _chunk_buffer(shape, tp, pp, key, dp, distributed_optimizer,
                                                   bucket)
             weights += (numel if distributed_optimizer else unpadded) * w_bytes

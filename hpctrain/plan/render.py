@@ -6,6 +6,7 @@ from ..config.job import JobConfig
 from .activations import ACTIVATION_NOTE
 from .layouts import Execution, GiB, LayoutPlan, PlanResult, Rejected, Target
 from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optimizer_bytes_per_element
+from .save_memory import HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES
 from .parameters import ParameterCount, count_parameters
 from .shape import PRECISION_BYTES, ModelShape
 from .timing import MATMUL_EFFICIENCY
@@ -45,6 +46,15 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
                    "estimated; layouts are ranked by memory per GPU")
     if target.gpu_memory_bytes is None:
         out.append("GPU memory unknown (no profile, or node.gpu_memory_gb unset): fits is null")
+    fmt = job.checkpoint.optimizer_format
+    host = (f"{target.host_memory_bytes / GiB:g} GiB per node" if target.host_memory_bytes else
+            f"unknown (slurm.mem / node.host_memory_gb; auto assumes {UNKNOWN_HOST_BYTES / GiB:g} GiB)")
+    out.append(f"checkpoint save: optimizer_format {fmt}"
+               + (" (per layout: fully_reshardable when its save fits, else dp_reshardable)"
+                  if fmt == "auto" else "")
+               + "; at save the activations are freed and the save's own buffers are counted; "
+               f"host memory {host}, a save may use {HOST_SAVE_FRACTION:.0%} of it; "
+               "fits counts the save")
     return out
 
 
@@ -86,14 +96,21 @@ def _g(n: int, unit: int = GiB) -> str:
 
 
 def _fits(plan: LayoutPlan) -> str:
+    if plan.fits is False and plan.training_fits is not False:
+        return "NO:save"          # the step fits, the checkpoint save does not
     return {True: "yes", False: "NO", None: "?"}[plan.fits]
+
+
+def _ckpt(plan: LayoutPlan) -> str:
+    return {"fully_reshardable": "full", "dp_reshardable": "dp"}.get(
+        plan.save.optimizer_format if plan.save else "", "-")
 
 
 def table(plans: list[LayoutPlan], start: int = 1, unit: tuple[int, str] | None = None) -> list[str]:
     scale, unit_name = unit or unit_for(plans)
     head = (f"{'#':>4}  {'layout':<20} {'mbs':>3} {'nmb':>4} {'SP':<2} {'recompute':<9} "
             f"{'weights':>7} {'grads':>6} {'optim':>6} {'activ':>6} {'total':>6}  "
-            f"{'bubble':>6} {'step s':>7} {'MFU':>5}  fits")
+            f"{'bubble':>6} {'step s':>7} {'MFU':>5} {'ckpt':<4}  fits")
     lines = [head, f"      (memory per GPU in {unit_name}, most loaded pipeline stage)"]
     for i, p in enumerate(plans, start):
         m, lay = p.memory, p.layout
@@ -105,7 +122,7 @@ def table(plans: list[LayoutPlan], start: int = 1, unit: tuple[int, str] | None 
             f"{'SP' if p.sequence_parallel else '':<2} {p.recompute or '-':<9} "
             f"{_g(m.weights, scale):>7} {_g(m.gradients, scale)} {_g(m.optimizer, scale)} "
             f"{_g(m.activations, scale)} {_g(m.total, scale)}  "
-            f"{p.pipeline_bubble_fraction:6.1%} {step} {mfu}  {_fits(p)}")
+            f"{p.pipeline_bubble_fraction:6.1%} {step} {mfu} {_ckpt(p):<4}  {_fits(p)}")
     return lines
 
 
@@ -145,6 +162,7 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
     if pp > 1:
         per = ", ".join(f"{s.total / u:.1f}" for s in plan.per_stage)
         lines.append(f"  total per pipeline stage ({un}): {per}")
+    lines += save_lines(plan, target, u, un)
     lines.append(f"  pipeline bubble (p−1)/(v·m) = {pp - 1}/({v}·{lay.num_microbatches}) = "
                  f"{plan.pipeline_bubble_fraction:.1%}")
     lines.append(f"  model FLOPs per step {plan.model_flops_per_step:.3e}")
@@ -155,3 +173,41 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
                      f"MFU ≈ {plan.mfu:.0%}")
         lines += [f"  note: {n}" for n in s.notes]
     return lines
+
+
+def save_lines(plan: LayoutPlan, target: Target, u: int = GiB, un: str = "GiB") -> list[str]:
+    """A checkpoint save of this layout: what it adds on the GPU and in host memory."""
+    sv = plan.save
+    if sv is None:
+        return []
+    why = f"; auto: {plan.format_reason}" if plan.format_reason else ""
+    verdict = {True: "fits", False: "does NOT fit", None: "fit unknown"}
+    out = [f"  checkpoint save, optimizer_format {sv.optimizer_format}{why}:"]
+    if target.device == "cuda":
+        limit = f" of {sv.gpu_limit / GiB:g} GiB" if sv.gpu_limit else ""
+        extra = (f"{sv.gpu_transient / u:.1f} {un} of all-gather buffers" if sv.gpu_transient
+                 else "nothing gathered")
+        out.append(f"    GPU at save  {_g(sv.gpu_at_save, u)} {un}{limit} = weights + gradients + "
+                   f"optimizer + allowance + {extra} (activations are freed between steps) "
+                   f"[{verdict[sv.fits_gpu]}]")
+    parts = []
+    if sv.gathered_per_rank:
+        parts.append(f"rebuilt optimizer state {sv.gathered_per_rank / u:.1f} {un}")
+    parts.append(f"async writer's copy {sv.async_copy_per_rank / u:.1f} {un}")
+    limit = (f", {HOST_SAVE_FRACTION:.0%} of {sv.host_limit / GiB:g} GiB allowed"
+             if sv.host_limit else " (node memory unknown)")
+    out.append(f"    host         {_g(sv.host_per_rank, u)} {un} per rank at its peak ("
+               + ", ".join(parts) + f"), {sv.host_per_node / u:.1f} {un} per node of "
+               f"{sv.ranks_per_node} ranks{limit} [{verdict[sv.fits_host]}]")
+    if sv.fits is False:
+        out.append(f"    fix: {save_fix(plan)}")
+    return out
+
+
+def save_fix(plan: LayoutPlan) -> str:
+    """What to change when a layout's checkpoint save does not fit."""
+    if plan.save.optimizer_format == "fully_reshardable":
+        return ("use checkpoint.optimizer_format: dp_reshardable (or auto), or more TP/PP "
+                "(a smaller shard to gather)")
+    return ("more data-parallel ranks (a smaller share of the checkpoint per rank), nodes with "
+            "more host memory, or more TP/PP")

@@ -137,6 +137,8 @@ def _train(run, renv, jenv, attempt, state):
 
     job, profile = run.resolved_job(), run.resolved_profile()
     layout = resolve_layout(job, profile, renv.world_size)
+    from ..config.loader import with_optimizer_format
+    job = with_optimizer_format(job, profile, layout)   # "auto" in a job.yaml not from submit
     check_megatron_core()
     hooks = TestHooks.from_env()
     device = distributed.choose_device(profile)

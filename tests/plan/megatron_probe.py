@@ -8,8 +8,8 @@ or under ``torch.distributed.run`` for layouts that need several ranks::
     python -m torch.distributed.run --nproc-per-node 4 tests/plan/megatron_probe.py CASES OUT
 
 CASES is a JSON list of {"name", "job" (a job mapping), "tp", "pp", "vpp",
-"measure_state" (default true), "measure_activations", "measure_peak"}; every rank writes its
-measurements to OUT.<rank>.json.
+"measure_state" (default true), "measure_activations", "measure_peak", "measure_save" (a list
+of optimizer formats)}; every rank writes its measurements to OUT.<rank>.json.
 """
 
 from __future__ import annotations
@@ -224,6 +224,39 @@ def measure_peak(chunks, job, micro_batch_size: int) -> int:
     return mode.peak
 
 
+def measure_save(chunks, optimizer, fmt: str) -> dict:
+    """What building a checkpoint's optimizer state allocates, through the runtime's own code
+    (``optimizer_sharded_state``, hpctrain's bucket re-alignment included): the bytes of the
+    state it holds when done, and the peak of everything it allocated on the way (the CPU
+    stands for both the GPU and the host here). Call after ``measure_state`` (Adam's state)."""
+    from hpctrain.runtime.checkpoint.state import model_sharded_state, optimizer_sharded_state
+    model_sd = model_sharded_state(chunks)
+    exclude = set()
+    for c in chunks:
+        exclude |= {_storage(p)[0] for p in c.parameters()}
+        exclude |= {_storage(b.grad_data)[0] for b in c.buffers}
+        exclude |= {_storage(b.param_data)[0] for b in c.buffers if b.param_data is not None}
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for group in o.optimizer.param_groups:
+            for p in group["params"]:
+                exclude.add(_storage(p)[0])
+                exclude |= {_storage(v)[0] for v in o.optimizer.state[p].values()
+                            if torch.is_tensor(v)}
+    gc.collect()
+    mode = LiveBytes(exclude)
+    with mode:
+        sd = optimizer_sharded_state(optimizer, model_sd, fmt)
+    held = {}
+    for leaf in torch.utils._pytree.tree_leaves(sd, is_leaf=lambda x: hasattr(x, "data")
+                                                 and torch.is_tensor(getattr(x, "data", None))):
+        t = getattr(leaf, "data", leaf)
+        if torch.is_tensor(t):
+            ptr, nbytes = _storage(t)
+            if ptr and ptr not in exclude:
+                held[ptr] = nbytes
+    return {"held_bytes": sum(held.values()), "peak_bytes": mode.peak}
+
+
 def run_cases(cases: list[dict]) -> list[dict]:
     init_process_group()
     out = []
@@ -241,6 +274,9 @@ def run_cases(cases: list[dict]) -> list[dict]:
             result["peak_bytes"] = measure_peak(chunks, job, job.batch.micro_batch_size)
         if case.get("measure_state", True):
             result.update(measure_state(chunks, optimizer))
+        if case.get("measure_save"):
+            result["save"] = {fmt: measure_save(chunks, optimizer, fmt)
+                              for fmt in case["measure_save"]}
         out.append(result)
     return out
 

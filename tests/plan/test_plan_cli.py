@@ -53,7 +53,10 @@ def test_json_contract_and_ranking(llama_plan):
     for lay in layouts:
         mem = lay["memory_bytes_per_gpu"]
         assert mem["total"] == sum(mem[k] for k in MEMORY_KEYS - {"total"}) + mem["allowance"]
-        assert lay["fits"] == (mem["total"] <= limit)
+        assert lay["training_fits"] == (mem["total"] <= limit)
+        save = lay["checkpoint_save"]
+        assert save["optimizer_format"] in ("fully_reshardable", "dp_reshardable")
+        assert lay["fits"] == (mem["total"] <= limit and save["fits"] is not False)
         assert mem["total"] == max(s["total"] for s in lay["memory_bytes_per_pipeline_rank"])
         assert lay["tensor_model_parallel_size"] <= 8                 # TP stays in a node
         assert (lay["tensor_model_parallel_size"] * lay["pipeline_model_parallel_size"]

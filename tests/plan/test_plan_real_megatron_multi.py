@@ -23,9 +23,11 @@ from hpctrain.config import job_from_mapping
 from hpctrain.plan.activations import CPU_KERNELS, stage_activations
 from hpctrain.plan.memory import state_bytes_per_pipeline_rank
 from hpctrain.plan.parameters import count_parameters
+from hpctrain.plan.save_memory import buffer_shapes, gather_replay
 from hpctrain.plan.shape import ModelShape
 
 PROBE = Path(__file__).with_name("megatron_probe.py")
+SAVE_FORMATS = ["fully_reshardable", "dp_reshardable"]
 WIDE_LLAMA = dict(TINY_LLAMA, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=128,
                   vocab_size=300)
 
@@ -34,11 +36,14 @@ CASES = [
     dict(name="tp2-pp2 fp32 tied gelu", tp=2, pp=2,
          job=job_mapping(TINY_GPT, precision="fp32", mbs=2, gbs=4)),
     # interleaved 1F1B chunks, the tied copies in their own buckets, ZeRO-1 over 2 DP ranks
+    # (and a checkpoint save's optimizer state: two buffers per rank, the tied copy's bucket)
     dict(name="pp2-vpp2-dp2 bf16 dist-opt tied swiglu gqa rope", tp=1, pp=2, vpp=2,
+         measure_save=SAVE_FORMATS,
          job=job_mapping(dict(TINY_LLAMA, untie_embeddings_and_output_weights=False),
                          mbs=1, gbs=4, parallel={"use_distributed_optimizer": True})),
     # column- and row-parallel biases, 16-bit gradients (fp32 copies at the step), ZeRO-1
     dict(name="tp2-dp2 bf16 dist-opt 16-bit grads untied gqa bias", tp=2, pp=1,
+         measure_save=SAVE_FORMATS,
          job=job_mapping(dict(TINY_GPT, num_query_groups=2, untie_embeddings_and_output_weights=True),
                          mbs=1, gbs=2, parallel={"use_distributed_optimizer": True},
                          train={"grad_reduce_in_fp32": False})),
@@ -102,3 +107,23 @@ def test_every_rank_holds_what_the_planner_says(measured, case):
                                         num_microbatches=1, sequence_parallel=False,
                                         recompute=None, act_bytes=4, kernels=CPU_KERNELS)
             assert planned.stored == r["activation_bytes"], where
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize("case", [c for c in CASES if c.get("measure_save")],
+                         ids=[c["name"] for c in CASES if c.get("measure_save")])
+def test_checkpoint_save_memory_equals_what_the_save_allocates(measured, case):
+    """Building a save's optimizer state through the runtime's own code (megatron-core's
+    gather plus hpctrain's re-padding): the state it keeps and the peak of everything it
+    allocated on the way equal the planner's replay, on every rank (on CPU the GPU's receive
+    buffers are host tensors, which the replay's CPU mode accounts for)."""
+    job = job_from_mapping(case["job"], case["name"])
+    shape = ModelShape.from_job(job)
+    for r in (r for r in measured if r["name"] == case["name"]):
+        where = f"rank {r['rank']} (pp {r['pp_rank']}, dp {r['dp_rank']})"
+        buffers = buffer_shapes(shape, case["tp"], case["pp"], case.get("vpp"), r["dp"])
+        peak, gpu, held = gather_replay(buffers[r["pp_rank"]], r["dp"], device="cpu")
+        full = r["save"]["fully_reshardable"]
+        assert (full["held_bytes"], full["peak_bytes"]) == (held, peak), where
+        assert held == 12 * sum(b.numel for b in buffers[r["pp_rank"]])     # 3 fp32 per element
+        assert r["save"]["dp_reshardable"] == {"held_bytes": 0, "peak_bytes": 0}, where
