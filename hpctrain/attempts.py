@@ -78,8 +78,19 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
     """Append the ledger record of ``attempt`` and return it with the requeue decision.
 
     ``exit_code`` is the training step's exit code (srun's, or the rank's own under the local
-    executor). ``result.json``'s exit reason wins over one guessed from the code.
+    executor). ``result.json``'s exit reason wins over one guessed from the code. The run's
+    lock is held from reading the ledger to appending the record, so the decision is made on
+    the ledger it is appended to.
     """
+    with run.lock():
+        return _finish_attempt(run, attempt, exit_code, scheduler=scheduler, job_id=job_id,
+                               restart_count=restart_count, nodes=nodes, started_at=started_at,
+                               extra=extra)
+
+
+def _finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
+                    job_id: str | None, restart_count: int, nodes: list[str] | None,
+                    started_at: float | None, extra: dict | None) -> tuple[dict, Decision]:
     result = read_result(run, attempt)
     reason = result.get("exit_reason") or exit_codes.reason_for(exit_code)
     note = None

@@ -16,17 +16,26 @@ resumed job continues the same run. Layout (all paths relative to the run folder
 
 JSONL files are appended with one ``write`` under an exclusive lock, so concurrent writers
 (the batch shell, rank 0, a user's ``hpctrain cancel``) never interleave partial lines.
+``run.yaml`` is read-modify-written only under the run's lock (``.lock``, ``flock``) and
+replaced atomically (temporary file, fsync, rename, fsync of the folder); a ``run.yaml`` or
+ledger that cannot be read is an error naming the file, never treated as empty (which would
+overwrite it).
+
+Run folders are private to their owner (0700; 0750 with ``storage.group_readable``): whoever
+can write one can run code in the job, through submitit's pickles and checkpoint loading.
 Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
 import os
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +45,37 @@ from .config import yamlio
 from .errors import RunNotFoundError, UsageError
 
 RUN_FILE = "run.yaml"
+LOCK_FILE = ".lock"
+PRIVATE_MODE = 0o700
+GROUP_READABLE_MODE = 0o750
+
+
+class RunFileError(UsageError):
+    """A run folder's file exists but cannot be read or written (damaged, no permission)."""
+
+
+def folder_mode(group_readable: bool = False) -> int:
+    """Mode of the folders hpctrain creates for a run: private, or readable by the group
+    (``storage.group_readable``); never writable by anyone else."""
+    return GROUP_READABLE_MODE if group_readable else PRIVATE_MODE
+
+
+# Run locks held by this process: (thread, run folder) -> [fd, depth, pid]. Reentrant per thread;
+# a forked child holds none (its inherited descriptors are closed: they would keep the
+# parent's lock alive for as long as the child lives).
+_held: dict[tuple[int, str], list] = {}
+
+
+def _forget_locks_in_child() -> None:
+    for fd, *_ in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def default_runs_root(profile_runs_root: str | None = None) -> Path:
@@ -53,31 +93,54 @@ def now_iso() -> str:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, sort_keys=False) + "\n"
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """Append one record as one line (one ``write`` under ``flock``, fsynced). A line torn by a
+    writer killed mid-write is closed first, so it never swallows the next record."""
+    line = (json.dumps(record, sort_keys=False) + "\n").encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise RunFileError(f"cannot append to {path}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and _last_byte(path, size) != b"\n":
+            line = b"\n" + line
+        os.write(fd, line)
+        os.fsync(fd)
+    except OSError as e:
+        raise RunFileError(f"cannot append to {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)   # releases the lock
+
+
+def _last_byte(path: Path, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1)
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Every complete record; a torn last line (a writer killed mid-write) is skipped."""
-    if not path.exists():
+    """Every complete record. A line that does not parse (torn by a writer killed mid-write)
+    is skipped; a file that cannot be read at all is an error naming it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return []
+    except OSError as e:
+        raise RunFileError(f"cannot read {path}: {e.strerror}; fix its permissions or move the "
+                           f"run folder away") from None
     out = []
-    for line in path.read_text().splitlines():
+    for line in data.splitlines():
         line = line.strip()
         if not line:
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
             continue
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 
@@ -159,24 +222,67 @@ class Run:
         return self.attempt_dir(attempt) / f"rank-{rank}.log"
 
     # ---- metadata ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run's lock (``flock`` on ``RUN/.lock``) for a read-modify-write of its
+        files. Reentrant within a thread; other threads and processes wait."""
+        key = (threading.get_ident(), str(self.path))
+        entry = _held.get(key)
+        if entry is not None:
+            entry[1] += 1
+            try:
+                yield
+            finally:
+                entry[1] -= 1
+            return
+        try:
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise RunFileError(f"cannot lock run folder {self.path} ({LOCK_FILE}): "
+                               f"{e.strerror}") from None
+        entry = [fd, 1, os.getpid()]
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _held[key] = entry
+            yield
+        finally:
+            if entry[2] == os.getpid():       # a forked child already closed its copy
+                if _held.get(key) is entry:
+                    del _held[key]
+                os.close(fd)                  # releases the lock
+
     def meta(self) -> dict:
+        """``run.yaml`` ({} while a new folder has none yet); unreadable: RunFileError."""
+        if not os.path.lexists(self.run_file):
+            return {}
         try:
             return yamlio.read_mapping(self.run_file, "run file")
-        except UsageError:
-            return {}
+        except (UsageError, ValueError, RecursionError) as e:
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise RunFileError(f"run file {self.run_file} cannot be read ({detail}); nothing was "
+                               f"changed: repair or restore it, or move the run folder "
+                               f"away") from None
+
+    def _write_meta(self, meta: dict) -> None:
+        try:
+            yamlio.write_atomic(self.run_file, yamlio.dump(meta))
+        except OSError as e:
+            raise RunFileError(f"cannot write {self.run_file}: {e.strerror}") from None
 
     def update_meta(self, **changes: Any) -> dict:
-        meta = self.meta()
-        meta.update(changes)
-        yamlio.write_atomic(self.run_file, yamlio.dump(meta))
+        with self.lock():
+            meta = self.meta()
+            meta.update(changes)
+            self._write_meta(meta)
         return meta
 
     def add_job_id(self, job_id: str, kind: str = "train") -> None:
-        meta = self.meta()
-        jobs = list(meta.get("jobs", []))
-        jobs.append({"job_id": str(job_id), "kind": kind, "submitted": now_iso()})
-        meta["jobs"] = jobs
-        yamlio.write_atomic(self.run_file, yamlio.dump(meta))
+        with self.lock():
+            meta = self.meta()
+            jobs = list(meta.get("jobs", []))
+            jobs.append({"job_id": str(job_id), "kind": kind, "submitted": now_iso()})
+            meta["jobs"] = jobs
+            self._write_meta(meta)
 
     def job_ids(self, kind: str | None = "train") -> list[str]:
         return [j["job_id"] for j in self.meta().get("jobs", []) if kind is None or j["kind"] == kind]
@@ -273,15 +379,17 @@ def new_run_id(name: str) -> str:
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def create_run(root: Path, name: str) -> Run:
+def create_run(root: Path, name: str, mode: int = PRIVATE_MODE) -> Run:
+    """A new, empty run folder under ``root`` with ``mode`` (private by default)."""
     root.mkdir(parents=True, exist_ok=True)
     while True:
         path = root / new_run_id(name)
         try:
-            path.mkdir()
-            return Run(path)
+            path.mkdir(mode)
         except FileExistsError:
             continue
+        os.chmod(path, mode)  # mkdir's mode is masked by the umask
+        return Run(path)
 
 
 def iter_runs(root: Path) -> Iterator[Run]:
@@ -290,6 +398,15 @@ def iter_runs(root: Path) -> Iterator[Run]:
     for d in root.iterdir():
         if (d / RUN_FILE).is_file():
             yield Run(d)
+
+
+def _job_ids_or_none(run: Run) -> list[str]:
+    """Job ids of a run, for looking another run up: a sibling whose run.yaml is damaged
+    must not hide the one asked for (it is reported when it is itself used)."""
+    try:
+        return run.job_ids(kind=None)
+    except RunFileError:
+        return []
 
 
 def find_run(ref: str, root: Path) -> Run:
@@ -301,7 +418,7 @@ def find_run(ref: str, root: Path) -> Run:
     exact = [r for r in runs if r.id == ref]
     if exact:
         return exact[0]
-    by_job = [r for r in runs if ref in r.job_ids(kind=None)]
+    by_job = [r for r in runs if ref in _job_ids_or_none(r)]
     if len(by_job) == 1:
         return by_job[0]
     prefix = [r for r in runs if r.id.startswith(ref)]

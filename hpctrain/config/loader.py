@@ -95,7 +95,12 @@ def load_job(path: str | os.PathLike) -> JobConfig:
     absolute relative to the job file, so the resolved job works from any folder."""
     p = Path(path)
     job = job_from_mapping(yamlio.read_mapping(p, "job file"), str(p))
-    base = p.resolve().parent
+    return resolve_job_paths(job, p.resolve().parent)
+
+
+def resolve_job_paths(job: JobConfig, base: Path) -> JobConfig:
+    """Make the job's paths absolute, relative ones against ``base`` (the job file's folder;
+    absolute ones stay as they are): the same for a job file and for a sweep's values."""
     job.data.path = str((base / os.path.expanduser(job.data.path)).resolve())
     job.data.prepare_from = [str((base / os.path.expanduser(f)).resolve())
                              for f in job.data.prepare_from]

@@ -105,6 +105,9 @@ class StorageSection:
                                 default=None)
     min_free_gb: float = doc("Preflight fails when the checkpoint folder has less free space.",
                              default=1.0)
+    group_readable: bool = doc("Create run and checkpoint folders readable by the owner's group "
+                               "(0750) instead of private (0700); never group-writable: whoever "
+                               "can write them can run code in the job.", default=False)
 
 
 @dataclass(kw_only=True)

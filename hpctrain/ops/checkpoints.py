@@ -3,7 +3,9 @@
 Reads the folder the runtime publishes into (``step-N/`` with ``manifest.json`` written last, a
 ``latest`` pointer, ``.partial-*`` leftovers, ``quarantine/``) through the runtime's own
 pure-file helpers, with the cheap check only (manifest present, every file at its size): the
-full CRC check is the runtime's job when it loads. Never writes or moves anything.
+full CRC check is the runtime's job when it loads. A checkpoint another run saved (its manifest
+names that run) is listed as not this run's, never as one to resume from. Never writes or moves
+anything.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class CheckpointFolder:
     latest: str | None                 # what the ``latest`` pointer names
     partial: int                       # .partial-* folders (a save in progress, or a killed one)
     quarantined: int
+    owner: str | None = None           # the run owner.json names (None: not claimed yet)
 
     @property
     def newest_complete(self) -> CheckpointInfo | None:
@@ -42,7 +45,7 @@ class CheckpointFolder:
     def to_dict(self) -> dict:
         newest = self.newest_complete
         return {"root": self.root, "latest": self.latest, "partial": self.partial,
-                "quarantined": self.quarantined,
+                "quarantined": self.quarantined, "owner": self.owner,
                 "newest_complete": newest.to_dict() if newest else None,
                 "checkpoints": [c.to_dict() for c in self.checkpoints]}
 
@@ -54,14 +57,22 @@ def inspect_checkpoints(run: Run) -> CheckpointFolder:
     for step, folder in store.complete_checkpoints(root):
         manifest = store.read_manifest(folder)
         problems = store.manifest_problems(folder, manifest)
+        saved_by = (manifest or {}).get("run")
+        if saved_by and saved_by != run.id:
+            problems = [f"saved by run {saved_by}, not this one"] + problems
         found.append(CheckpointInfo(step=step, path=str(folder), complete=not problems,
                                     bytes=(manifest or {}).get("total_bytes"),
                                     created=(manifest or {}).get("created"),
                                     problem=problems[0] if problems else None))
     qdir = root / store.QUARANTINE
     quarantined = sum(1 for d in qdir.iterdir() if d.is_dir()) if qdir.is_dir() else 0
+    try:
+        owner = (store.read_owner(root) or {}).get("run")
+    except store.ForeignCheckpointsError:
+        owner = "(unreadable owner.json)"
     return CheckpointFolder(root=str(root), checkpoints=found, latest=store.read_latest(root),
-                            partial=len(store.partial_checkpoints(root)), quarantined=quarantined)
+                            partial=len(store.partial_checkpoints(root)), quarantined=quarantined,
+                            owner=owner)
 
 
 def describe_checkpoint_ref(value) -> str | None:

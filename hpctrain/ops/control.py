@@ -150,24 +150,28 @@ def _resolve_for(run: Run, profile: ClusterProfile) -> Resolved:
 
 
 def _archive_profile(run: Run, old: ClusterProfile, new: ClusterProfile, resolved: Resolved) -> str:
-    """Keep the profile the run ran on so far as ``profile.N.yaml``; write the new one."""
-    n = 1
-    while (run.path / f"profile.{n}.yaml").exists():
-        n += 1
-    kept = run.path / f"profile.{n}.yaml"
-    yamlio.write_atomic(kept, run.profile_file.read_text())
-    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
-    meta = run.meta()
-    history = list(meta.get("profile_history", []))
-    history.append({"file": kept.name, "profile": old.name, "world_size": old.world_size,
-                    "layout": meta.get("layout"), "until": now_iso()})
-    run.update_meta(profile=new.name, world_size=new.world_size, layout=resolved.layout.describe(),
-                    profile_history=history)
+    """Keep the profile the run ran on so far as ``profile.N.yaml``; write the new one (under
+    the run's lock: a read-modify-write of the run's files)."""
+    with run.lock():
+        n = 1
+        while (run.path / f"profile.{n}.yaml").exists():
+            n += 1
+        kept = run.path / f"profile.{n}.yaml"
+        yamlio.write_atomic(kept, run.profile_file.read_text())
+        yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
+        meta = run.meta()
+        history = list(meta.get("profile_history", []))
+        history.append({"file": kept.name, "profile": old.name, "world_size": old.world_size,
+                        "layout": meta.get("layout"), "until": now_iso()})
+        run.update_meta(profile=new.name, world_size=new.world_size,
+                        layout=resolved.layout.describe(), profile_history=history)
     return kept.name
 
 
 def _resubmit(run: Run, resolved: Resolved, event: str, *, force: bool,
               previous_world_size: int | None = None) -> Resubmitted:
+    from ..runtime.checkpoint import store
+    store.check_owner(run.checkpoint_dir(), run.id)   # refused before any event is recorded
     from_step = _newest_step(run)
     data = {"how": "resubmitted", "by": _user(), "profile": resolved.profile.name,
             "world_size": resolved.profile.world_size, "from_step": from_step,

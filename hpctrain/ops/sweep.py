@@ -4,13 +4,16 @@ submitted.
 
 Values are YAML scalars (``1e-4``, ``true``, ``null``, ``cosine``) checked by the job schema, so
 a sweep value gets exactly the error the same value would get in the job file; a value that
-breaks the parallel layout on the chosen profile is refused, naming the combination.
+breaks the parallel layout on the chosen profile is refused, naming the combination. A relative
+path given as a value (``checkpoint.dir``, ``data.path``, ``train.init_from``) is relative to
+the job file's folder, as in the job file.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import os
 import re
 import secrets
 import time
@@ -20,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ClusterProfile, Resolved, job_from_mapping, load_job, resolve
+from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
 
@@ -107,6 +111,7 @@ def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[Swe
     """Every combination as a resolved job on ``profile``; all problems raised at once."""
     axes = parse_axes(specs)
     base = to_dict(load_job(job_file))
+    job_folder = Path(job_file).resolve().parent
     points, problems = [], []
     for i, values in enumerate(combinations(axes)):
         data = copy.deepcopy(base)
@@ -115,7 +120,7 @@ def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[Swe
         label = ", ".join(f"{k}={v}" for k, v in values.items())
         source = f"{job_file} [sweep {label}]"
         try:
-            job = job_from_mapping(data, source)
+            job = resolve_job_paths(job_from_mapping(data, source), job_folder)
             typed = {k: get_path(to_dict(job), k) for k in values}  # "1e-4" -> 0.0001
             points.append(SweepPoint(i, typed, resolve(job, profile, source=source)))
         except ConfigError as e:
@@ -126,14 +131,16 @@ def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[Swe
     return points
 
 
-def new_sweep_dir(runs_root: Path, name: str) -> Path:
-    """``<runs root>/sweeps/<name>-<time>-<hex>``: the array's script and batch logs."""
+def new_sweep_dir(runs_root: Path, name: str, mode: int = 0o700) -> Path:
+    """``<runs root>/sweeps/<name>-<time>-<hex>``: the array's script, submitit pickles and
+    batch logs; private like a run folder (``mode``)."""
     root = runs_root / SWEEP_DIR
     root.mkdir(parents=True, exist_ok=True)
     while True:
         path = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         try:
-            path.mkdir()
-            return path
+            path.mkdir(mode)
         except FileExistsError:
             continue
+        os.chmod(path, mode)  # mkdir's mode is masked by the umask
+        return path

@@ -6,6 +6,9 @@ their run folders); task i picks run folder i and is from then on an ordinary jo
 (recorded as job ``<array id>_<i>``: status, cancel, requeue and resume work on it as on any
 run). On a local profile the runs train one after another on this machine, each followed to its
 end, and one failed run does not stop the others.
+
+A checkpoint folder belongs to one run, so with ``checkpoint.dir`` set each run of a sweep keeps
+its checkpoints in ``<checkpoint.dir>/<run id>``.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from typing import Callable
 
 from ..config import yamlio
 from ..errors import HpcTrainError, SubmissionError, UsageError
-from ..runs import Run, now_iso
+from ..runs import Run, folder_mode, now_iso
 from ..slurm.render import ScriptInputs, render_sbatch
-from ..slurm.submit import Submitted, node_python, prepare_run, step_python, submit_training
+from ..slurm.submit import (Submitted, claim_checkpoints, node_python, prepare_run,
+                            release_checkpoints, step_python, submit_training)
 from .sweep import SweepPoint, new_sweep_dir
 
 
@@ -43,10 +47,12 @@ class SweepSubmission:
 def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
                   source: str) -> tuple[Path, list[SweepRun]]:
     """The sweep folder and one prepared run folder per combination (nothing submitted)."""
-    sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name)
+    profile = points[0].resolved.profile
+    sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name,
+                              folder_mode(profile.storage.group_readable))
     runs = []
     for p in points:
-        run = prepare_run(p.resolved, runs_root, source=source)
+        run = prepare_run(p.resolved, runs_root, source=source, own_checkpoint_folder=True)
         run.update_meta(sweep={"id": sweep_dir.name, "dir": str(sweep_dir), "index": p.index,
                                "values": p.values})
         runs.append(SweepRun(p, run))
@@ -55,14 +61,17 @@ def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
 
 
 def _write_sweep_file(sweep_dir: Path, runs: list[SweepRun], **info) -> None:
+    """Read-modify-write ``sweep.yaml`` under the sweep folder's lock (a damaged file is an
+    error, never replaced)."""
     path = sweep_dir / "sweep.yaml"
-    data = yamlio.read_mapping(path) if path.exists() else {"id": sweep_dir.name,
-                                                            "created": now_iso()}
-    data.update(info)
-    data["runs"] = [{"index": r.point.index, "run": r.run.id, "run_dir": str(r.run.path),
-                     "values": r.point.values, "job_id": r.job_id, "outcome": r.outcome}
-                    for r in runs]
-    yamlio.write_atomic(path, yamlio.dump(data))
+    with Run(sweep_dir).lock():
+        data = yamlio.read_mapping(path, "sweep file") if path.exists() else {
+            "id": sweep_dir.name, "created": now_iso()}
+        data.update(info)
+        data["runs"] = [{"index": r.point.index, "run": r.run.id, "run_dir": str(r.run.path),
+                         "values": r.point.values, "job_id": r.job_id, "outcome": r.outcome}
+                        for r in runs]
+        yamlio.write_atomic(path, yamlio.dump(data))
 
 
 def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
@@ -92,12 +101,20 @@ def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
     from ..runtime.entry import train_main
     calls = [functools.partial(train_main, str(r.run.path)) for r in runs]
     said = io.StringIO()
+    claimed = []
     try:
+        for r in runs:
+            if claim_checkpoints(r.run, profile):
+                claimed.append(r.run)
         with contextlib.redirect_stderr(said):
             jobs = executor.submit_array(calls)
-    except FailedJobError as e:
-        raise SubmissionError(f"sbatch refused the sweep's job array: "
-                              f"{str(e).strip() or said.getvalue().strip()}") from None
+    except BaseException as e:
+        for run in claimed:
+            release_checkpoints(run)
+        if isinstance(e, FailedJobError):
+            raise SubmissionError(f"sbatch refused the sweep's job array: "
+                                  f"{str(e).strip() or said.getvalue().strip()}") from None
+        raise
     array_id = jobs[0].job_id.split("_")[0]
     for r, job in zip(runs, jobs):
         r.job_id = job.job_id

@@ -29,8 +29,10 @@ def create_run_folder(path: Path, job: dict, profile: dict):
     """A run folder with the job and profile resolved, as ``hpctrain submit`` leaves it."""
     from ..config import job_from_mapping, profile_from_mapping, yamlio
     from ..config.schema import to_dict
-    from ..runs import Run
-    path.mkdir(parents=True, exist_ok=False)
+    from ..runs import PRIVATE_MODE, Run
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(PRIVATE_MODE)
+    os.chmod(path, PRIVATE_MODE)  # private, as every run folder (mkdir's mode is masked)
     run = Run(path)
     yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job_from_mapping(job, str(path)))))
     yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(

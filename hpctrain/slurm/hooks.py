@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import exit_codes
 from ..attempts import finish_attempt
+from ..errors import HpcTrainError
 from ..runs import Run
 from . import commands
 
@@ -187,18 +188,67 @@ def cmd_gate_failed(run: Run, attempt: int, exit_code: int, started: float | Non
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
     if not decision.requeue:
         return 0
-    job_id = facts["job_id"]
     # Requeueing kills this shell's processes with SIGTERM; ignore it so the hold -> exclude ->
     # release sequence completes (a running job's exclude list cannot be changed).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    commands.run(["scontrol", "requeuehold", job_id])
-    if bad:
-        info = commands.job_info(job_id)
-        current = [n for n in info.get("ExcNodeList", "").split(",") if n and n != "(null)"]
-        commands.exclude_nodes(job_id, sorted(set(current + bad)))
-    commands.run(["scontrol", "release", job_id])
-    run.event("requeue", attempt=attempt, job_id=job_id, excluded=bad, reason="preflight gate")
+    return requeue_excluding(run, attempt, facts["job_id"], bad)
+
+
+RELEASE_TRIES = 5
+RELEASE_PAUSE_S = 2.0
+
+
+def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
+                      pause_s: float = RELEASE_PAUSE_S) -> int:
+    """Hold-requeue the job, add ``bad`` to its exclude list, release it. Once the hold is in
+    place the release happens whatever else fails (a failing ``scontrol update`` would leave
+    the job held forever): the job then comes back without the exclusion, and the event says
+    so. Returns 0 when the job was requeued and released, 1 otherwise."""
+    try:
+        commands.run(["scontrol", "requeuehold", job_id])
+    except Exception as e:  # noqa: BLE001 - nothing is held: say so and stop
+        print(f"[hpctrain] scontrol requeuehold {job_id} failed: {e}; the job is not requeued",
+              file=sys.stderr)
+        run.event("requeue_failed", attempt=attempt, job_id=job_id, reason="preflight gate",
+                  error=str(e))
+        return 1
+    excluded, problem = [], None
+    try:
+        if bad:
+            info = commands.job_info(job_id)
+            current = [n for n in info.get("ExcNodeList", "").split(",") if n and n != "(null)"]
+            commands.exclude_nodes(job_id, sorted(set(current + bad)))
+            excluded = bad
+    except Exception as e:  # noqa: BLE001 - recorded; the release below still happens
+        problem = f"excluding {', '.join(bad)} failed: {e}"
+        print(f"[hpctrain] {problem}; releasing the job without the exclusion", file=sys.stderr)
+    finally:
+        released, release_error = _release(job_id, pause_s)
+    data = {"attempt": attempt, "job_id": job_id, "excluded": excluded,
+            "reason": "preflight gate"}
+    if problem:
+        data["problem"] = problem
+    if not released:
+        print(f"[hpctrain] scontrol release {job_id} failed {RELEASE_TRIES} times: "
+              f"{release_error}; the job stays held: `scontrol release {job_id}` or "
+              f"`hpctrain cancel {run.id}`", file=sys.stderr)
+        run.event("requeue_failed", error=f"release failed: {release_error}", **data)
+        return 1
+    run.event("requeue", **data)
     return 0
+
+
+def _release(job_id: str, pause_s: float) -> tuple[bool, str | None]:
+    error = None
+    for i in range(RELEASE_TRIES):
+        try:
+            commands.run(["scontrol", "release", job_id])
+            return True, None
+        except Exception as e:  # noqa: BLE001 - slurmctld busy: try again
+            error = str(e)
+            if i + 1 < RELEASE_TRIES:
+                time.sleep(pause_s)
+    return False, error
 
 
 def main(argv=None) -> int:
@@ -221,14 +271,18 @@ def main(argv=None) -> int:
         sys.stdout.write(first_node_address() + "\n")
         return 0
     run = Run(Path(args.run_dir))
-    if args.cmd == "begin":
-        sys.stdout.write(cmd_begin(run))
-    elif args.cmd == "signal":
-        sys.stdout.write(cmd_signal(run, args.signal.upper().removeprefix("SIG")))
-    elif args.cmd == "end":
-        sys.stdout.write(cmd_end(run, args.attempt, args.exit_code, args.started))
-    else:
-        return cmd_gate_failed(run, args.attempt, args.exit_code, args.started)
+    try:
+        if args.cmd == "begin":
+            sys.stdout.write(cmd_begin(run))
+        elif args.cmd == "signal":
+            sys.stdout.write(cmd_signal(run, args.signal.upper().removeprefix("SIG")))
+        elif args.cmd == "end":
+            sys.stdout.write(cmd_end(run, args.attempt, args.exit_code, args.started))
+        else:
+            return cmd_gate_failed(run, args.attempt, args.exit_code, args.started)
+    except HpcTrainError as e:   # e.g. a damaged run.yaml: say which file, no traceback
+        print(f"[hpctrain] Error: {e}", file=sys.stderr)
+        return e.exit_code
     sys.stdout.flush()
     return 0
 

@@ -20,7 +20,7 @@ from .. import __version__
 from ..config import ClusterProfile, Resolved, time_limit_seconds, yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError, SubmissionError
-from ..runs import Run, create_run
+from ..runs import Run, create_run, folder_mode
 from .render import ScriptInputs, render_sbatch, render_step_script
 
 
@@ -46,10 +46,21 @@ def script_inputs(run: Run, profile: ClusterProfile, *, kind: str = "train",
                         kind=kind, dependency=dependency)
 
 
-def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "") -> Run:
-    """A new run folder holding the resolved job and profile (what every attempt reads)."""
+def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
+                own_checkpoint_folder: bool = False) -> Run:
+    """A new run folder holding the resolved job and profile (what every attempt reads).
+
+    A ``checkpoint.dir`` that holds another run's checkpoints is refused before anything is
+    created. ``own_checkpoint_folder`` (sweeps): the run keeps its checkpoints in
+    ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder.
+    """
+    from ..runtime.checkpoint import store
     job, profile = resolved.job, resolved.profile
-    run = create_run(runs_root, job.name)
+    if job.checkpoint.dir and not own_checkpoint_folder:
+        store.check_owner(Path(job.checkpoint.dir), "")
+    run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
+    if job.checkpoint.dir and own_checkpoint_folder:
+        job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)
     yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
     yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
     ckpt = job.checkpoint.dir or (
@@ -112,6 +123,20 @@ def _submit_local(run: Run, profile: ClusterProfile, function: Callable, args: t
     return executor.submit(function, *args)
 
 
+def claim_checkpoints(run: Run, profile: ClusterProfile) -> bool:
+    """Make the run's checkpoint folder its own before a job of it is queued (refused when the
+    folder holds another run's checkpoints); True when this call claimed it."""
+    from ..runtime.checkpoint import store
+    return store.claim(run.checkpoint_dir(), run.id, run.path,
+                       folder_mode(profile.storage.group_readable))
+
+
+def release_checkpoints(run: Run) -> None:
+    """The submission that claimed the folder failed: leave it as it was."""
+    from ..runtime.checkpoint import store
+    store.release(run.checkpoint_dir(), run.id)
+
+
 def submit_function(run: Run, profile: ClusterProfile, function: Callable, args: tuple = (),
                     *, kind: str = "train", resolved: Resolved | None = None,
                     dependency: str | None = None, env: dict | None = None) -> Submitted:
@@ -121,19 +146,25 @@ def submit_function(run: Run, profile: ClusterProfile, function: Callable, args:
     trap and requeue) and submits it through submitit. Local: submitit's local executor, one
     process per rank on this machine. The job id is recorded in the run folder.
     """
-    if profile.scheduler == "slurm":
-        inputs = script_inputs(run, profile, kind=kind, dependency=dependency)
-        if kind == "train":
-            if resolved is None:
-                raise ValueError("a training submission needs the resolved job for its script")
-            script = render_sbatch(resolved, inputs)
+    claimed = claim_checkpoints(run, profile) if kind == "train" else False
+    try:
+        if profile.scheduler == "slurm":
+            inputs = script_inputs(run, profile, kind=kind, dependency=dependency)
+            if kind == "train":
+                if resolved is None:
+                    raise ValueError("a training submission needs the resolved job for its script")
+                script = render_sbatch(resolved, inputs)
+            else:
+                script = render_step_script(profile, inputs)
+            name = run.script_file if kind == "train" else run.path / f"{kind}.sbatch.sh"
+            yamlio.write_atomic(name, script)
+            job = _submit_slurm(run, profile, script, function, args)
         else:
-            script = render_step_script(profile, inputs)
-        name = run.script_file if kind == "train" else run.path / f"{kind}.sbatch.sh"
-        yamlio.write_atomic(name, script)
-        job = _submit_slurm(run, profile, script, function, args)
-    else:
-        job = _submit_local(run, profile, function, args, env or {})
+            job = _submit_local(run, profile, function, args, env or {})
+    except BaseException:
+        if claimed:
+            release_checkpoints(run)
+        raise
     run.add_job_id(job.job_id, kind=kind)
     run.event("submitted", job_id=job.job_id, job_kind=kind, scheduler=profile.scheduler,
               dependency=dependency)

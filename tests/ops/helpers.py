@@ -104,20 +104,21 @@ def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(),
     for e in events:
         append_jsonl(run.events_file, e)
     for step in checkpoints:
-        write_checkpoint(run.checkpoint_dir(), step, attempt=1)
+        write_checkpoint(run.checkpoint_dir(), step, attempt=1, run_id=run.id)
     return run
 
 
-def write_checkpoint(root: Path, step: int, attempt: int) -> Path:
-    """A published ``step-N`` folder (one small file, checksummed manifest) made with the
-    runtime's own store functions: what listings and status read, without a model."""
+def write_checkpoint(root: Path, step: int, attempt: int, run_id: str | None = None) -> Path:
+    """A published ``step-N`` folder (one small file, checksummed manifest naming ``run_id``)
+    made with the runtime's own store functions: what listings and status read, without a
+    model."""
     import json
     from hpctrain.runtime.checkpoint import store
     partial = store.partial_dir(root, step, attempt)
     partial.mkdir(parents=True, exist_ok=True)
     (partial / "state.json").write_text(json.dumps({"step": step}))
     files = store.checksum_files(partial, store.list_files(partial))
-    return store.publish(partial, root, step, store.build_manifest(step, files))
+    return store.publish(partial, root, step, store.build_manifest(step, files, run=run_id))
 
 
 def png_size(path: Path) -> tuple[int, int]:

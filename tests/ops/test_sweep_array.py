@@ -11,6 +11,7 @@ import pytest
 from hpctrain.config import yamlio
 from hpctrain.ops.sweep import expand
 from hpctrain.ops.sweep_launch import prepare_sweep, submit_sweep_array
+from hpctrain.runtime.checkpoint import store
 from hpctrain.slurm.commands import parse_scontrol_record, sbatch_test_only
 from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_profile, wait_stopped
 
@@ -21,6 +22,8 @@ def test_sweep_runs_as_one_throttled_job_array(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
     profile = ops_profile(step_s=0.0)
     points = expand(ops_job(), profile, ["train.lr=1e-3,2e-3", "train.steps=3,4"])
+    for p in points:
+        p.resolved.job.checkpoint.dir = str(tmp_path / "ck")   # one folder for the whole sweep
     sweep_dir, runs = prepare_sweep(points, root, source=str(OPS_JOB))
     sub = submit_sweep_array(sweep_dir, runs, max_parallel=2)
     array = sub.array_job_id
@@ -39,6 +42,9 @@ def test_sweep_runs_as_one_throttled_job_array(slurm_cluster, tmp_path):
             (r.point.values["train.lr"], r.point.values["train.steps"])
         assert (rec["exit_reason"], rec["end_step"], rec["job_id"]) == \
             ("finished", r.point.values["train.steps"], r.job_id)
+        own = tmp_path / "ck" / r.run.id                    # each run: a folder of its own
+        assert store.read_owner(own)["run"] == r.run.id
+        assert [s for s, _ in store.complete_checkpoints(own)] == [r.point.values["train.steps"]]
     listed = json.loads(cli(root, "runs", "--json").stdout)
     assert sorted((x["job_id"], x["state"], x["sweep"]["index"]) for x in listed) == \
         [(f"{array}_{i}", "FINISHED", i) for i in range(4)]

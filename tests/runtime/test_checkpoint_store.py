@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from hpctrain.runtime.checkpoint import store
 
 
@@ -88,3 +90,103 @@ def test_share_spreads_files_over_ranks():
     shares = [store.share(names, r, 3) for r in range(3)]
     assert sorted(sum(shares, [])) == sorted(names)
     assert [len(s) for s in shares] == [3, 2, 2]
+
+
+def test_prune_counts_only_checkpoints_that_verify_and_that_this_run_saved(tmp_path):
+    for step in (10, 20, 30):
+        _publish(tmp_path, step, run="run-a")
+    damaged = _publish(tmp_path, 40, run="run-a")
+    (damaged / "__0_0.distcp").write_bytes(b"short")   # newest, but fails the cheap check
+    _publish(tmp_path, 50, run="run-b")                 # another run's: never counted or deleted
+    removed = store.prune(tmp_path, keep_last=1, log=lambda m: None, run_id="run-a")
+    assert sorted(d.name for d in removed) == ["step-00000010", "step-00000020"]
+    # the newest verified one (30) survives a damaged newer one; 40 and run-b's 50 untouched
+    assert [s for s, _ in store.complete_checkpoints(tmp_path)] == [50, 40, 30]
+    assert [s for s, _ in store.verified_checkpoints(tmp_path, "run-a")] == [30]
+
+
+def test_claim_writes_the_owner_record_once_in_a_private_folder(tmp_path):
+    root = tmp_path / "ck"
+    assert store.claim(root, "run-a", tmp_path / "runs" / "run-a") is True
+    assert oct(root.stat().st_mode & 0o777) == "0o700"
+    owner = store.read_owner(root)
+    assert owner["run"] == "run-a" and owner["run_dir"].endswith("runs/run-a")
+    _publish(root, 10, run="run-a")
+    assert store.claim(root, "run-a") is False           # resume, requeue: the same run
+    assert store.read_owner(root)["run"] == "run-a"
+    shared = tmp_path / "shared"
+    store.claim(shared, "run-c", mode=0o750)
+    assert oct(shared.stat().st_mode & 0o777) == "0o750"
+
+
+def test_another_runs_folder_is_refused_with_the_fix_and_left_as_it_was(tmp_path):
+    root = tmp_path / "ck"
+    store.claim(root, "run-a")
+    _publish(root, 10, run="run-a")
+    partial = _partial(root, 20)                          # run-a's save in progress
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    with pytest.raises(store.ForeignCheckpointsError) as e:
+        store.claim(root, "run-b")
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint.dir: {root} holds another run's checkpoints "
+                          "(owner.json names run run-a)")
+    assert "`hpctrain resume run-a`" in msg and f"train.init_from: {root}" in msg
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    assert partial.is_dir() and store.read_owner(root)["run"] == "run-a"
+    with pytest.raises(store.ForeignCheckpointsError, match="a new run must not load"):
+        store.check_owner(root, "")                       # submit, before the run exists
+
+
+def test_a_folder_without_owner_record_is_taken_only_when_every_checkpoint_names_the_run(tmp_path):
+    mine = tmp_path / "mine"
+    _publish(mine, 10, run="run-a")
+    assert store.claim(mine, "run-a") is True             # checkpoints saved before owner.json
+    theirs = tmp_path / "theirs"
+    _publish(theirs, 10, run="run-x")
+    with pytest.raises(store.ForeignCheckpointsError, match="step-00000010 was saved by run run-x"):
+        store.claim(theirs, "run-a")
+    unknown = tmp_path / "unknown"
+    _partial(unknown, 30)
+    with pytest.raises(store.ForeignCheckpointsError, match="belongs to no known run"):
+        store.claim(unknown, "run-a")
+    assert not (theirs / store.OWNER).exists() and not (unknown / store.OWNER).exists()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / store.OWNER).write_bytes(b"\xff\xfe not json")
+    with pytest.raises(store.ForeignCheckpointsError, match="owner.json cannot be read"):
+        store.claim(bad, "run-a")
+
+
+def _claim_in_process(root, run_id, go, out):
+    go.wait()
+    try:
+        store.claim(root, run_id)
+        out.put(run_id)
+    except store.ForeignCheckpointsError:
+        out.put(None)
+
+
+def test_runs_claiming_one_folder_at_once_get_exactly_one_owner(tmp_path):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    root, go, out = tmp_path / "ck", ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claim_in_process, args=(root, f"run-{i}", go, out))
+             for i in range(6)]
+    [p.start() for p in procs]
+    go.set()
+    winners = [out.get(timeout=60) for _ in procs]
+    [p.join(60) for p in procs]
+    assert len([w for w in winners if w]) == 1
+    assert store.read_owner(root)["run"] == next(w for w in winners if w)
+
+
+def test_release_undoes_a_claim_only_while_the_folder_holds_nothing(tmp_path):
+    root = tmp_path / "ck"
+    store.claim(root, "run-a")
+    store.release(root, "run-b")                          # not the owner: nothing happens
+    assert store.read_owner(root)["run"] == "run-a"
+    store.release(root, "run-a")
+    assert store.read_owner(root) is None and store.claim(root, "run-b")
+    _publish(root, 5, run="run-b")
+    store.release(root, "run-b")                          # holds a checkpoint: stays claimed
+    assert store.read_owner(root)["run"] == "run-b"

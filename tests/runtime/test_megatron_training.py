@@ -25,11 +25,16 @@ def _max_diff(a: dict, b: dict, steps) -> float:
     return max(abs(a[s] - b[s]) for s in steps)
 
 
-def _copy_checkpoint(src_run, step: int, dst_run) -> None:
+def _copy_checkpoint(src_run, step: int, dst_run):
+    """``src_run``'s checkpoint of ``step`` as if ``dst_run`` had saved it: a run resumes only
+    from checkpoints whose manifest names it."""
     name = store.step_name(step)
     dst = dst_run.path / "checkpoints"
     dst.mkdir(exist_ok=True)
     shutil.copytree(src_run.path / "checkpoints" / name, dst / name)
+    manifest = store.read_manifest(dst / name)
+    store.write_json_atomic(dst / name / store.MANIFEST, {**manifest, "run": dst_run.id})
+    return dst / name
 
 
 def test_single_process_reference_learns_the_corpus(ws):
@@ -159,8 +164,7 @@ def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     src = ws.reference("single")
     run = ws.new_run("corrupt", "single", steps=8)
     _copy_checkpoint(src, 6, run)
-    shutil.copytree(src.path / "checkpoints" / "step-00000012",
-                    run.path / "checkpoints" / "step-00000012")
+    _copy_checkpoint(src, 12, run)
     damaged = sorted((run.path / "checkpoints" / "step-00000012").glob("__0_*.distcp"))[0]
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -10,9 +10,11 @@ Save (every rank calls it at the same step):
   boundary publishes it once every rank's writer is done. Emergency and final saves are
   synchronous: the process is about to exit.
 
-Resume: rank 0 walks ``step-N`` folders newest first; a folder whose manifest is missing or
-whose files do not match it (sizes, then CRC32 spread over all ranks) is moved to
-``quarantine/`` with a log line, and the next older one is tried.
+Resume: rank 0 first makes the folder this run's (``store.claim``: a folder holding another
+run's checkpoints is refused, nothing in it touched), then walks ``step-N`` folders newest
+first; a folder whose manifest is missing or whose files do not match it (sizes, then CRC32
+spread over all ranks) is moved to ``quarantine/`` with a log line, and the next older one is
+tried.
 """
 
 from __future__ import annotations
@@ -211,10 +213,18 @@ class Checkpointer:
             self.ctx.run.event("checkpoint_saved", step=step, reason=info["reason"],
                                path=info.get("path"), seconds=round(info["total_seconds"], 3),
                                attempt=self.ctx.attempt)
-            store.prune(self.root, self.ctx.job.checkpoint.keep_last, logger.info)
+            store.prune(self.root, self.ctx.job.checkpoint.keep_last, logger.info,
+                        run_id=self.ctx.run.id)
         collectives.barrier()
 
     # ------------------------------------------------------------------ resuming
+    def claim(self) -> None:
+        """Rank 0: make the checkpoint folder this run's before touching anything in it; refuse
+        (ForeignCheckpointsError) when it holds another run's checkpoints."""
+        from ...runs import folder_mode
+        store.claim(self.root, self.ctx.run.id, self.ctx.run.path,
+                    folder_mode(self.ctx.profile.storage.group_readable))
+
     def _verify(self, folder: Path) -> tuple[dict | None, list[str]]:
         """Collective: cheap checks on rank 0, then CRC32 of a share of the files on each rank."""
         checked = None
@@ -233,6 +243,17 @@ class Checkpointer:
     def find_resumable(self) -> tuple[Path, dict] | None:
         """The newest checkpoint that verifies; everything broken on the way is quarantined."""
         candidates = None
+        refused = None
+        if self.ctx.is_rank0:
+            try:
+                self.claim()
+            except store.ForeignCheckpointsError as e:
+                refused = str(e)
+            except OSError as e:   # every rank must hear it, or the others wait forever
+                refused = f"cannot use checkpoint folder {self.root}: {e}"
+        refused = collectives.broadcast_object(refused)
+        if refused:
+            raise CheckpointError(refused)
         if self.ctx.is_rank0:
             for partial in store.partial_checkpoints(self.root):
                 where = store.quarantine(self.root, partial, "incomplete: the save never finished "

@@ -6,6 +6,7 @@
       step-00000050/        complete: manifest.json is inside, written last
       step-00000100/
       latest                "step-00000100" (replaced atomically; for people and tools)
+      owner.json            the run this folder belongs to (written when the run first uses it)
       .partial-step-00000150-a3/   being written by attempt 3 (or left by a killed one)
       quarantine/           partial or corrupt checkpoints moved aside, never deleted
 
@@ -15,6 +16,11 @@ versions), renames the folder to ``step-N`` and replaces ``latest``. A crash at 
 leaves either the previous state or a ``.partial-*`` folder, never a ``step-N`` folder
 without a verified manifest. Resuming picks the newest ``step-N`` whose manifest verifies;
 anything else found on the way is moved to ``quarantine/`` with a note saying why.
+
+A checkpoint folder belongs to one run: ``owner.json`` names it and every manifest names the
+run that saved it. A run never loads, sets aside or prunes another run's checkpoints: it
+refuses to start in a folder that holds them (``claim``), and ``train.init_from`` is how a new
+run starts from them.
 
 Pure file operations (no torch), shared by the runtime and ``hpctrain status``-like tools.
 """
@@ -30,9 +36,13 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from ...errors import UsageError
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 QUARANTINE = "quarantine"
+OWNER = "owner.json"
+OWNER_FORMAT = "hpctrain-checkpoint-owner"
 FORMAT = "hpctrain-checkpoint"
 FORMAT_VERSION = 1
 STEP_RE = re.compile(r"^step-(\d+)$")
@@ -227,17 +237,173 @@ def read_latest(root: Path) -> str | None:
         return None
 
 
-def prune(root: Path, keep_last: int, log: Callable[[str], None] = print) -> list[Path]:
-    """Delete complete checkpoints older than the newest ``keep_last`` (at least one is kept).
+def verified_checkpoints(root: Path, run_id: str | None = None) -> list[tuple[int, Path]]:
+    """``step-N`` folders that pass the cheap check (manifest present, every file at its size),
+    saved by ``run_id`` when given; newest first."""
+    out = []
+    for step, d in complete_checkpoints(root):
+        manifest = read_manifest(d)
+        if manifest is None or manifest_problems(d, manifest):
+            continue
+        if run_id is not None and manifest.get("run") != run_id:
+            continue
+        out.append((step, d))
+    return out
 
-    Only folders whose manifest reads are counted and deleted; anything unverifiable is left
-    for the resume logic to quarantine.
+
+def prune(root: Path, keep_last: int, log: Callable[[str], None] = print,
+          run_id: str | None = None) -> list[Path]:
+    """Delete ``run_id``'s verified checkpoints older than its newest ``keep_last`` verified
+    ones (at least one is kept).
+
+    Only checkpoints that pass the cheap check are counted and deleted: a damaged newer one
+    never pushes the newest good one out, and anything unverifiable is left for the resume
+    logic to quarantine. Another run's checkpoints are neither counted nor deleted.
     """
     keep_last = max(1, keep_last)
-    complete = [(s, d) for s, d in complete_checkpoints(root) if read_manifest(d) is not None]
     removed = []
-    for _, d in complete[keep_last:]:
+    for _, d in verified_checkpoints(root, run_id)[keep_last:]:
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
         log(f"checkpoint: removed {d.name} (checkpoint.keep_last={keep_last})")
+    if removed:
+        fsync_dir(root)
     return removed
+
+
+# ---- ownership: one folder, one run ------------------------------------------------------------
+
+
+class ForeignCheckpointsError(UsageError):
+    """A checkpoint folder holds another run's checkpoints (or ones whose run is unknown)."""
+
+
+def read_owner(root: Path) -> dict | None:
+    """``owner.json`` of ``root``: None when there is none; raises when it cannot be read."""
+    path = root / OWNER
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ForeignCheckpointsError(
+            f"checkpoint folder {root}: {OWNER} cannot be read ({e}); it names the run that owns "
+            f"the folder, so nothing there is used: fix or remove it by hand, or choose another "
+            f"checkpoint.dir") from None
+    if not isinstance(data, dict) or data.get("format") != OWNER_FORMAT or \
+            not isinstance(data.get("run"), str):
+        raise ForeignCheckpointsError(
+            f"checkpoint folder {root}: {OWNER} is not an hpctrain owner record; choose another "
+            f"checkpoint.dir")
+    return data
+
+
+def foreign_checkpoints(root: Path, run_id: str) -> tuple[str | None, str] | None:
+    """Why ``root`` is not ``run_id``'s to use: ``(other run id or None if unknown, what was
+    found)``; None when the folder is free or already ``run_id``'s.
+
+    The owner record decides; every manifest must also name ``run_id``. A folder without an
+    owner record (made before it, or by hand) is this run's only if every checkpoint in it
+    says so: a save in progress (``.partial-*``) or a manifest that cannot be read has no
+    known run, so it is not touched either.
+    """
+    if not root.is_dir():
+        return None
+    owner = read_owner(root)
+    if owner is not None and owner["run"] != run_id:
+        return owner["run"], f"{OWNER} names run {owner['run']}"
+    for _, d in complete_checkpoints(root):
+        manifest = read_manifest(d)
+        saved_by = manifest.get("run") if manifest else None
+        if saved_by == run_id:
+            continue
+        if saved_by:
+            return saved_by, f"{d.name} was saved by run {saved_by}"
+        if owner is None:
+            return None, f"{d.name} has no readable manifest naming its run"
+    if owner is None:
+        partial = partial_checkpoints(root)
+        if partial:
+            return None, f"{partial[0].name} (a save in progress or left by a killed job) " \
+                         f"belongs to no known run"
+    return None
+
+
+def foreign_message(root: Path, who: str, found: tuple[str | None, str]) -> str:
+    """The refusal, with the fix: resume that run, or start from its weights elsewhere."""
+    other, what = found
+    fixes = []
+    if other:
+        fixes.append(f"continue that run: `hpctrain resume {other}`")
+    fixes.append(f"start from its weights: train.init_from: {root} with another checkpoint.dir "
+                 f"(or none: each run then gets a folder of its own)")
+    return (f"checkpoint.dir: {root} holds another run's checkpoints ({what}), which {who} "
+            f"must not load, set aside or delete. To " + "; to ".join(fixes)
+            + "; or point checkpoint.dir at an empty folder")
+
+
+def check_owner(root: Path, run_id: str, who: str | None = None) -> None:
+    """Raise ForeignCheckpointsError when ``root`` is not free or ``run_id``'s (reads only).
+    ``run_id`` "" stands for a run not created yet (every checkpoint is another run's)."""
+    found = foreign_checkpoints(root, run_id)
+    if found:
+        raise ForeignCheckpointsError(foreign_message(
+            root, who or (f"run {run_id}" if run_id else "a new run"), found))
+
+
+def make_folder(path: Path, mode: int = 0o700) -> bool:
+    """Create ``path`` (and missing parents) with ``mode`` exactly; True when it was created."""
+    if path.is_dir():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return False
+    os.chmod(path, mode)  # mkdir's mode is masked by the umask
+    return True
+
+
+def claim(root: Path, run_id: str, run_dir: str | os.PathLike | None = None,
+          mode: int = 0o700) -> bool:
+    """Make ``root`` ``run_id``'s checkpoint folder: check it holds no other run's checkpoints,
+    create it (``mode``) if missing, write ``owner.json`` if missing. True when this call
+    wrote the owner record. Two runs claiming one folder at once: one wins (``link`` is atomic),
+    the other is refused."""
+    check_owner(root, run_id)
+    make_folder(root, mode)
+    if read_owner(root) is not None:
+        check_owner(root, run_id)   # another run may have claimed it since the first check
+        return False
+    record = {"format": OWNER_FORMAT, "run": run_id,
+              "run_dir": str(run_dir) if run_dir is not None else None,
+              "claimed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = root / f".{OWNER}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, root / OWNER)
+        created = True
+    except FileExistsError:
+        created = False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(root)
+    check_owner(root, run_id)   # lost a race: the other run's record is there now
+    return created
+
+
+def release(root: Path, run_id: str) -> None:
+    """Undo a ``claim`` whose submission failed: remove ``run_id``'s owner record from a folder
+    that holds no checkpoint yet (the folder itself stays)."""
+    try:
+        owner = read_owner(root)
+    except ForeignCheckpointsError:
+        return
+    if owner is None or owner["run"] != run_id or complete_checkpoints(root) or \
+            partial_checkpoints(root):
+        return
+    (root / OWNER).unlink(missing_ok=True)
+    fsync_dir(root)

@@ -1,0 +1,97 @@
+"""A checkpoint folder belongs to one run, at submission: a second run of the same job file
+with `checkpoint.dir` set is refused before anything is created or queued, while the first
+run's own cancel and resume go on using the folder; a sweep gives every run a folder of its
+own, and its relative paths are relative to the job file, as in the job file."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hpctrain.config import yamlio
+from hpctrain.runtime.checkpoint import store
+from tests.conftest import REPO
+from tests.ops.helpers import (OPS_JOB, cli, ops_job, ops_profile, ops_resolved, start_run,
+                               wait_ledger, wait_step, wait_stopped)
+
+
+def _job_file(folder, **checkpoint) -> str:
+    """tests/ops/tiny-ops.yaml in ``folder`` (absolute data paths), a global batch that fits
+    dev-slurm's 4 ranks, and the given checkpoint settings."""
+    ops_job()                                       # the token data, prepared once
+    data = yamlio.read_mapping(OPS_JOB)
+    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
+    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    data["batch"]["global_batch_size"] = 8
+    data["train"]["min_lr"] = 1.0e-5
+    data["checkpoint"].update(checkpoint)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.yaml"
+    yamlio.write_atomic(path, yamlio.dump(data))
+    return str(path)
+
+
+@pytest.mark.slurm
+@pytest.mark.megatron
+def test_a_second_run_on_the_same_checkpoint_dir_is_refused_and_the_first_resumes(slurm_cluster,
+                                                                                   tmp_path):
+    root = tmp_path / "runs"
+    job_file = _job_file(tmp_path / "jobs", dir="../ckpt")      # relative to the job file
+    ckpt = tmp_path / "ckpt"
+    resolved = ops_resolved(ops_profile(step_s=0.2), steps=8, job_file=job_file)
+    assert resolved.job.checkpoint.dir == str(ckpt)
+    first, sub = start_run(root, resolved)
+    assert store.read_owner(ckpt)["run"] == first.id         # claimed as it was queued
+    assert ckpt.stat().st_mode & 0o777 == 0o700
+
+    for extra in (["--dry-run"], []):
+        again = cli(root, "submit", job_file, "-p", "dev-slurm", *extra, check=False)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert again.stderr.startswith(f"Error: checkpoint.dir: {ckpt} holds another run's "
+                                       f"checkpoints (owner.json names run {first.id})")
+        assert f"`hpctrain resume {first.id}`" in again.stderr
+        assert f"train.init_from: {ckpt}" in again.stderr
+    assert sorted(p.name for p in root.iterdir()) == [first.id]   # nothing created or queued
+
+    wait_step(first, 2)
+    cli(root, "cancel", first.id)
+    (cancelled,) = wait_ledger(first, 1, timeout=180)
+    wait_stopped(first)
+    out = cli(root, "resume", first.id).stdout             # the same run: its own folder
+    assert f"Resumed run {first.id} as job " in out
+    wait_ledger(first, 2, timeout=300)
+    wait_stopped(first)
+    second = first.ledger()[1]
+    assert second["exit_reason"] == "finished" and second["end_step"] == 8
+    assert cancelled["checkpoint_saved"].startswith(str(ckpt))   # saved on the cancel's SIGTERM
+    assert second["start_step"] == cancelled["end_step"]
+    assert second["checkpoint_loaded"] == cancelled["checkpoint_saved"]
+    assert all(store.read_manifest(d)["run"] == first.id
+               for _, d in store.complete_checkpoints(ckpt))
+
+
+def test_sweep_paths_are_relative_to_the_job_file_and_each_run_has_its_own_folder(tmp_path,
+                                                                                monkeypatch):
+    job_file = _job_file(tmp_path / "jobs", dir="shared-ckpt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)                     # the submitting shell is somewhere else
+    root = tmp_path / "runs"
+    res = json.loads(cli(root, "submit", job_file, "-p", "dev-slurm", "--dry-run", "--json",
+                         "--sweep", "train.lr=1e-4,3e-4",
+                         "--sweep", "checkpoint.dir=ck/a,ck/b").stdout)
+    assert len(res["runs"]) == 4
+    folders = set()
+    for r in res["runs"]:
+        meta = yamlio.read_mapping(os.path.join(r["run_dir"], "run.yaml"))
+        job = yamlio.read_mapping(os.path.join(r["run_dir"], "job.yaml"))
+        swept = r["values"]["checkpoint.dir"]
+        want = str(tmp_path / "jobs" / swept / r["run"])      # job file's folder, then run id
+        assert meta["checkpoint_dir"] == want and job["checkpoint"]["dir"] == want
+        folders.add(want)
+    assert len(folders) == 4                          # two points per swept folder, still apart
+    assert not (tmp_path / "jobs" / "ck").exists()    # a dry run claims and creates nothing
+    assert not (elsewhere / "ck").exists()
+    assert (root / "sweeps" / res["sweep"]).stat().st_mode & 0o777 == 0o700

@@ -1,0 +1,100 @@
+"""The preflight gate's requeue (hold -> exclude the bad nodes -> release) on the real dev
+cluster, with a `scontrol` on PATH that fails one subcommand the way a busy or restricted
+slurmctld does: the job is released in every outcome, and the run's events say what happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.config import load_job, load_profile, resolve
+from hpctrain.slurm.commands import job_info
+from hpctrain.slurm.submit import prepare_run
+from tests.conftest import REPO, job_gone, wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+def _scontrol_failing(tmp_path, subcommand: str) -> str:
+    """A folder whose `scontrol` fails ``subcommand`` and runs the real one otherwise."""
+    real = shutil.which("scontrol")
+    folder = tmp_path / f"bin-{subcommand}"
+    folder.mkdir()
+    fake = folder / "scontrol"
+    fake.write_text("#!/bin/bash\n"
+                    f'if [ "$1" = {subcommand} ]; then\n'
+                    f'  echo "{subcommand}: Access/permission denied for JobId=$3" >&2; exit 1\n'
+                    "fi\n"
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    return str(folder)
+
+
+@pytest.fixture
+def running_job(slurm_cluster, tmp_path):
+    """A real, requeueable batch job, running."""
+    out = subprocess.run(["sbatch", "--parsable", "--requeue", "-N1", "-J", "gate-release",
+                          "-o", str(tmp_path / "job.out"), "--wrap", "sleep 600"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    job_id = out.stdout.strip().split(";")[0]
+    try:
+        wait_until(lambda: job_info(job_id).get("JobState") == "RUNNING", 120,
+                   what=f"job {job_id} to run")
+        yield job_id
+    finally:
+        subprocess.run(["scontrol", "release", job_id], capture_output=True, timeout=60)
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+        wait_until(lambda: job_gone(job_id), 120, what=f"job {job_id} to leave the queue")
+
+
+def _gate_failed(tmp_path, job_id: str, path_first: str):
+    """`hooks gate-failed` as the batch script runs it, after preflight blamed node n3."""
+    resolved = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
+    run = prepare_run(resolved, tmp_path / "runs")
+    attempt = run.begin_attempt()
+    report = run.path / "preflight" / f"attempt-{attempt}.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"passed": False, "bad_nodes": ["n3"]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    env.update(SLURM_JOB_ID=job_id, PATH=f"{path_first}:{os.environ['PATH']}",
+               SLURM_CONF=os.environ["SLURM_CONF"])
+    proc = subprocess.run([sys.executable, "-m", "hpctrain.slurm.hooks", "gate-failed",
+                           str(run.path), "--attempt", str(attempt), "--exit-code", "4"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return run, proc
+
+
+def _held(job_id: str) -> bool:
+    info = job_info(job_id)
+    return info.get("Priority") == "0" or "Held" in info.get("Reason", "")
+
+
+def test_a_failing_exclude_still_releases_the_held_job(running_job, tmp_path):
+    run, proc = _gate_failed(tmp_path, running_job, _scontrol_failing(tmp_path, "update"))
+    assert proc.returncode == 0, proc.stderr
+    assert "excluding n3 failed" in proc.stderr and "Access/permission denied" in proc.stderr
+    info = job_info(running_job)
+    assert info.get("Restarts") == "1"                     # it was requeued...
+    assert not _held(running_job), info                    # ...and is not held
+    event = run.events()[-1]
+    assert event["event"] == "requeue" and event["excluded"] == []
+    assert "excluding n3 failed" in event["problem"]
+    (record,) = run.ledger()
+    assert record["exit_reason"] == "preflight_failed" and record["decision"]["requeue"]
+
+
+def test_a_failing_release_is_retried_then_reported_not_hidden(running_job, tmp_path):
+    run, proc = _gate_failed(tmp_path, running_job, _scontrol_failing(tmp_path, "release"))
+    assert proc.returncode == 1
+    assert f"scontrol release {running_job} failed 5 times" in proc.stderr
+    assert f"`scontrol release {running_job}`" in proc.stderr
+    assert _held(running_job)                              # what the message says
+    event = run.events()[-1]
+    assert event["event"] == "requeue_failed" and event["excluded"] == ["n3"]
+    assert "release failed" in event["error"]
+    assert "n3" in job_info(running_job).get("ExcNodeList", "")

@@ -1,0 +1,141 @@
+"""Nothing in a run folder is lost: private folders, locked read-modify-writes, atomic files,
+and damaged files reported by name instead of being taken as empty and overwritten."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.config import load_job, load_profile, resolve
+from hpctrain.runs import Run, RunFileError, append_jsonl, create_run, read_jsonl
+from hpctrain.slurm.submit import prepare_run
+from tests.conftest import REPO, hpctrain
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
+    return prepare_run(r, tmp_path / "runs")
+
+
+def test_run_folders_are_private_unless_the_profile_shares_them_with_the_group(tmp_path):
+    old = os.umask(0o002)                      # a permissive umask must not matter
+    try:
+        private = create_run(tmp_path / "runs", "x")
+        shared = create_run(tmp_path / "runs", "x", mode=0o750)
+    finally:
+        os.umask(old)
+    assert private.path.stat().st_mode & 0o777 == 0o700
+    assert shared.path.stat().st_mode & 0o777 == 0o750
+
+
+def test_a_damaged_run_file_is_an_error_naming_it_and_is_never_overwritten(run):
+    damaged = b"name: tiny-gpt\njobs: [\n\xff\xfe"
+    run.run_file.write_bytes(damaged)
+    for action in (run.meta, lambda: run.update_meta(dry_run=True),
+                   lambda: run.add_job_id("77"), run.checkpoint_dir):
+        with pytest.raises(RunFileError, match=f"run file {run.run_file} cannot be read"):
+            action()
+    assert run.run_file.read_bytes() == damaged
+
+
+def test_cli_and_batch_hooks_report_the_damaged_file_with_exit_2(run):
+    run.run_file.write_text("jobs: [unclosed\n")
+    proc = hpctrain("status", str(run.path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"Error: run file {run.run_file} cannot be read")
+    assert "Traceback" not in proc.stderr
+    proc = hpctrain("resume", str(run.path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert run.run_file.read_text() == "jobs: [unclosed\n"
+
+
+def test_the_batch_hook_reports_an_unreadable_ledger_and_does_not_requeue(run):
+    run.ledger_file.mkdir()                    # exists, cannot be read as a file
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    hook = subprocess.run([sys.executable, "-m", "hpctrain.slurm.hooks", "end", str(run.path),
+                           "--attempt", "1", "--exit-code", "75"], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=120)
+    assert hook.returncode == 2 and hook.stdout == ""          # no HPCTRAIN_REQUEUE=1 to eval
+    assert f"[hpctrain] Error: cannot read {run.ledger_file}" in hook.stderr
+    assert "Traceback" not in hook.stderr and run.ledger_file.is_dir()
+
+
+def _add_job_ids(path: str, k: int, n: int) -> None:
+    run = Run(__import__("pathlib").Path(path))
+    for i in range(n):
+        run.add_job_id(f"{k}-{i}")
+
+
+def test_concurrent_read_modify_writes_of_run_yaml_lose_nothing(run):
+    """Four processes (a hook, rank 0, two commands) each add 25 job ids at the same time."""
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_add_job_ids, args=(str(run.path), k, 25)) for k in range(4)]
+    [p.start() for p in procs]
+    [p.join(120) for p in procs]
+    assert [p.exitcode for p in procs] == [0] * 4
+    ids = run.job_ids()
+    assert sorted(ids) == sorted(f"{k}-{i}" for k in range(4) for i in range(25))
+    assert run.meta()["name"] == "tiny-gpt"                      # the rest of the file is intact
+    leftovers = [p.name for p in run.path.iterdir() if p.name.startswith(".run.yaml.")]
+    assert leftovers == []                                       # no temporary file left behind
+
+
+def _probe_lock(path: str, out) -> None:
+    """In a child: can another process take the run's lock now? And does the child believe
+    it holds a lock it inherited?"""
+    import fcntl
+
+    from hpctrain import runs
+    fd = os.open(os.path.join(path, runs.LOCK_FILE), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out.put(("acquired", len(runs._held)))
+    except BlockingIOError:
+        out.put(("busy", len(runs._held)))
+    finally:
+        os.close(fd)
+
+
+def test_the_lock_is_reentrant_excludes_others_and_is_not_kept_alive_by_a_fork(run):
+    ctx = mp.get_context("fork")
+    out, stop = ctx.Queue(), ctx.Event()
+    with run.lock():
+        with run.lock():
+            run.update_meta(inner=True)      # update_meta takes the lock again: no deadlock
+        sleeper = ctx.Process(target=stop.wait, args=(120,))   # forked while the lock is held
+        sleeper.start()
+        probe = ctx.Process(target=_probe_lock, args=(str(run.path), out))
+        probe.start()
+        assert out.get(timeout=60) == ("busy", 0)   # held here; the child holds nothing
+        probe.join(60)
+    probe = ctx.Process(target=_probe_lock, args=(str(run.path), out))
+    probe.start()
+    assert out.get(timeout=60) == ("acquired", 0)   # released though the forked child lives
+    probe.join(60)
+    assert sleeper.is_alive()
+    stop.set()
+    sleeper.join(60)
+    assert run.meta()["inner"] is True
+
+
+def test_atomic_writes_get_the_umask_mode_not_mkstemps(run):
+    old = os.umask(0o027)
+    try:
+        run.update_meta(x=1)
+    finally:
+        os.umask(old)
+    assert run.run_file.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_torn_line_never_swallows_the_next_record(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    append_jsonl(path, {"attempt": 1})
+    with open(path, "a") as f:
+        f.write('{"attempt": 2, "exit_re')        # a writer killed mid-line
+    append_jsonl(path, {"attempt": 3})
+    assert read_jsonl(path) == [{"attempt": 1}, {"attempt": 3}]
