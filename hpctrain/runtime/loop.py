@@ -110,6 +110,7 @@ class Trainer:
 
         ctx, lay, mo = self.ctx, self.ctx.layout, self.mo
         number = self.step + 1
+        self.hooks.hold_after(self.step, self._hold_released)
         self.hooks.maybe_crash(number, ctx.rank)
         if self.hooks.step_sleep_s:
             time.sleep(self.hooks.step_sleep_s)
@@ -159,6 +160,11 @@ class Trainer:
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": reason if verdict_skip
                 else None, "stop": stop, "preempt": agreed[3] > 0, "deadline": agreed[4] > 0,
                 "save_due": agreed[5] > 0}
+
+    def _hold_released(self) -> bool:
+        """A test's hold (HPCTRAIN_TEST_HOLD_AFTER_STEP) ends when this rank is told to stop,
+        or when the test drops ``hold-release`` into the run folder."""
+        return self.flag.check_file() or (self.ctx.run.path / "hold-release").exists()
 
     # --------------------------------------------------------------------- the loop
     def run(self) -> Outcome:

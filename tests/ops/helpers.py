@@ -17,19 +17,25 @@ from tests.conftest import REPO, wait_until
 OPS_JOB = REPO / "tests" / "ops" / "tiny-ops.yaml"
 
 
-def slowed(profile, step_s: float):
+def slowed(profile, step_s: float, hold_after: int | None = None):
     """The profile with every training step slowed to at least ``step_s`` (the runtime's
-    HPCTRAIN_TEST_STEP_SLEEP_S): time for a test to act while the run is mid-way."""
-    return dataclasses.replace(profile, env={**profile.env, "HPCTRAIN_TEST_STEP_SLEEP_S": str(step_s)})
+    HPCTRAIN_TEST_STEP_SLEEP_S) and, with ``hold_after``, the ranks waiting after that step
+    until the run is signalled or released (HPCTRAIN_TEST_HOLD_AFTER_STEP): a test that acts
+    "mid-run" then acts mid-run whatever this machine's speed."""
+    env = {**profile.env, "HPCTRAIN_TEST_STEP_SLEEP_S": str(step_s)}
+    if hold_after is not None:
+        env["HPCTRAIN_TEST_HOLD_AFTER_STEP"] = str(hold_after)
+    return dataclasses.replace(profile, env=env)
 
 
 def ops_profile(*, nodes: int = 1, ranks_per_node: int = 1, step_s: float = 0.2,
-                max_requeues: int = 5, **slurm):
+                hold_after: int | None = None, max_requeues: int = 5, **slurm):
     """dev-slurm resized (``ranks_per_node`` fake GPUs = ranks on each node), steps slowed."""
     p = load_profile("dev-slurm")
     return slowed(dataclasses.replace(
         p, slurm=dataclasses.replace(p.slurm, nodes=nodes, gpus_per_node=ranks_per_node, **slurm),
-        preemption=dataclasses.replace(p.preemption, max_requeues=max_requeues)), step_s)
+        preemption=dataclasses.replace(p.preemption, max_requeues=max_requeues)), step_s,
+        hold_after)
 
 
 def ops_resolved(profile, steps: int | None = None, job_file: Path = OPS_JOB):

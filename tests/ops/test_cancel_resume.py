@@ -14,9 +14,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 def test_cancel_then_resume_on_two_nodes(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    resolved = ops_resolved(ops_profile(step_s=0.3), steps=24)
+    resolved = ops_resolved(ops_profile(step_s=0.1, hold_after=4), steps=24)
     run, sub = start_run(root, resolved)
-    wait_step(run, 3)
+    wait_step(run, 4)
 
     busy = cli(root, "resume", run.id, check=False)
     assert busy.returncode == 2

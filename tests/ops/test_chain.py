@@ -18,11 +18,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 def test_a_chain_of_jobs_continues_one_run(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    resolved = ops_resolved(ops_profile(step_s=0.3, max_requeues=0), steps=24)
+    resolved = ops_resolved(ops_profile(step_s=0.1, hold_after=4, max_requeues=0), steps=24)
     run = ops_run(root, resolved)
     first, second, third = [s.job_id for s in submit_chain(resolved, run, 3)]
     assert run.job_ids() == [first, second, third] and run.meta()["chain"] == [first, second, third]
-    wait_step(run, 3)
+    wait_step(run, 4)
     data = json.loads(cli(root, "status", run.id, "--json").stdout)
     assert [(j["job_id"], j["state"], j["reason"]) for j in data["jobs"]][1:] == \
         [(second, "PENDING", "Dependency"), (third, "PENDING", "Dependency")]

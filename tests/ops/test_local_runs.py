@@ -18,16 +18,17 @@ from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_resolved, slowed, start
 pytestmark = pytest.mark.megatron
 
 
-def local_profile(step_s: float):
+def local_profile(step_s: float, hold_after: int | None = None):
     """The local profile with one rank (tiny-ops.yaml's TP1 × PP1)."""
     p = load_profile("local")
-    return slowed(dataclasses.replace(p, slurm=dataclasses.replace(p.slurm, gpus_per_node=1)), step_s)
+    return slowed(dataclasses.replace(p, slurm=dataclasses.replace(p.slurm, gpus_per_node=1)),
+                  step_s, hold_after)
 
 
 def test_cancel_requeue_and_resume_on_the_local_profile(tmp_path):
     root = tmp_path / "runs"
-    run, sub = start_run(root, ops_resolved(local_profile(0.2), steps=40))
-    wait_step(run, 3)
+    run, sub = start_run(root, ops_resolved(local_profile(0.1, hold_after=4), steps=40))
+    wait_step(run, 4)
     status = cli(root, "status", run.id).stdout
     assert f"State       RUNNING, job {sub.job_id}" in status
     refused = cli(root, "requeue", run.id, check=False)
@@ -36,7 +37,7 @@ def test_cancel_requeue_and_resume_on_the_local_profile(tmp_path):
     wait_until(lambda: not live_jobs(run) and run.ledger(), 90, what="the local run to stop")
     (first,) = run.ledger()
     assert first["exit_reason"] == "cancelled" and first["scheduler"] == "local"
-    assert first["checkpoint_saved"] and first["end_step"] >= 3
+    assert first["checkpoint_saved"] and first["end_step"] >= 4
     assert "State       CANCELLED" in cli(root, "status", run.id).stdout
     out = cli(root, "resume", run.id).stdout  # the local profile waits by default
     assert f"from step {first['end_step']}." in out.splitlines()[0]

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 @pytest.fixture(scope="module")
 def preempted_run(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("preempted") / "runs"
-    resolved = ops_resolved(ops_profile(ranks_per_node=2, step_s=0.3), steps=30)
+    resolved = ops_resolved(ops_profile(ranks_per_node=2, step_s=0.1, hold_after=6), steps=30)
     run, sub = start_run(root, resolved)
     wait_step(run, 6)
     # needs every node whole: Slurm preempts the debug job (USR1, then requeue)

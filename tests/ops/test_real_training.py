@@ -24,10 +24,13 @@ JOB = REPO / "tests" / "ops" / "tiny-ops.yaml"
 
 
 def one_rank_profile(folder) -> str:
-    """dev-slurm with one rank per job: the cheapest real runs (two fit the machine at once)."""
+    """dev-slurm with one rank per job: the cheapest real runs (two fit the machine at once).
+    Every run holds after step 4 until it is signalled or released (``hold-release``), so the
+    drill happens mid-run whatever this machine's speed."""
     data = yamlio.read_mapping(REPO / "cluster_profiles" / "dev-slurm.yaml")
     data["name"] = "dev-slurm-1"
     data["slurm"].update(nodes=1, gpus_per_node=1)
+    data["env"] = {**data.get("env", {}), "HPCTRAIN_TEST_HOLD_AFTER_STEP": "4"}
     path = folder / "dev-slurm-1.yaml"
     yamlio.write_atomic(path, yamlio.dump(data))
     return str(path)
@@ -44,6 +47,7 @@ def sweep(slurm_cluster, tmp_path_factory):
     drilled, other = (find_run(r["run"], root) for r in out["runs"])
     wait_step(drilled, 4, timeout=300)
     subprocess.run(["scancel", "--full", "-s", "USR1", out["runs"][0]["job_id"]], check=True)
+    (other.path / "hold-release").touch()          # the other point trains on untouched
     wait_ledger(drilled, 2, timeout=400)
     for run in (drilled, other):
         wait_stopped(run, timeout=300)

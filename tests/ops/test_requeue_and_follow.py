@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 def test_requeue_a_running_job_while_following_its_logs(slurm_cluster, tmp_path):
     root = tmp_path / "runs"
-    resolved = ops_resolved(ops_profile(step_s=0.3), steps=24)
+    resolved = ops_resolved(ops_profile(step_s=0.1, hold_after=4), steps=24)
     run, sub = start_run(root, resolved)
-    wait_step(run, 3)
+    wait_step(run, 4)
     follower = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", run.id, "--follow"],
                                 cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -45,9 +45,16 @@ def submit(root: Path, profile: str, *extra: str, job: Path = JOB) -> tuple[Run,
     return find_run(out["run"], root), out["job_id"]
 
 
+def held(*steps: int) -> dict:
+    """Profile env that makes the ranks wait after each of ``steps`` until they are signalled:
+    a drill "at step N" then happens mid-run, however fast this machine trains."""
+    return {"HPCTRAIN_TEST_HOLD_AFTER_STEP": ",".join(map(str, steps))}
+
+
 def drill(run: Run, job_id: str, at_step: int, attempts: int, timeout: float = 300) -> list[dict]:
-    """Once the run reaches ``at_step``: SIGUSR1 to the whole job (batch shell and ranks), as a
-    person drilling preemption would; return the ledger once it holds ``attempts`` records."""
+    """Once the run reaches ``at_step`` (where it holds: see ``held``): SIGUSR1 to the whole job
+    (batch shell and ranks), as a person drilling preemption would; return the ledger once it
+    holds ``attempts`` records."""
     wait_step(run, at_step, timeout=600)
     subprocess.run(["scancel", "--full", "-s", "USR1", job_id], check=True, timeout=30)
     return wait_ledger(run, attempts, timeout=timeout)
@@ -98,8 +105,7 @@ def assert_same_training(run: Run, reference: Run) -> None:
 
 
 def test_signal_drill_saves_requeues_and_resumes_bitwise(reference, root):
-    run, job_id = submit(root, profile_file(root.parent, "drill-signal",
-                                            env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"}))
+    run, job_id = submit(root, profile_file(root.parent, "drill-signal", env=held(7)))
     drill(run, job_id, at_step=7, attempts=2, timeout=600)
     wait_stopped(run)
     first, second = run.ledger()
@@ -114,8 +120,7 @@ def test_signal_drill_saves_requeues_and_resumes_bitwise(reference, root):
 
 
 def test_real_preemption_by_a_higher_priority_job(reference, root):
-    run, job_id = submit(root, profile_file(root.parent, "drill-preempted",
-                                            env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"}))
+    run, job_id = submit(root, profile_file(root.parent, "drill-preempted", env=held(6)))
     wait_step(run, 6, timeout=600)
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive",
                            "--time=2", "-o", "/dev/null", "--wrap", "sleep 5"],
@@ -151,31 +156,54 @@ def test_kill_during_save_resumes_from_the_previous_complete_checkpoint(referenc
     assert_same_training(run, reference)
 
 
+TIME_LIMIT_S = 60       # slurm.time_limit 00:01:00, the shortest limit Slurm has
+LEAD_TIME_S = 25        # preemption.lead_time_s
+STEP_SLEEP_S = 2.0      # every step sleeps at least this long
+
+
+def steps_needing_windows(windows: int) -> int:
+    """The fewest steps that cannot be trained in ``windows - 1`` time-limit windows on ANY
+    machine: an attempt trains at most until the signal at the lead time, and every step
+    sleeps ``STEP_SLEEP_S``, so no attempt, however fast the machine, trains more than
+    (limit - lead) / sleep steps. A slower machine trains fewer per attempt and only needs
+    more attempts: the run then proves the same mechanism more often."""
+    most_per_window = int((TIME_LIMIT_S - LEAD_TIME_S) / STEP_SLEEP_S)
+    return most_per_window * (windows - 1) + 5
+
+
 def test_time_limit_saves_and_requeues_before_the_kill_until_done(slurm_cluster, root):
     """A 1-minute limit: the signal 25 s ahead (Slurm's early warning re-raised on time) and the
     runtime's own deadline make every attempt save and requeue before Slurm's kill; the run
-    needs several attempts and finishes."""
+    needs at least three windows whatever this machine's speed, and finishes."""
+    steps = steps_needing_windows(3)
     profile = profile_file(root.parent, "drill-timelimit",
-                           env={"HPCTRAIN_TEST_STEP_SLEEP_S": "1.0"},
+                           env={"HPCTRAIN_TEST_STEP_SLEEP_S": str(STEP_SLEEP_S)},
                            slurm={"time_limit": "00:01:00"},
-                           preemption={"lead_time_s": 25, "max_requeues": 8})
+                           preemption={"lead_time_s": LEAD_TIME_S, "max_requeues": 30})
     job = root.parent / "timelimit.yaml"
     data = yamlio.read_mapping(JOB)
-    data["train"]["steps"] = 40
+    data["train"]["steps"] = steps
     data["checkpoint"]["interval_steps"] = 5
     data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
     data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
     yamlio.write_atomic(job, yamlio.dump(data))
     run, job_id = submit(root, profile, job=job)
     wait_until(lambda: run.ledger() and run.ledger()[-1]["exit_reason"] == "finished"
-               or (run.ledger() and not run.ledger()[-1]["decision"]["requeue"]), timeout=900,
+               or (run.ledger() and not run.ledger()[-1]["decision"]["requeue"]), timeout=2400,
                interval=2, what="the time-limited run to finish")
     wait_stopped(run)
     records = run.ledger()
-    assert records[-1]["exit_reason"] == "finished" and records[-1]["end_step"] == 40, describe(run)
-    assert len(records) >= 3, describe(run)
+    assert records[-1]["exit_reason"] == "finished" and records[-1]["end_step"] == steps, \
+        describe(run)
+    assert len(records) >= 3, describe(run)          # by construction: see steps_needing_windows
     for before, after in zip(records, records[1:]):
+        # every attempt but the last ended by its own save before Slurm's kill ...
         assert before["exit_reason"] in ("preempted", "deadline"), describe(run)
+        assert before["checkpoint_saved"], describe(run)
+        assert before["checkpoint_saved"].endswith(f"step-{before['end_step']:08d}"), describe(run)
+        assert before["decision"]["requeue"], describe(run)
+        # ... and the next one resumed exactly where it saved
+        assert after["checkpoint_loaded"] == before["checkpoint_saved"], describe(run)
         assert after["start_step"] == before["end_step"], describe(run)
     sacct = subprocess.run(["sacct", "-n", "-X", "-D", "-j", job_id, "-o", "State"],
                            capture_output=True, text=True).stdout.split()
@@ -197,11 +225,12 @@ def test_a_job_that_cannot_advance_stops_instead_of_looping(slurm_cluster, root)
 
 
 def test_requeue_budget_is_respected(slurm_cluster, root):
-    profile = profile_file(root.parent, "drill-budget", env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"},
+    profile = profile_file(root.parent, "drill-budget", env=held(5, 14),
                            preemption={"max_requeues": 1})
     run, job_id = submit(root, profile)
     (one,) = drill(run, job_id, at_step=5, attempts=1)
-    drill(run, job_id, at_step=one["end_step"] + 3, attempts=2)
+    assert one["end_step"] < 14, describe(run)     # the second attempt reaches its hold
+    drill(run, job_id, at_step=14, attempts=2)
     wait_stopped(run)
     first, second = run.ledger()
     assert first["decision"]["requeue"] and not second["decision"]["requeue"], describe(run)
@@ -211,7 +240,7 @@ def test_requeue_budget_is_respected(slurm_cluster, root):
 
 def test_resume_on_a_different_layout_continues_from_the_same_step(reference, root):
     """4 ranks would not fit every CPU here; 2 ranks (DP2, ZeRO-1 shards) -> 1 rank (DP1)."""
-    profile = profile_file(root.parent, "drill-shrink", env={"HPCTRAIN_TEST_STEP_SLEEP_S": "0.3"},
+    profile = profile_file(root.parent, "drill-shrink", env=held(10),
                            preemption={"max_requeues": 0})
     run, job_id = submit(root, profile)
     drill(run, job_id, at_step=10, attempts=1)

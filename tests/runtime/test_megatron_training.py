@@ -112,7 +112,7 @@ def test_signal_saves_exits_75_and_requeued_attempt_finishes_identically(ws):
     ref = ws.reference("tp2pp2vpp2")
     run = ws.new_run("signal", "tp2pp2vpp2")
     env = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242",
-           "HPCTRAIN_TEST_STEP_SLEEP_S": "0.4"}
+           "HPCTRAIN_TEST_HOLD_AFTER_STEP": "3"}     # mid-run, however fast this machine is
     first = Launch(run.path, 4, env=env)
     wait_until(lambda: any(m["step"] >= 3 for m in run.metrics()), timeout=240,
                what="step 3 of the first attempt")

@@ -220,6 +220,22 @@ def test_test_hooks_parse_and_fire():
         TestHooks.from_env({"HPCTRAIN_TEST_CRASH_AT_STEP": "soon"})
 
 
+def test_a_hold_waits_after_its_step_until_released_or_timed_out():
+    h = TestHooks.from_env({"HPCTRAIN_TEST_HOLD_AFTER_STEP": "4,9", "HPCTRAIN_TEST_HOLD_MAX_S": "30"})
+    assert h.active and h.hold_steps == {4, 9}
+    now, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+    polls = iter([False, False, True])
+    assert h.hold_after(3, lambda: False, sleep, lambda: now[0]) and not slept   # not a hold step
+    assert h.hold_after(4, lambda: next(polls), sleep, lambda: now[0]) and len(slept) == 2
+    assert h.hold_after(4, lambda: False, sleep, lambda: now[0])                 # once per step
+    assert not h.hold_after(9, lambda: False, sleep, lambda: now[0])             # timed out
+    assert 30 <= now[0] < 31
+
+
 # ------------------------------------------------------------------------------- flops
 class _Model:
     def __init__(self, **kw):
