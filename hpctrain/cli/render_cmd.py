@@ -18,7 +18,11 @@ def load_resolved(job_file: str, profile_name: str, nodes: int | None):
     profile = load_profile(profile_name).with_nodes(nodes)
     if nodes is not None and profile.scheduler == "local" and nodes != 1:
         raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
-    return resolve(job, profile, source=job_file)
+    resolved = resolve(job, profile, source=job_file)
+    from ..runtime.layers import launch_warnings   # no torch: what the ranks will decide
+    for warning in launch_warnings(resolved.job, resolved.profile):
+        click.echo(f"warning: {warning}", err=True)
+    return resolved
 
 
 @click.command()

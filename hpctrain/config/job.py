@@ -42,6 +42,12 @@ class ModelSection:
                                  "attention scores (planner); CPU always runs local.",
                                  choices=("auto", "flash", "fused", "unfused", "local"),
                                  default="auto")
+    transformer_impl: str = doc("Layers on GPUs (Megatron-LM's --transformer-impl): "
+                                "transformer_engine (fused/flash attention; the ranks stop at "
+                                "start when TE cannot be imported) or local (megatron-core's own "
+                                "layers, unfused attention). CPU always runs local.",
+                                choices=("transformer_engine", "local"),
+                                default="transformer_engine")
     hidden_dropout: float = doc("Dropout after attention/MLP.", default=0.0)
     attention_dropout: float = doc("Dropout on attention probabilities.", default=0.0)
     init_method_std: float = doc("Std of the normal weight init.", default=0.02)

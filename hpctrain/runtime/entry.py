@@ -142,6 +142,10 @@ def _train(run, renv, jenv, attempt, state):
     check_megatron_core()
     hooks = TestHooks.from_env()
     device = distributed.choose_device(profile)
+    # The layer implementation before any GPU time: without Transformer Engine the ranks stop
+    # here with the import error and the fix (model.transformer_impl, hpctrain.runtime.layers).
+    from . import layers
+    state["layers"] = layers.choose(job, device).record()
     # Handlers before the slow part (imports, rendezvous): a signal during start-up is kept.
     flag = PreemptionFlag(jenv.preempt_signal or profile.preemption.signal,
                           jenv.signal_flag if renv.rank == 0 else None)
@@ -160,8 +164,11 @@ def _train(run, renv, jenv, attempt, state):
     initialize_parallel(layout, job.train.seed)
     mo = build_model_and_optimizer(job, layout, device)
     state["local_parameters"] = sum(p.numel() for m in mo.modules for p in m.parameters())
+    from .checkpoint.optimizer_step import describe_optimizer
+    state["optimizer"] = describe_optimizer(mo.optimizer)
     if ctx.is_rank0:
         _log_model(ctx, state["local_parameters"])
+        logger.info(f"optimizer: {state['optimizer']}")
         for note in mo.notes:
             logger.info(f"note: {note}")
     from megatron.core import parallel_state as ps
@@ -188,6 +195,11 @@ def _train(run, renv, jenv, attempt, state):
         state["last_loss"] = trainer.last_loss
         metrics.close()
     ckpt.close()
+    if mo.layers is not None:
+        state["layers"]["attention_in_use"] = layers.attention_in_use(mo.layers)
+    if device == "cuda":
+        import torch
+        state["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
     state["checkpoint_saved"] = outcome.checkpoint_saved or ckpt.last_published_path
     state["saves"] = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()
                        if k in ("step", "reason", "seconds", "stall_seconds", "total_seconds",
@@ -232,11 +244,13 @@ def _log_start(ctx, hooks) -> None:
     import torch
     from .log import logger
     lay = ctx.layout
+    from .layers import choose
     how = ("CPU rehearsal: gloo, fp32, megatron-core's CUDA calls shimmed onto the CPU"
            if ctx.device == "cpu" else f"GPU: NCCL, {ctx.job.train.precision}")
     logger.info(f"run {ctx.run.id} attempt {ctx.attempt}: {ctx.world_size} ranks "
                 f"({ctx.env.launcher}), {lay.describe()}, {lay.num_microbatches} microbatches "
-                f"of {lay.micro_batch_size}; {how}; torch {torch.__version__}")
+                f"of {lay.micro_batch_size}; {how}; {choose(ctx.job, ctx.device).describe()}; "
+                f"torch {torch.__version__}")
     if hooks.active:
         logger.info(f"test hooks active: {hooks}")
 

@@ -7,9 +7,10 @@ Two entry points other parts reuse (the planner measures real allocations with t
   (:func:`initialize_parallel`): the model chunks (one per virtual stage) wrapped in
   megatron-core's ``DistributedDataParallel``, and the (distributed) optimizer.
 
-Device policy: on a GPU the job's precision (bf16 or fp16 with fp32 main parameters) and
-Transformer Engine's layer spec when TE is importable; on the CPU rehearsal fp32 and the
-local spec, with fusions off (they need CUDA kernels). The caller logs what was chosen.
+Device policy: on a GPU the job's precision (bf16 or fp16 with fp32 main parameters) and the
+job's ``model.transformer_impl`` (Transformer Engine's layer spec by default, no silent
+fallback: ``hpctrain.runtime.layers``); on the CPU rehearsal fp32 and the local spec, with
+fusions off (they need CUDA kernels). The caller logs what was chosen.
 Imports torch and megatron: call only inside a rank.
 """
 
@@ -26,6 +27,7 @@ class ModelAndOptimizer:
     optimizer: object      # megatron-core MegatronOptimizer (Chained/Distributed/FP32/Float16)
     config: object         # TransformerConfig
     notes: list[str] = field(default_factory=list)  # what was adapted for this device
+    layers: object = None  # runtime.layers.LayerImpl: layer spec, attention backend, fusions
 
     @property
     def modules(self) -> list:
@@ -41,26 +43,6 @@ def compute_dtype(job, device: str):
         job.train.precision]
 
 
-def te_available(device: str) -> bool:
-    if device != "cuda":
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-        from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: F401
-            get_gpt_layer_with_transformer_engine_spec)
-    except Exception:
-        return False
-    return True
-
-
-def _grad_accumulation_fusion_available() -> bool:
-    try:
-        import fused_weight_gradient_mlp_cuda  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def transformer_config(job, layout, device: str, notes: list[str] | None = None):
     """megatron-core ``TransformerConfig`` for ``job`` on ``layout`` (a config.Layout)."""
     import torch
@@ -68,11 +50,14 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
     from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from . import layers
     notes = notes if notes is not None else []
     m, t = job.model, job.train
     gpu = device == "cuda"
     dtype = compute_dtype(job, device)
-    te = te_available(device)
+    impl = layers.choose(job, device)   # raises, before anything is built, when TE is missing
+    te = impl.name == layers.TRANSFORMER_ENGINE
+    notes.extend(n for n in impl.notes if n not in notes)
     vpp = layout.virtual_pipeline_model_parallel_size
     sequence_parallel = bool(job.parallel.sequence_parallel and layout.tensor_model_parallel_size > 1)
     if sequence_parallel and not te:
@@ -80,7 +65,7 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
                      "layer spec uses torch norms); the math is the same without it")
         sequence_parallel = False
     swiglu = m.activation == "swiglu"
-    backend = AttnBackend.local if not te else getattr(AttnBackend, m.attention_backend)
+    backend = getattr(AttnBackend, impl.attention_backend)
     recompute = t.recompute_granularity
     kwargs = dict(
         num_layers=m.num_layers, hidden_size=m.hidden_size,
@@ -104,11 +89,15 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
         # Megatron-LM itself turns batching off with a virtual pipeline.
         batch_p2p_comm=gpu and vpp is None,
         overlap_p2p_comm=False,
-        gradient_accumulation_fusion=gpu and _grad_accumulation_fusion_available(),
+        transformer_impl=impl.name,
+        # each fusion only where its kernel imports (layers.choose)
+        gradient_accumulation_fusion=impl.fusions["gradient_accumulation_fusion"],
         # megatron refuses the gelu fusion without a bias to fuse
-        bias_activation_fusion=gpu and (swiglu or m.add_bias_linear),
-        bias_dropout_fusion=gpu, masked_softmax_fusion=gpu,
-        apply_rope_fusion=False, persist_layer_norm=False,
+        bias_activation_fusion=impl.fusions["bias_activation_fusion"] and (swiglu or
+                                                                           m.add_bias_linear),
+        bias_dropout_fusion=impl.fusions["bias_dropout_fusion"],
+        masked_softmax_fusion=impl.fusions["masked_softmax_fusion"],
+        apply_rope_fusion=impl.fusions["apply_rope_fusion"], persist_layer_norm=False,
         recompute_granularity=recompute,
         recompute_method=t.recompute_method if recompute == "full" else None,
         recompute_num_layers=t.recompute_num_layers if recompute == "full" else None,
@@ -119,10 +108,8 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
 
 
 def layer_spec(job, config, device: str):
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-    if te_available(device):
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec(normalization=job.model.normalization)
+    from . import layers
+    return layers.layer_spec(job, layers.choose(job, device))
 
 
 def initialize_parallel(layout, seed: int, timeout_minutes: int = 30) -> None:
@@ -202,4 +189,6 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
     optimizer = get_megatron_optimizer(opt_config, model)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
-    return ModelAndOptimizer(model=model, optimizer=optimizer, config=config, notes=notes)
+    from . import layers
+    return ModelAndOptimizer(model=model, optimizer=optimizer, config=config, notes=notes,
+                             layers=layers.choose(job, device))

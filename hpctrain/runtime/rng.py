@@ -4,7 +4,8 @@ Python's and numpy's generators, torch's CPU generator, the CUDA generator (on a
 megatron's model-parallel RNG tracker (the streams dropout draws from, which differ per
 tensor-parallel rank). Restoring them all is what makes a resumed run bitwise identical to
 an uninterrupted one. On the CPU rehearsal the shim makes "cuda" the CPU generator, so the
-tracker's states are CPU generator states and there is no separate CUDA state.
+tracker's states are CPU generator states and there is no separate CUDA state: states are
+restored only on the device that saved them (``checkpoint.cross_device``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ def capture(device: str) -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     return {
+        "device": device,   # restored only onto the same kind of generators (cross_device)
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),

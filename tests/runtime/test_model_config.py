@@ -16,6 +16,8 @@ def _config(device, layout=Layout(2, 2, 2, 1, 2, 16), **model):
     from hpctrain.runtime import cpu_shim
     cpu_shim.install()
     from hpctrain.runtime.model import transformer_config
+    # no Transformer Engine here: the GPU configs use the local spec (test_layers.py: TE's)
+    model = {"transformer_impl": "local", **model}
     job = job_from_mapping(job_mapping("/nonexistent", "tp2pp2vpp2", model=model,
                                        parallel={"sequence_parallel": True},
                                        train={"precision": "bf16"}), "job")

@@ -31,6 +31,7 @@ from ... import __version__
 from ...errors import HpcTrainError
 from .. import collectives, rng
 from ..log import logger
+from . import cross_device
 from . import state as ckstate
 from . import store
 from .results_queue import install_results_queue
@@ -50,6 +51,12 @@ class Loaded:
     manifest: dict
     seconds: float
     same_layout: bool
+
+
+def layers_record(mo) -> dict | None:
+    """The model's layer implementation for manifests (runtime.layers.LayerImpl.record)."""
+    impl = getattr(mo, "layers", None)
+    return impl.record() if impl is not None else None
 
 
 def versions() -> dict:
@@ -187,6 +194,7 @@ class Checkpointer:
                     consumed_samples=common["consumed_samples"],
                     layout=self.ctx.layout_record(), versions=versions(),
                     optimizer_format=self.ctx.job.checkpoint.optimizer_format,
+                    device=self.ctx.device, layers=layers_record(self.mo),
                     run=self.ctx.run.id, attempt=self.ctx.attempt, job=self.ctx.job.name,
                     save_seconds=round(time.monotonic() - info["started"], 3),
                     background=not info["sync"])
@@ -308,14 +316,20 @@ class Checkpointer:
                 f"resumes only on the same TP×PP×VPP (saved {saved.get('describe')}, now "
                 f"{here['describe']}; the DP size may change); resume on the saved TP/PP/VPP, "
                 f"or save with checkpoint.optimizer_format: fully_reshardable")
+        impl = (layers_record(self.mo) or {}).get("transformer_impl", "local")
+        cross_device.check_resume(folder, manifest, impl, want_distopt, fmt)
         template = ckstate.loading_template(self.mo, with_rng=same_layout, fmt=fmt)
         template["hpctrain"] = None
+        kept = cross_device.set_aside_absent_entries(template, folder, "checkpoint")
         loaded = dist_checkpointing.load(template, str(folder))
         common = loaded["hpctrain"]
+        cross_device.put_back(loaded, kept)
         ckstate.load_model_state(self.mo.model, loaded)
         ckstate.load_optimizer_state(self.mo.optimizer, loaded["optimizer"],
                                      int(common["optimizer_updates"]))
-        if same_layout:
+        restore_rng, why_not = cross_device.restore_rng_here(
+            manifest, loaded.get("rng"), self.ctx.device, same_layout)
+        if restore_rng:
             rng.restore(loaded["rng"], self.ctx.device)
         del loaded
         if self.ctx.device == "cuda":
@@ -326,6 +340,13 @@ class Checkpointer:
             note = "" if same_layout else (f"; layout changed from {saved.get('describe')} to "
                                            f"{here['describe']}: weights and optimizer resharded, "
                                            f"RNG streams restart from the seed")
+            if same_layout and not restore_rng:
+                note += f"; RNG streams restart from the seed ({why_not})"
+            if cross_device.saved_impl(manifest) != impl:
+                note += (f"; saved with {cross_device.saved_impl(manifest)} layers on "
+                         f"{cross_device.saved_device(manifest)}, loaded into {impl}")
+            if kept:
+                note += f"; {cross_device.describe_kept(kept)}"
             logger.info(f"checkpoint: resumed from {folder} (step {common['step']}, "
                         f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in {seconds:.2f}s){note}")
         return Loaded(step=int(common["step"]), path=folder, common=common, manifest=manifest,

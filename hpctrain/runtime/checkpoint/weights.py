@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 from .. import collectives
+from . import cross_device
 from . import state as ckstate
 from . import store
-from .manager import CheckpointError, versions
+from .manager import CheckpointError, layers_record, versions
 
 def resolve_model_checkpoint(path: str | Path) -> Path:
     """``train.init_from`` may name a checkpoint folder (``step-N`` or a model export), a run's
@@ -42,7 +43,11 @@ def load_model_only(mo, path: str | Path) -> Path:
         problems = store.manifest_problems(folder, manifest)
         if problems:
             raise CheckpointError(f"train.init_from: {folder} is damaged: {'; '.join(problems[:3])}")
-    loaded = dist_checkpointing.load(ckstate.model_sharded_state(mo.model), str(folder))
+    template = ckstate.model_sharded_state(mo.model)
+    # saved by other layers (the CPU rehearsal's local spec): TE's extra state starts fresh
+    kept = cross_device.set_aside_absent_entries(template, folder, "train.init_from:")
+    loaded = dist_checkpointing.load(template, str(folder))
+    cross_device.put_back(loaded, kept)
     ckstate.load_model_state(mo.model, loaded)
     mo.optimizer.reload_model_params()  # fp32 main copies / distributed shards follow the weights
     return folder
@@ -68,7 +73,8 @@ def export_model(ctx, mo, out: str | Path) -> Path:
         files = store.checksum_files(partial, store.list_files(partial))
         manifest = store.build_manifest(0, files, kind="model", layout=ctx.layout_record(),
                                         versions=versions(), job=ctx.job.name,
-                                        seed=ctx.job.train.seed)
+                                        seed=ctx.job.train.seed, device=ctx.device,
+                                        layers=layers_record(mo))
         store.write_json_atomic(partial / store.MANIFEST, manifest)
         os.rename(partial, out)
         store.fsync_dir(out.parent)

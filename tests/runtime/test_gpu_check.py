@@ -1,0 +1,85 @@
+"""tools/gpu_check: its CPU rehearsal runs every part for real, and its GPU configuration is a
+valid ~1B-parameter job on a one-GPU profile (the GPU run itself needs a GPU)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+TOOL = REPO / "tools" / "gpu_check"
+
+
+def _tool():
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(TOOL))
+    spec = importlib.util.spec_from_loader("gpu_check", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.megatron
+def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(TOOL), "--cpu", "--out", str(out),
+                           "--workdir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    report = json.loads(out.read_text())
+    parts = report["parts"]
+    failed = {k: v.get("error") for k, v in parts.items() if not v.get("ok")}
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert parts["versions"]["megatron_core"] == "0.16.1"
+    train, bare, resume = parts["train"], parts["bare"], parts["resume"]
+    assert train["transformer_impl"] == "local"
+    assert train["optimizer"] == "DistributedOptimizer(torch.optim.AdamW)"
+    assert train["step_time_s"] > 0 and bare["step_time_s"] > 0
+    assert train["end_step"] == 8
+    assert train["async_save_stall_s"] is not None and train["async_save_stall_s"] >= 0
+    assert [s["reason"] for s in train["saves"]] == ["periodic", "final"]
+    assert resume["start_step"] == 8 and resume["end_step"] == 10
+    assert resume["loaded"].endswith("step-00000008")
+    assert parts["plan"]["predicted_peak_bytes"] > 0
+    assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
+    assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
+    assert [r[1] for r in report["table"] if r[0] == "part"] == \
+        ["versions", "plan", "train", "bare", "resume"]
+
+
+def test_a_failed_part_is_a_row_and_the_others_still_run():
+    tool = _tool()
+    parts = tool.Parts(budget_s=60)
+
+    def broken(timeout):
+        raise tool.PartFailed("exit code 1; see log", log_tail="boom")
+
+    parts.run("train", broken)
+    parts.run("plan", lambda timeout: {"predicted_peak_bytes": 1 << 30})
+    assert parts.results["train"]["ok"] is False and parts.results["train"]["log_tail"] == "boom"
+    assert parts.results["plan"]["ok"] is True
+    rows = tool.table_rows(parts.results, "cuda")
+    assert ("part", "train", "FAILED: exit code 1; see log (0.0 s)") in rows
+    assert parts.timeout("train") <= 60
+
+
+def test_the_gpu_configuration_is_a_valid_one_billion_parameter_job_on_one_gpu():
+    from hpctrain.config import job_from_mapping, profile_from_mapping, resolve
+    from hpctrain.flops import ModelShape, param_counts
+    tool = _tool()
+    job = job_from_mapping(tool.job_mapping("/data/kjv", cpu=False,
+                                            transformer_impl="transformer_engine"), "job")
+    profile = profile_from_mapping(tool.profile_mapping(False, 989.0, 79.1), "p.yaml", "p")
+    resolved = resolve(job, profile)
+    assert resolved.layout.world_size == 1 and profile.node.device == "cuda"
+    assert job.train.precision == "bf16" and job.parallel.use_distributed_optimizer
+    total = param_counts(ModelShape.from_model(job.model, 1))["total"]
+    assert 0.9e9 < total < 1.1e9, total
+    assert tool.peak_for("NVIDIA H100 80GB HBM3") == 989.0
+    assert tool.peak_for("NVIDIA H100 PCIe") == 756.0
+    assert tool.peak_for("NVIDIA H200") == 989.0
+    assert tool.peak_for("Some Other GPU") is None
