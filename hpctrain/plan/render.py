@@ -17,6 +17,8 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     run = Execution.of(job, target)
     shape, precision, fp32_grads = run.shape, run.precision, run.grad_reduce_in_fp32
     opt = optimizer_bytes_per_element(precision, fp32_grads)
+    local_layers = target.device == "cpu" or m.transformer_impl == "local"
+    backend = "local" if local_layers else m.attention_backend
     attention = ("keeps the a·s² softmax scores" if shape.attention_stores_scores
                  else "stores no attention scores (flash/fused; auto is taken to resolve to them)")
     out = []
@@ -27,7 +29,7 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
         f"precision {precision}: weights {PRECISION_BYTES[precision]} B/param, gradient "
         f"buffer {grad_bytes(precision, fp32_grads)} B/param, Adam state "
         f"{opt.total} B/param ({'distributed over DP' if job.parallel.use_distributed_optimizer else 'on every DP rank'})",
-        f"attention backend {'local' if target.device == 'cpu' else m.attention_backend}: "
+        f"attention backend {backend}: "
         f"{attention}",
         ACTIVATION_NOTE,
         (f"allowance {ALLOWANCE_FIXED_BYTES / GiB:.0f} GiB (CUDA context, NCCL/cuBLAS "

@@ -64,8 +64,10 @@ class ModelShape:
             add_bias_linear=m.add_bias_linear,
             tied_output=not m.untie_embeddings_and_output_weights,
             # auto resolves to flash or cuDNN fused attention where Transformer Engine is
-            # installed (every GPU container we target); neither keeps the scores.
-            attention_stores_scores=m.attention_backend in ("unfused", "local"),
+            # installed (every GPU container we target); neither keeps the scores. The local
+            # layer spec (model.transformer_impl: local) always runs unfused attention.
+            attention_stores_scores=m.attention_backend in ("unfused", "local")
+            or getattr(m, "transformer_impl", "transformer_engine") == "local",
             hidden_dropout=m.hidden_dropout,
             attention_dropout=m.attention_dropout,
         )

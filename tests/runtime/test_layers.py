@@ -149,3 +149,10 @@ def test_the_cli_prints_the_warning_and_stays_light(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "warning: model.transformer_impl: local on GPUs runs megatron-core's own layers" in \
         proc.stderr
+
+
+def test_the_planner_counts_the_local_specs_attention_scores():
+    from hpctrain.plan.shape import ModelShape
+    assert not ModelShape.from_job(_job()).attention_stores_scores            # TE, auto
+    assert ModelShape.from_job(_job(transformer_impl="local")).attention_stores_scores
+    assert ModelShape.from_job(_job(attention_backend="unfused")).attention_stores_scores
