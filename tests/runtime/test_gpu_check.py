@@ -39,11 +39,11 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert train["transformer_impl"] == "local"
     assert train["optimizer"] == "DistributedOptimizer(torch.optim.AdamW)"
     assert train["step_time_s"] > 0 and bare["step_time_s"] > 0
-    assert train["end_step"] == 8
+    assert train["end_step"] == 24
     assert train["async_save_stall_s"] is not None and train["async_save_stall_s"] >= 0
     assert [s["reason"] for s in train["saves"]] == ["periodic", "final"]
-    assert resume["start_step"] == 8 and resume["end_step"] == 10
-    assert resume["loaded"].endswith("step-00000008")
+    assert resume["start_step"] == 24 and resume["end_step"] == 26
+    assert resume["loaded"].endswith("step-00000024")
     assert parts["plan"]["predicted_peak_bytes"] > 0
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
     assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
