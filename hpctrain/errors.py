@@ -31,6 +31,8 @@ class ConfigError(UsageError):
     ``("slurm.gpus_per_node", "expected an integer, got 'four'")``.
     """
 
+    SHOWN = 50   # a file of a thousand mistakes gets a readable message, not a thousand lines
+
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
         self.problems = list(problems)
@@ -41,7 +43,9 @@ class ConfigError(UsageError):
             path, msg = self.problems[0]
             return f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}"
         lines = [f"{self.source} has {len(self.problems)} problems:"]
-        lines += [f"  - {p}: {m}" if p else f"  - {m}" for p, m in self.problems]
+        lines += [f"  - {p}: {m}" if p else f"  - {m}" for p, m in self.problems[:self.SHOWN]]
+        if len(self.problems) > self.SHOWN:
+            lines.append(f"  - ... and {len(self.problems) - self.SHOWN} more")
         return "\n".join(lines)
 
 

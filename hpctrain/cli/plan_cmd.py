@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from ..config import DEFAULT_PROFILE, load_job, load_profile
+from ..config.job import MAX_LAYERS
+from ..config.profile import MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
 from ..errors import UsageError
 from .common import echo_json, json_option
 
@@ -18,6 +20,9 @@ def _target(profile_name: str | None, nodes: int | None, gpus: int | None):
         return Target.from_profile(None, gpus), f"{gpus} GPUs (no profile: GPU memory unknown)"
     profile = load_profile(profile_name or DEFAULT_PROFILE).with_nodes(nodes)
     gpn = profile.slurm.gpus_per_node
+    if gpus is None and profile.world_size > MAX_WORLD_SIZE:
+        raise UsageError(f"--nodes: {profile.slurm.nodes} nodes × {gpn} GPUs = "
+                         f"{profile.world_size:,}; hpctrain plans at most {MAX_WORLD_SIZE:,} GPUs")
     if gpus is not None and gpus > gpn and gpus % gpn:
         raise UsageError(f"--gpus: {gpus} is not a whole number of nodes of {gpn} GPUs "
                          f"(profile {profile.name!r}, slurm.gpus_per_node); use a multiple of {gpn}")
@@ -71,18 +76,20 @@ def _pinned(job, target, as_json, tp, pp, vpp, mbs, sp, recompute) -> None:
 @click.option("--profile", "-p", "profile_name", default=None, metavar="NAME|FILE",
               help=f"Cluster profile: GPU memory, peak TFLOP/s, bandwidths, node size "
                    f"(default: {DEFAULT_PROFILE}; none with --gpus alone).")
-@click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", "-N", type=click.IntRange(min=1, max=MAX_NODES), default=None,
               help="Override the profile's node count.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
+@click.option("--gpus", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
               help="Plan for this many GPUs (works without a profile: fits is then unknown).")
-@click.option("--tensor-model-parallel-size", "--tp", "tp", type=click.IntRange(min=1),
+@click.option("--tensor-model-parallel-size", "--tp", "tp",
+              type=click.IntRange(min=1, max=MAX_GPUS_PER_NODE),
               default=None, help="Pin TP and explain that one layout.")
-@click.option("--pipeline-model-parallel-size", "--pp", "pp", type=click.IntRange(min=1),
+@click.option("--pipeline-model-parallel-size", "--pp", "pp",
+              type=click.IntRange(min=1, max=MAX_LAYERS),
               default=None, help="Pin PP and explain that one layout.")
 @click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp",
-              type=click.IntRange(min=0), default=None,
+              type=click.IntRange(min=0, max=MAX_LAYERS), default=None,
               help="Pin VPP (0: no interleaving) and explain that one layout.")
-@click.option("--micro-batch-size", "mbs", type=click.IntRange(min=1), default=None,
+@click.option("--micro-batch-size", "mbs", type=click.IntRange(min=1, max=2**16), default=None,
               help="With a pinned layout: use this micro batch size instead of the job's.")
 @click.option("--sequence-parallel/--no-sequence-parallel", "sp", default=None,
               help="With a pinned layout: override parallel.sequence_parallel.")

@@ -9,7 +9,8 @@ import click
 from ..config import load_job, load_profile, resolve
 from ..errors import UsageError
 from ..runs import default_runs_root
-from .common import json_option, echo_json, nodes_option, profile_option, runs_dir_option
+from .common import (CheckedPath, echo_json, json_option, nodes_option, profile_option,
+                     runs_dir_option)
 
 
 def load_resolved(job_file: str, profile_name: str, nodes: int | None):
@@ -58,7 +59,7 @@ def validate(job_file, profile_name, nodes, as_json):
 @profile_option
 @nodes_option
 @runs_dir_option
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--run-dir", type=CheckedPath(file_okay=False, path_type=Path), default=None,
               help="Run folder to render for (default: <runs dir>/<job name>).")
 def render(job_file, profile_name, nodes, runs_dir, run_dir):
     """Print the sbatch script a submission would use (nothing is written or submitted).

@@ -60,7 +60,8 @@ def failure_detail(sub) -> str:
 @click.option("--wait/--no-wait", default=None,
               help="Follow the run to its end (default: wait on the local profile, not on Slurm).")
 @click.option("--force", is_flag=True, help="Submit even if the planner says it does not fit.")
-@click.option("--chain", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
+@click.option("--chain", type=click.IntRange(min=1, max=1000), default=1, show_default=True,
+              metavar="K",
               help="Submit K jobs of the same run, each starting when the previous one ended "
                    "(afterany): a run longer than the partition's time limit.")
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",

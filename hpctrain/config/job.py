@@ -12,29 +12,35 @@ from dataclasses import dataclass
 from . import safety
 from .schema import Problems, doc
 
+MAX_LAYERS = 512   # several times the deepest published LLM; bounds the planner's enumeration
+
 
 @dataclass(kw_only=True)
 class ModelSection:
-    num_layers: int = doc("Transformer layers.")
-    hidden_size: int = doc("Hidden size h.")
-    num_attention_heads: int = doc("Attention heads a.")
+    num_layers: int = doc("Transformer layers.", at_least=1, at_most=MAX_LAYERS)
+    hidden_size: int = doc("Hidden size h.", at_least=1, at_most=2**18)
+    num_attention_heads: int = doc("Attention heads a.", at_least=1, at_most=4096)
     num_query_groups: int | None = doc("Key/value groups for GQA (null: = heads, plain MHA).",
-                                       default=None)
-    ffn_hidden_size: int | None = doc("MLP hidden size (null: 4h).", default=None)
-    kv_channels: int | None = doc("Per-head size (null: h / a).", default=None)
-    vocab_size: int = doc("Tokenizer vocabulary size (padded as Megatron pads it).")
+                                       default=None, at_least=1, at_most=4096)
+    ffn_hidden_size: int | None = doc("MLP hidden size (null: 4h).", default=None, at_least=1,
+                                      at_most=2**20)
+    kv_channels: int | None = doc("Per-head size (null: h / a).", default=None, at_least=1,
+                                  at_most=2**16)
+    vocab_size: int = doc("Tokenizer vocabulary size (padded as Megatron pads it).", at_least=1,
+                          at_most=2**24)
     make_vocab_size_divisible_by: int = doc("Pad the vocabulary to a multiple of lcm(this, TP): the "
                                             "same size on every TP ≤ this, so checkpoints reshard.",
-                                            default=128)
-    seq_length: int = doc("Sequence length s.")
-    max_position_embeddings: int | None = doc("Positions (null: seq_length).", default=None)
+                                            default=128, at_least=1, at_most=2**16)
+    seq_length: int = doc("Sequence length s.", at_least=1, at_most=2**24)
+    max_position_embeddings: int | None = doc("Positions (null: seq_length).", default=None,
+                                              at_least=1, at_most=2**24)
     position_embedding_type: str = doc("learned_absolute or rope.",
                                        choices=("learned_absolute", "rope"),
                                        default="learned_absolute")
-    rotary_base: int = doc("RoPE base.", default=10000)
+    rotary_base: int = doc("RoPE base.", default=10000, at_least=1, at_most=10**10)
     activation: str = doc("MLP activation.", choices=("gelu", "swiglu"), default="gelu")
     normalization: str = doc("Norm layer.", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
-    layernorm_epsilon: float = doc("Norm epsilon.", default=1e-5)
+    layernorm_epsilon: float = doc("Norm epsilon.", default=1e-5, above=0, at_most=1)
     add_bias_linear: bool = doc("Biases in linear layers.", default=True)
     untie_embeddings_and_output_weights: bool = doc("Separate output layer (false: tied to the "
                                                     "input embedding).", default=False)
@@ -48,20 +54,24 @@ class ModelSection:
                                 "layers, unfused attention). CPU always runs local.",
                                 choices=("transformer_engine", "local"),
                                 default="transformer_engine")
-    hidden_dropout: float = doc("Dropout after attention/MLP.", default=0.0)
-    attention_dropout: float = doc("Dropout on attention probabilities.", default=0.0)
-    init_method_std: float = doc("Std of the normal weight init.", default=0.02)
+    hidden_dropout: float = doc("Dropout after attention/MLP.", default=0.0, at_least=0, below=1)
+    attention_dropout: float = doc("Dropout on attention probabilities.", default=0.0, at_least=0,
+                                   below=1)
+    init_method_std: float = doc("Std of the normal weight init.", default=0.02, above=0, at_most=10)
 
 
 @dataclass(kw_only=True)
 class ParallelSection:
     tensor_model_parallel_size: int = doc("TP: ranks splitting each layer (within a node).",
-                                          default=1)
-    pipeline_model_parallel_size: int = doc("PP: pipeline stages.", default=1)
+                                          default=1, at_least=1, at_most=64)
+    pipeline_model_parallel_size: int = doc("PP: pipeline stages.", default=1, at_least=1,
+                                            at_most=MAX_LAYERS)
     virtual_pipeline_model_parallel_size: int | None = doc("VPP: model chunks per stage "
                                                            "(interleaved 1F1B); null: off.",
-                                                           default=None)
-    data_parallel_size: int | None = doc("DP (null: world size / (TP × PP)).", default=None)
+                                                           default=None, at_least=1,
+                                                           at_most=MAX_LAYERS)
+    data_parallel_size: int | None = doc("DP (null: world size / (TP × PP)).", default=None,
+                                         at_least=1, at_most=131072)
     sequence_parallel: bool = doc("Shard norms/dropout activations along the sequence (needs TP>1).",
                                   default=False)
     use_distributed_optimizer: bool = doc("ZeRO-1: shard optimizer state across DP ranks.",
@@ -70,35 +80,38 @@ class ParallelSection:
 
 @dataclass(kw_only=True)
 class BatchSection:
-    micro_batch_size: int = doc("Sequences per microbatch per rank.")
-    global_batch_size: int = doc("Sequences per optimizer step, all ranks together.")
+    micro_batch_size: int = doc("Sequences per microbatch per rank.", at_least=1, at_most=2**16)
+    global_batch_size: int = doc("Sequences per optimizer step, all ranks together.", at_least=1,
+                                 at_most=2**24)
 
 
 @dataclass(kw_only=True)
 class StabilitySection:
     skip_nonfinite: bool = doc("Skip the update when the loss or grad norm is NaN/inf.", default=True)
     spike_factor: float = doc("Skip the update when loss > factor × running mean (0: off).",
-                              default=3.0)
-    spike_window: int = doc("Steps in the running mean for spike detection.", default=20)
+                              default=3.0, at_least=0, at_most=1e6)
+    spike_window: int = doc("Steps in the running mean for spike detection.", default=20,
+                            at_least=1, at_most=10**6)
     max_skipped_steps: int = doc("Stop the run after this many skipped updates in a row.",
-                                 default=5)
+                                 default=5, at_least=1, at_most=10**6)
 
 
 @dataclass(kw_only=True)
 class TrainSection:
-    steps: int = doc("Optimizer steps (Megatron: train_iters).")
-    lr: float = doc("Peak learning rate.", default=3e-4)
-    min_lr: float = doc("Learning rate at the end of decay.", default=0.0)
+    steps: int = doc("Optimizer steps (Megatron: train_iters).", at_least=1, at_most=10**9)
+    lr: float = doc("Peak learning rate.", default=3e-4, above=0, at_most=10)
+    min_lr: float = doc("Learning rate at the end of decay.", default=0.0, at_least=0, at_most=10)
     schedule: str = doc("Decay after warmup (Megatron: lr_decay_style).",
                         choices=("cosine", "wsd", "linear", "constant"), default="cosine")
-    warmup_steps: int = doc("Linear warmup steps.", default=0)
+    warmup_steps: int = doc("Linear warmup steps.", default=0, at_least=0, at_most=10**9)
     wsd_decay_steps: int | None = doc("wsd: steps of the final decay (null: 10% of steps).",
-                                      default=None)
-    weight_decay: float = doc("AdamW weight decay.", default=0.01)
-    adam_beta1: float = doc("Adam beta1.", default=0.9)
-    adam_beta2: float = doc("Adam beta2.", default=0.95)
-    adam_eps: float = doc("Adam epsilon.", default=1e-8)
-    clip_grad: float = doc("Gradient clipping by global norm (0: off).", default=1.0)
+                                      default=None, at_least=0, at_most=10**9)
+    weight_decay: float = doc("AdamW weight decay.", default=0.01, at_least=0, at_most=100)
+    adam_beta1: float = doc("Adam beta1.", default=0.9, at_least=0, below=1)
+    adam_beta2: float = doc("Adam beta2.", default=0.95, at_least=0, below=1)
+    adam_eps: float = doc("Adam epsilon.", default=1e-8, above=0, at_most=1)
+    clip_grad: float = doc("Gradient clipping by global norm (0: off).", default=1.0, at_least=0,
+                           at_most=1e6)
     precision: str = doc("bf16 or fp16 (with fp32 main params) on GPU; CPU always runs fp32.",
                          choices=("bf16", "fp16", "fp32"), default="bf16")
     grad_reduce_in_fp32: bool = doc("Keep and reduce gradients in fp32 (megatron-core's default).",
@@ -107,13 +120,16 @@ class TrainSection:
                                             choices=("selective", "full"), default=None)
     recompute_method: str = doc("full recompute: uniform or block.", choices=("uniform", "block"),
                                 default="uniform")
-    recompute_num_layers: int = doc("full recompute: layers per recompute group.", default=1)
-    seed: int = doc("Seed for weights, data order and dropout.", default=1234)
-    log_interval: int = doc("Print/record metrics every N steps.", default=1)
+    recompute_num_layers: int = doc("full recompute: layers per recompute group.", default=1,
+                                    at_least=1, at_most=MAX_LAYERS)
+    seed: int = doc("Seed for weights, data order and dropout.", default=1234, at_least=0,
+                    at_most=2**32 - 1)
+    log_interval: int = doc("Print/record metrics every N steps.", default=1, at_least=1,
+                            at_most=10**9)
     init_from: str | None = doc("Model-only checkpoint to start from (a fresh run's weights).",
                                 default=None)
     init_timeout_s: int = doc("Give up forming the process group after this long (names host:port).",
-                              default=300)
+                              default=300, at_least=1, at_most=86400)
     stability: StabilitySection = doc("Loss-spike and NaN guard.", default_factory=StabilitySection)
 
 
@@ -132,15 +148,17 @@ class DataSection:
 class CheckpointSection:
     dir: str | None = doc("Checkpoint folder (null: <storage.checkpoint_root>/<run>, or the run "
                           "folder).", default=None)
-    interval_steps: int = doc("Save every N steps (0: off).", default=0)
+    interval_steps: int = doc("Save every N steps (0: off).", default=0, at_least=0, at_most=10**9)
     interval_minutes: float = doc("Save when this many minutes passed since the last save (0: off).",
-                                  default=15.0)
-    keep_last: int = doc("Complete checkpoints kept; the newest is never deleted.", default=3)
+                                  default=15.0, at_least=0, at_most=525600)
+    keep_last: int = doc("Complete checkpoints kept; the newest is never deleted.", default=3,
+                         at_least=1, at_most=10**6)
     async_save: bool = doc("Write periodic checkpoints in the background.", default=True)
     save_at_end: bool = doc("Save when training finishes.", default=True)
     deadline_safety_factor: float = doc("Save and exit when the time left < save time × this + "
-                                        "margin.", default=2.0)
-    deadline_margin_s: float = doc("Margin added to the deadline check.", default=30.0)
+                                        "margin.", default=2.0, at_least=0, at_most=100)
+    deadline_margin_s: float = doc("Margin added to the deadline check.", default=30.0, at_least=0,
+                                   at_most=86400)
     optimizer_format: str = doc("How the distributed optimizer's state is saved: "
                                 "fully_reshardable (resumes on any TP/PP/VPP/DP; saving rebuilds "
                                 "the whole TP×PP shard's optimizer state in host memory on every "
@@ -169,16 +187,16 @@ def check_job(j: JobConfig, problems: Problems) -> None:
     """Checks that need only the job itself (not the cluster's world size)."""
     safety.check(safety.JOB_NAME, j.name, "name", problems,
                  "job name (1-128 of letters, digits and _.+-)")
+    safety.check_sbatch_value(j.name, "name", problems)
+    d = j.data
+    safety.check_path(d.path, "data.path", problems)
+    for i, f in enumerate(d.prepare_from or []):
+        safety.check_path(f, f"data.prepare_from[{i}]", problems)
+    if d.tokenizer != "byte":
+        safety.check_path(d.tokenizer, "data.tokenizer", problems)
+    safety.check_path(j.train.init_from, "train.init_from", problems)
+    safety.check_path(j.checkpoint.dir, "checkpoint.dir", problems)
     m = j.model
-    for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
-                "make_vocab_size_divisible_by"):
-        v = getattr(m, key)
-        if isinstance(v, int) and v < 1:
-            problems.add(f"model.{key}", f"must be at least 1, got {v}")
-    for key in ("num_query_groups", "ffn_hidden_size", "kv_channels", "max_position_embeddings"):
-        v = getattr(m, key)
-        if isinstance(v, int) and v < 1:
-            problems.add(f"model.{key}", f"must be at least 1 (or null), got {v}")
     if isinstance(m.hidden_size, int) and isinstance(m.num_attention_heads, int) \
             and m.num_attention_heads > 0 and m.kv_channels is None \
             and m.hidden_size % m.num_attention_heads:
@@ -193,35 +211,9 @@ def check_job(j: JobConfig, problems: Problems) -> None:
         problems.add("model.max_position_embeddings", f"{m.max_position_embeddings} is shorter than "
                                                       f"seq_length ({m.seq_length})")
     p = j.parallel
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-        v = getattr(p, key)
-        if isinstance(v, int) and v < 1:
-            problems.add(f"parallel.{key}", f"must be at least 1, got {v}")
-    b = j.batch
-    for key in ("micro_batch_size", "global_batch_size"):
-        v = getattr(b, key)
-        if isinstance(v, int) and v < 1:
-            problems.add(f"batch.{key}", f"must be at least 1, got {v}")
     t = j.train
-    if isinstance(t.steps, int) and t.steps < 1:
-        problems.add("train.steps", f"must be at least 1, got {t.steps}")
     if isinstance(t.warmup_steps, int) and isinstance(t.steps, int) and t.warmup_steps > t.steps:
         problems.add("train.warmup_steps", f"{t.warmup_steps} is more than train.steps ({t.steps})")
-    if isinstance(t.lr, float) and t.lr <= 0:
-        problems.add("train.lr", "must be positive")
     if isinstance(t.min_lr, float) and isinstance(t.lr, float) and t.min_lr > t.lr:
         problems.add("train.min_lr", f"{t.min_lr} is above train.lr ({t.lr})")
-    if isinstance(t.log_interval, int) and t.log_interval < 1:
-        problems.add("train.log_interval", "must be at least 1")
-    if isinstance(t.stability.max_skipped_steps, int) and t.stability.max_skipped_steps < 1:
-        problems.add("train.stability.max_skipped_steps", "must be at least 1")
-    if t.recompute_granularity == "full" and isinstance(t.recompute_num_layers, int) \
-            and t.recompute_num_layers < 1:
-        problems.add("train.recompute_num_layers", "must be at least 1")
-    c = j.checkpoint
-    if isinstance(c.keep_last, int) and c.keep_last < 1:
-        problems.add("checkpoint.keep_last", "must be at least 1 (the newest checkpoint is always kept)")
-    if isinstance(c.interval_steps, int) and c.interval_steps < 0:
-        problems.add("checkpoint.interval_steps", "must be 0 (off) or more")
-    if isinstance(c.interval_minutes, float) and c.interval_minutes < 0:
-        problems.add("checkpoint.interval_minutes", "must be 0 (off) or more")
+

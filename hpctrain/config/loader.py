@@ -17,7 +17,8 @@ from ..errors import ConfigError, UsageError
 from . import yamlio
 from .job import JobConfig, check_job
 from .layout import Layout, layout_problems
-from .profile import ClusterProfile, check_profile
+from . import safety
+from .profile import MAX_WORLD_SIZE, ClusterProfile, check_profile
 from .schema import Problems, build, did_you_mean
 
 DEFAULT_PROFILE = "local"
@@ -42,11 +43,14 @@ def list_profiles() -> dict[str, Path]:
 
 
 def find_profile(name_or_path: str) -> Path:
+    why = safety.text_problem(name_or_path, safety.PATH_MAX) or safety.path_problem(name_or_path)
+    if why:
+        raise UsageError(f"--profile: {safety.short(name_or_path)} {why}")
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not p.is_file():
+        if not (p.exists() or p.is_symlink()):
             raise UsageError(f"profile file {p} does not exist")
-        return p
+        return p  # read_mapping refuses what is not a regular YAML file, with the reason
     found = list_profiles()
     if name_or_path in found:
         return found[name_or_path]
@@ -69,6 +73,9 @@ def profile_from_mapping(data: dict, source: str, default_name: str = "") -> Clu
     problems = Problems()
     profile = build(ClusterProfile, data, "", problems)
     _cross_check(check_profile, profile, problems)
+    if not profile.name and default_name and not safety.JOB_NAME.fullmatch(default_name):
+        problems.add("name", f"missing, and the file name {safety.short(default_name)} is not a "
+                             "valid profile name (1-128 of letters, digits and _.+-): set `name`")
     if problems:
         raise ConfigError(source, problems.items)
     if not profile.name:
@@ -110,7 +117,26 @@ def resolve_job_paths(job: JobConfig, base: Path) -> JobConfig:
         job.train.init_from = str((base / os.path.expanduser(job.train.init_from)).resolve())
     if job.checkpoint.dir:
         job.checkpoint.dir = str((base / os.path.expanduser(job.checkpoint.dir)).resolve())
+    _check_resolved_paths(job)
     return job
+
+
+def _check_resolved_paths(job: JobConfig) -> None:
+    """A path that became too long once made absolute is refused here, by field, rather than
+    as ENAMETOOLONG from whatever first touches it."""
+    problems = Problems()
+    d = job.data
+    fields = [("data.path", d.path), ("train.init_from", job.train.init_from),
+              ("checkpoint.dir", job.checkpoint.dir)]
+    fields += [(f"data.prepare_from[{i}]", f) for i, f in enumerate(d.prepare_from)]
+    if d.tokenizer != "byte":
+        fields.append(("data.tokenizer", d.tokenizer))
+    for path, value in fields:
+        why = value and safety.path_problem(value)
+        if why:
+            problems.add(path, f"resolved against the job file's folder, the path {why}")
+    if problems:
+        raise ConfigError("job", problems.items)
 
 
 @dataclass
@@ -126,6 +152,11 @@ class Resolved:
 def resolve(job: JobConfig, profile: ClusterProfile, source: str = "job") -> Resolved:
     """Cross-check a job against a profile; raise one ConfigError with every problem."""
     problems = Problems()
+    if profile.world_size > MAX_WORLD_SIZE:
+        raise ConfigError(f"profile {profile.name!r}", [(
+            "slurm.nodes", f"{profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node} GPUs = "
+                           f"{profile.world_size:,} ranks; hpctrain plans and runs at most "
+                           f"{MAX_WORLD_SIZE:,}")])
     layout = layout_problems(job, profile.world_size, profile.slurm.gpus_per_node, problems)
     if problems:
         raise ConfigError(f"{source} on profile {profile.name!r} "

@@ -15,6 +15,12 @@ from . import safety
 from .schema import Problems, doc
 
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+# Upper bounds that no real cluster reaches and that keep the planner's enumeration (divisors of
+# the world size, one entry per data-parallel rank) to seconds.
+MAX_NODES = 16384
+MAX_GPUS_PER_NODE = 64
+MAX_WORLD_SIZE = 131072
+MAX_TIME_LIMIT_DAYS = 365
 
 
 @dataclass(kw_only=True)
@@ -25,10 +31,13 @@ class SlurmSection:
     reservation: str | None = doc("Reservation to run in.", default=None)
     time_limit: str = doc("Wall-clock limit in Slurm's format (e.g. 04:00:00, 2-00:00:00).",
                           default="01:00:00")
-    nodes: int = doc("Nodes per job (--nodes on the command line overrides).", default=1)
+    nodes: int = doc("Nodes per job (--nodes on the command line overrides); nodes × "
+                     f"gpus_per_node is at most {MAX_WORLD_SIZE:,}.", default=1, at_least=1,
+                     at_most=MAX_NODES)
     gpus_per_node: int = doc("GPUs used per node; one task (rank) per GPU. On a CPU profile: "
-                             "processes per node.", default=1)
-    cpus_per_task: int | None = doc("CPUs per task (rank).", default=None)
+                             "processes per node.", default=1, at_least=1,
+                             at_most=MAX_GPUS_PER_NODE)
+    cpus_per_task: int | None = doc("CPUs per task (rank).", default=None, at_least=1, at_most=4096)
     mem: str | None = doc("Memory per node, Slurm format (e.g. 0 for all, 480G).", default=None)
     constraint: str | None = doc("Node features required (--constraint).", default=None)
     exclusive: bool = doc("Ask for whole nodes (--exclusive).", default=False)
@@ -43,12 +52,13 @@ class SlurmSection:
 @dataclass(kw_only=True)
 class NodeSection:
     gpus: int = doc("GPUs a node has (the most slurm.gpus_per_node may ask for). 0 on CPU.",
-                    default=0)
+                    default=0, at_least=0, at_most=MAX_GPUS_PER_NODE)
     gpu_model: str | None = doc("GPU model preflight expects (substring of nvidia-smi's name).",
                                 default=None)
-    gpu_memory_gb: float | None = doc("Memory per GPU in GiB; the planner's fit limit.", default=None)
+    gpu_memory_gb: float | None = doc("Memory per GPU in GiB; the planner's fit limit.", default=None,
+                                      at_least=0.001, at_most=16384)
     peak_tflops: float | None = doc("Peak dense TFLOP/s per GPU at the training precision (MFU).",
-                                    default=None)
+                                    default=None, at_least=0.001, at_most=1e6)
     host_memory_gb: float | None = doc("Host (CPU) memory per node in GiB: the planner's limit for "
                                        "what a checkpoint save copies to host memory "
                                        "(slurm.mem, when it is a size, is used instead).",
@@ -73,17 +83,17 @@ class InterconnectSection:
     hcas: list[str] = doc("HCAs every node must have, e.g. mlx5_0 (preflight checks each port).",
                           default_factory=list)
     port_rate_gbps: float | None = doc("Expected link rate of each HCA port in Gb/s (e.g. 400).",
-                                       default=None)
+                                       default=None, at_least=0.001, at_most=1e5)
     link_layer: str | None = doc("Expected link layer of the HCA ports.",
                                  choices=("InfiniBand", "Ethernet"), default=None)
     socket_ifname: str | None = doc("Interface for bootstrap/socket traffic (NCCL_SOCKET_IFNAME).",
                                     default=None)
     intra_node_busbw_gbs: float | None = doc("Expected all-reduce bus bandwidth inside a node, GB/s.",
-                                             default=None)
+                                             default=None, at_least=0.001, at_most=1e5)
     inter_node_busbw_gbs: float | None = doc("Expected all-reduce bus bandwidth across nodes, GB/s.",
-                                             default=None)
+                                             default=None, at_least=0.001, at_most=1e5)
     min_bandwidth_fraction: float = doc("Preflight fails below this fraction of the expected "
-                                        "bandwidth.", default=0.8)
+                                        "bandwidth.", default=0.8, above=0, at_most=1)
 
 
 @dataclass(kw_only=True)
@@ -91,8 +101,10 @@ class PreemptionSection:
     signal: str = doc("Signal Slurm sends before the end (--signal=B:SIG@lead).", choices=SIGNALS,
                       default="USR1")
     lead_time_s: int = doc("Seconds before the end the signal comes; the emergency checkpoint must "
-                           "fit in it.", default=120)
-    max_requeues: int = doc("Requeues allowed per run before hpctrain stops requeueing.", default=10)
+                           "fit in it (sbatch's limit is 65535).", default=120, at_least=1,
+                           at_most=65535)
+    max_requeues: int = doc("Requeues allowed per run before hpctrain stops requeueing.", default=10,
+                            at_least=0, at_most=10000)
     requeue_on_failure: bool = doc("Also requeue after a crash (not only after preemption or time "
                                    "limit), while the step advances.", default=False)
 
@@ -104,7 +116,7 @@ class StorageSection:
     runs_root: str | None = doc("Shared folder for run folders (null: ./runs, or $HPCTRAIN_RUNS_DIR).",
                                 default=None)
     min_free_gb: float = doc("Preflight fails when the checkpoint folder has less free space.",
-                             default=1.0)
+                             default=1.0, at_least=0, at_most=1e7)
     group_readable: bool = doc("Create run and checkpoint folders readable by the owner's group "
                                "(0750) instead of private (0700); never group-writable: whoever "
                                "can write them can run code in the job.", default=False)
@@ -115,21 +127,25 @@ class PreflightSection:
     gate: bool = doc("Run preflight as the first step of every training job; failing nodes are "
                      "excluded and the job requeued.", default=False)
     sizes_mb: list[float] = doc("All-reduce sweep sizes in MB (null: 1 MB-1 GB on GPUs, 0.25-16 MB "
-                                "on CPU).", default_factory=list)
+                                "on CPU).", default_factory=list, at_least=0.001,
+                                at_most=16384)
     timeout_s: int = doc("Each collective's timeout; a hang becomes a failure naming the ranks.",
-                         default=120)
+                         default=120, at_least=1, at_most=86400)
     outlier_fraction: float = doc("A node (or pair of nodes) whose all-reduce bus bandwidth is below "
                                   "this fraction of the best one's is reported as slow, even without "
-                                  "expected bandwidths in the profile.", default=0.5)
+                                  "expected bandwidths in the profile.", default=0.5, above=0,
+                                  at_most=1)
     counter_interval_s: float = doc("Seconds between the two reads of the InfiniBand error counters "
-                                    "(link_downed, symbol_error) that must not grow.", default=2.0)
+                                    "(link_downed, symbol_error) that must not grow.", default=2.0,
+                                    at_least=0, at_most=3600)
     storage_probe_mb: int = doc("MB written (with fsync) to measure checkpoint write bandwidth "
-                                "(0: skip).", default=64)
+                                "(0: skip).", default=64, at_least=0, at_most=65536)
 
 
 @dataclass(kw_only=True)
 class ClusterProfile:
-    name: str = doc("Profile name (defaults to the file name).", default="")
+    name: str = doc("Profile name: letters, digits and _.+- (defaults to the file name).",
+                    default="")
     description: str = doc("One line about the cluster.", default="")
     scheduler: str = doc("slurm, or local (this machine, submitit's local executor).",
                          choices=("slurm", "local"), default="slurm")
@@ -161,7 +177,7 @@ class ClusterProfile:
 
 def _time_limit_seconds(text: str) -> int | None:
     """Slurm time format -> seconds (None if unparseable). A bare number is minutes."""
-    if not safety.TIME_LIMIT.match(text or ""):
+    if not safety.TIME_LIMIT.fullmatch(text or ""):
         return None
     days = 0
     if "-" in text:
@@ -203,21 +219,31 @@ def host_memory_bytes(profile: ClusterProfile) -> int | None:
 def check_profile(p: ClusterProfile, problems: Problems) -> None:
     """Cross-field and safety checks; schema types are already checked by the loader."""
     s = p.slurm
+    safety.check(safety.JOB_NAME, p.name, "name", problems,
+                 "profile name (1-128 of letters, digits and _.+-)")
     for key in ("partition", "account", "qos", "reservation"):
         safety.check(safety.SLURM_NAME, getattr(s, key), f"slurm.{key}", problems, f"Slurm {key} name")
-    if isinstance(s.time_limit, str) and _time_limit_seconds(s.time_limit) is None:
-        problems.add("slurm.time_limit", f"{s.time_limit!r} is not a Slurm time limit "
-                                         "(use MM, HH:MM:SS or D-HH:MM:SS)")
-    for key in ("nodes", "gpus_per_node"):
-        v = getattr(s, key)
-        if isinstance(v, int) and v < 1:
-            problems.add(f"slurm.{key}", f"must be at least 1, got {v}")
-    if isinstance(s.cpus_per_task, int) and s.cpus_per_task < 1:
-        problems.add("slurm.cpus_per_task", f"must be at least 1, got {s.cpus_per_task}")
+    if isinstance(s.time_limit, str):
+        limit_s = _time_limit_seconds(s.time_limit)
+        if limit_s is None:
+            problems.add("slurm.time_limit", f"{safety.short(s.time_limit)} is not a Slurm time "
+                                             "limit (use MM, HH:MM:SS or D-HH:MM:SS)")
+        elif limit_s > MAX_TIME_LIMIT_DAYS * 86400:
+            problems.add("slurm.time_limit", f"{s.time_limit} is more than {MAX_TIME_LIMIT_DAYS} days")
+    if isinstance(s.nodes, int) and isinstance(s.gpus_per_node, int) \
+            and s.nodes * s.gpus_per_node > MAX_WORLD_SIZE:
+        problems.add("slurm.nodes", f"{s.nodes} nodes × {s.gpus_per_node} GPUs = "
+                                    f"{s.nodes * s.gpus_per_node:,} ranks; hpctrain plans and runs "
+                                    f"at most {MAX_WORLD_SIZE:,}")
     safety.check(safety.MEMORY, s.mem, "slurm.mem", problems, "memory size (e.g. 0, 64G, 480000M)")
-    safety.check(safety.CONSTRAINT, s.constraint, "slurm.constraint", problems, "constraint")
+    safety.check(safety.CONSTRAINT, s.constraint, "slurm.constraint", problems,
+                 "constraint (features joined by , or [..]; & | ( ) are not accepted)")
     for i, node in enumerate(s.exclude or []):
         safety.check(safety.NODE_LIST, node, f"slurm.exclude[{i}]", problems, "node name")
+    for key in ("partition", "account", "qos", "reservation", "constraint"):
+        safety.check_sbatch_value(getattr(s, key), f"slurm.{key}", problems)
+    for i, node in enumerate(s.exclude or []):
+        safety.check_sbatch_value(node, f"slurm.exclude[{i}]", problems)
     for i, d in enumerate(s.extra_directives or []):
         safety.check_directive(d, f"slurm.extra_directives[{i}]", problems)
     n = p.node
@@ -237,10 +263,10 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
     safety.check(safety.IMAGE, c.image, "container.image", problems, "container image")
     for i, m in enumerate(c.mounts or []):
         safety.check(safety.MOUNT, m, f"container.mounts[{i}]", problems, "mount (SRC:DST[:FLAGS])")
-    safety.check(safety.PATH_LIKE, c.workdir, "container.workdir", problems, "path")
+    safety.check_path(c.workdir, "container.workdir", problems, safety.PATH_LIKE)
     safety.check(safety.MODULE, c.python, "container.python", problems, "python command")
     if p.python is not None:
-        safety.check(safety.PATH_LIKE, p.python, "python", problems, "python path")
+        safety.check_path(p.python, "python", problems, safety.PATH_LIKE, "python path")
     ic = p.interconnect
     for i, h in enumerate(ic.hcas or []):
         safety.check(safety.HCA, h, f"interconnect.hcas[{i}]", problems, "HCA name (e.g. mlx5_0)")
@@ -248,28 +274,11 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
                  "interface name")
     if ic.kind in ("infiniband", "roce") and not ic.hcas:
         problems.add("interconnect.hcas", f"an {ic.kind} profile must name its HCAs (e.g. [mlx5_0])")
-    if isinstance(ic.min_bandwidth_fraction, float) and not 0 < ic.min_bandwidth_fraction <= 1:
-        problems.add("interconnect.min_bandwidth_fraction", "must be in (0, 1]")
     pre = p.preemption
     if isinstance(pre.lead_time_s, int):
-        if pre.lead_time_s < 1:
-            problems.add("preemption.lead_time_s", f"must be at least 1 second, got {pre.lead_time_s}")
         limit = _time_limit_seconds(s.time_limit) if isinstance(s.time_limit, str) else None
         if limit and pre.lead_time_s >= limit:
             problems.add("preemption.lead_time_s", f"{pre.lead_time_s}s is not shorter than "
                                                    f"slurm.time_limit ({s.time_limit}); lower it")
-    if isinstance(pre.max_requeues, int) and pre.max_requeues < 0:
-        problems.add("preemption.max_requeues", "must be 0 or more")
     for key in ("checkpoint_root", "runs_root"):
-        safety.check(safety.PATH_LIKE, getattr(p.storage, key), f"storage.{key}", problems, "path")
-    if isinstance(p.preflight.timeout_s, int) and p.preflight.timeout_s < 1:
-        problems.add("preflight.timeout_s", "must be at least 1")
-    if isinstance(p.preflight.outlier_fraction, float) and not 0 < p.preflight.outlier_fraction <= 1:
-        problems.add("preflight.outlier_fraction", "must be in (0, 1]")
-    if isinstance(p.preflight.counter_interval_s, float) and p.preflight.counter_interval_s < 0:
-        problems.add("preflight.counter_interval_s", "must be 0 or more")
-    if isinstance(p.preflight.storage_probe_mb, int) and p.preflight.storage_probe_mb < 0:
-        problems.add("preflight.storage_probe_mb", "must be 0 or more")
-    for i, mb in enumerate(p.preflight.sizes_mb or []):
-        if isinstance(mb, (int, float)) and mb <= 0:
-            problems.add(f"preflight.sizes_mb[{i}]", f"must be a positive size in MB, got {mb}")
+        safety.check_path(getattr(p.storage, key), f"storage.{key}", problems, safety.PATH_LIKE)

@@ -1,33 +1,71 @@
 """What a value may look like before it goes anywhere near a generated shell script.
 
-Two layers protect the rendered sbatch script: values are checked here against tight
-patterns when a profile or job is loaded (so the user hears about ``partition: "gpu; rm -rf ~"``
-before anything is written), and the template shell-quotes every value it prints anyway.
-Patterns are deliberately narrow: the characters Slurm, environment modules and pyxis actually
-use, nothing that a shell gives meaning to.
+Three layers protect the rendered sbatch script:
+
+* every string of a profile or job is one line of printable text (``text_problem``, applied by
+  the schema loader to every string field, list item and mapping key): no CR, LF, NUL, no other
+  character that ends a line for bash, sbatch or Python (\\v, \\f, \\x1c-\\x1e, \\x85, U+2028,
+  U+2029), no other control character, no bidirectional override that makes text read
+  differently from what runs;
+* values are checked against tight patterns, matched whole (``fullmatch``: ``$`` would accept a
+  trailing newline), when a profile or job is loaded, so the user hears about
+  ``partition: "gpu; rm -rf ~"`` before anything is written. Patterns are deliberately narrow:
+  the characters Slurm, environment modules and pyxis actually use, nothing a shell gives
+  meaning to;
+* ``slurm/render.py`` checks every value that reaches the template once more (``script_problem``)
+  and quotes each one for whoever reads it: bash (``shlex.quote``) or sbatch's own ``#SBATCH``
+  parser (double quotes, see ``sbatch_quote``).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import unicodedata
+from typing import TYPE_CHECKING
 
-from .schema import Problems
+if TYPE_CHECKING:
+    from .schema import Problems
 
-SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-JOB_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
-NODE_LIST = re.compile(r"^[A-Za-z0-9_.,\[\]-]+$")
-CONSTRAINT = re.compile(r"^[A-Za-z0-9_.&|\[\]*(),:!-]+$")
-MEMORY = re.compile(r"^\d+[KMGT]?$")
+
+def _whole(pattern: str) -> re.Pattern:
+    """A pattern anchored at both ends with \\A and \\Z (``$`` also matches before a final
+    newline), so ``match`` and ``fullmatch`` alike accept only the whole value."""
+    return re.compile(rf"\A(?:{pattern})\Z")
+
+
+SLURM_NAME = _whole(r"[A-Za-z0-9_.+-]+")
+JOB_NAME = _whole(r"[A-Za-z0-9_.+-]{1,128}")
+NODE_LIST = _whole(r"[A-Za-z0-9_.,\[\]-]+")
+# Slurm features joined by , or matched with [..] and counts (*N); no & | ( ): those mean
+# something to a shell, and a constraint this tool renders never needs them.
+CONSTRAINT = _whole(r"[A-Za-z0-9_.,\[\]*:!-]+")
+MEMORY = _whole(r"\d{1,12}[KMGT]?")
 # D-HH:MM:SS, D-HH:MM, D-HH, HH:MM:SS, MM:SS, MM
-TIME_LIMIT = re.compile(r"^(\d+-\d{1,2}(:\d{2}(:\d{2})?)?|\d{1,2}:\d{2}:\d{2}|\d+:\d{2}|\d+)$")
-MODULE = re.compile(r"^[A-Za-z0-9_.+/@-]+$")
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-IMAGE = re.compile(r"^[A-Za-z0-9_./:@#+-]+$")
-MOUNT = re.compile(r"^[A-Za-z0-9_./+-]+(:[A-Za-z0-9_./+-]+)?(:[a-z,]+)?$")
-PATH_LIKE = re.compile(r"^[A-Za-z0-9_./~+@%:=-][A-Za-z0-9_./~+@%:= -]*$")
-DIRECTIVE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=@%/+*\[\]-]+)?$")
-HCA = re.compile(r"^[A-Za-z0-9_]+(:\d+)?$")
-IFNAME = re.compile(r"^[\^=]?[A-Za-z0-9_.,-]+$")
+TIME_LIMIT = _whole(r"\d{1,3}-\d{1,2}(:\d{2}(:\d{2})?)?|\d{1,4}:\d{2}:\d{2}|\d{1,6}:\d{2}|\d{1,6}")
+MODULE = _whole(r"[A-Za-z0-9_.+/@-]+")
+ENV_KEY = _whole(r"[A-Za-z_][A-Za-z0-9_]*")
+IMAGE = _whole(r"[A-Za-z0-9_./:@#+-]+")
+MOUNT = _whole(r"[A-Za-z0-9_./+-]+(:[A-Za-z0-9_./+-]+)?(:[a-z,]+)?")
+PATH_LIKE = _whole(r"[A-Za-z0-9_./~+@%:=-][A-Za-z0-9_./~+@%:= -]*")
+DIRECTIVE = _whole(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=@%/+*\[\]-]+)?")
+HCA = _whole(r"[A-Za-z0-9_]+(:\d+)?")
+IFNAME = _whole(r"[\^=]?[A-Za-z0-9_.,-]+")
+SCRIPT_WORD = _whole(r"[a-z][a-z0-9_-]*")        # kind names the template prints bare
+DEPENDENCY = _whole(r"[a-z]+(:[0-9_+]+)+([,?][a-z]+(:[0-9_+]+)+)*|singleton")
+
+MAX_TEXT = 4096          # characters in any string of a profile or job
+PATH_MAX = 4096          # bytes in a path (Linux PATH_MAX)
+NAME_MAX = 255           # bytes in one path component (Linux NAME_MAX)
+# sbatch reads a #SBATCH line holding either word as the start of another heterogeneous-job
+# component (and blanks out "packjob" inside the argument): such a value would split the job.
+HET_JOB_WORDS = ("hetjob", "packjob")
+_BIDI = {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
+         "\u200e", "\u200f", "\u061c"}
+_NAMES = {"\n": "a line feed (\\n)", "\r": "a carriage return (\\r)", "\0": "a NUL byte (\\0)",
+          "\t": "a tab (\\t)", "\v": "a vertical tab (\\v)", "\f": "a form feed (\\f)",
+          "\x85": "a next-line character (U+0085)", "\u2028": "a line separator (U+2028)",
+          "\u2029": "a paragraph separator (U+2029)"}
 
 # Directives the rendered script sets itself; a raw directive must not fight them.
 OWNED_DIRECTIVES = {
@@ -63,29 +101,125 @@ OWNED_DIRECTIVES = {
 }
 
 
+def _char_name(c: str) -> str:
+    return _NAMES.get(c) or f"the control character U+{ord(c):04X}"
+
+
+def text_problem(value: str, limit: int = MAX_TEXT) -> str | None:
+    """Why ``value`` is not one line of printable text of at most ``limit`` characters, or None."""
+    if len(value) > limit:
+        return f"is {len(value):,} characters long; the limit is {limit:,}"
+    for i, c in enumerate(value):
+        cat = unicodedata.category(c)
+        if cat in ("Cc", "Zl", "Zp"):
+            return f"holds {_char_name(c)} at position {i}; it must be one line of printable text"
+        if cat == "Cs":
+            return f"holds an unpaired surrogate (U+{ord(c):04X}) at position {i}; it is not text"
+        if c in _BIDI:
+            return (f"holds a bidirectional control (U+{ord(c):04X}) at position {i}, which makes "
+                    "the text display differently from what it is")
+    return None
+
+
+def script_problem(value: str) -> str | None:
+    """What the template refuses in any value it prints: anything that can end a line for bash or
+    sbatch (or a NUL, which bash drops silently). Checked at render, whatever the value's source."""
+    for i, c in enumerate(value):
+        if unicodedata.category(c) in ("Cc", "Zl", "Zp") and c != "\t":
+            return f"holds {_char_name(c)} at position {i}"
+    return None
+
+
+def het_job_word(value: str) -> str | None:
+    low = value.lower()
+    return next((w for w in HET_JOB_WORDS if w in low), None)
+
+
+def path_problem(value: str) -> str | None:
+    """Why a filesystem path is unusable (length, component length, NUL), or None."""
+    try:
+        raw = os.fsencode(value)
+    except UnicodeEncodeError:
+        return "is not a valid file name on this system"
+    if b"\0" in raw:
+        return "holds a NUL byte, which no file name can hold"
+    if len(raw) >= PATH_MAX:
+        return f"is {len(raw):,} bytes long; a path must be under {PATH_MAX:,}"
+    for part in raw.split(b"/"):
+        if len(part) > NAME_MAX:
+            return (f"has a component {len(part):,} bytes long ({os.fsdecode(part[:24])}...); a "
+                    f"file or folder name may have at most {NAME_MAX}")
+    return None
+
+
 def check(pattern: re.Pattern, value, path: str, problems: Problems, what: str) -> None:
-    """Add a problem when a (non-empty) string value does not match ``pattern``."""
+    """Add a problem when a (non-empty) string value does not match ``pattern`` as a whole."""
     if value is None or value == "":
         return
-    if not isinstance(value, str) or not pattern.match(value):
-        problems.add(path, f"{value!r} is not a valid {what}")
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        problems.add(path, f"{short(value)} is not a valid {what}")
+
+
+def check_path(value, path: str, problems: Problems, pattern: re.Pattern | None = None,
+               what: str = "path") -> None:
+    """A path: one line of text (the schema saw to that), usable as a file name, and matching
+    ``pattern`` when it will be printed into the script."""
+    if not isinstance(value, str) or value == "":
+        return
+    if pattern is not None and not pattern.fullmatch(value):
+        problems.add(path, f"{short(value)} is not a valid {what} (letters, digits, spaces and "
+                           "_./~+@%:=- only)")
+        return
+    why = path_problem(value)
+    if why:
+        problems.add(path, f"the {what} {why}")
+
+
+def check_sbatch_value(value, path: str, problems: Problems) -> None:
+    """A value printed into a #SBATCH line must not hold a word that splits the job in two."""
+    if isinstance(value, str):
+        word = het_job_word(value)
+        if word:
+            problems.add(path, f"{short(value)} contains {word!r}, which sbatch reads as the start "
+                               "of another heterogeneous-job component; choose another value")
 
 
 def check_directive(value: str, path: str, problems: Problems) -> None:
     if not isinstance(value, str):
         return
-    if not DIRECTIVE.match(value):
-        problems.add(path, f"{value!r} is not a valid sbatch directive; write it as --name or "
+    if not DIRECTIVE.fullmatch(value):
+        problems.add(path, f"{short(value)} is not a valid sbatch directive; write it as --name or "
                            "--name=value (letters, digits and _.,:=@%/+*[]- only, no spaces or quotes)")
         return
     name = value[2:].split("=", 1)[0]
     if name in OWNED_DIRECTIVES:
         problems.add(path, f"--{name} is managed by hpctrain: {OWNED_DIRECTIVES[name]}")
+        return
+    check_sbatch_value(value, path, problems)
 
 
 def check_env_value(key: str, value, path: str, problems: Problems) -> None:
-    if not ENV_KEY.match(key):
-        problems.add(path, f"{key!r} is not a valid environment variable name "
+    if not ENV_KEY.fullmatch(key):
+        problems.add(path, f"{short(key)} is not a valid environment variable name "
                            "(letters, digits and _, not starting with a digit)")
-    if isinstance(value, str) and any(c in value for c in "\n\r\0"):
-        problems.add(path, "environment values must be on one line")
+
+
+def sbatch_quote(value: str) -> str:
+    """``value`` as one argument for sbatch's #SBATCH parser (not a shell: it knows double and
+    single quotes and backslash escapes, and an unquoted # ends the line). Plain values stay
+    bare, so the script reads as people write it."""
+    if re.fullmatch(r"[A-Za-z0-9_.,:=@%/+*\[\]-]+", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def short(value, limit: int = 60) -> str:
+    """repr() of a value for a one-line message, cut short when long."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        sign = "a negative" if value < 0 else "a"
+        return f"{sign} number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit - 20]}...{size}"

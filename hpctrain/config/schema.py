@@ -7,6 +7,12 @@ string shown in the README reference and ``choices`` for closed sets.
 
 Supported field types: ``int``, ``float``, ``bool``, ``str``, ``X | None``, ``list[str]``,
 ``list[int]``, ``dict[str, str]`` and nested dataclasses.
+
+Every value is bounded here, once, whatever the field: a number has a range (the field's
+``at_least``/``above``/``at_most``/``below``, shown in the README reference, or a generic one)
+and is finite (NaN and infinities are refused), and a string is one line of printable text of
+at most ``safety.MAX_TEXT`` characters. So no later code (the planner's loops, the script
+template, file names) ever sees 10**30 layers, a NaN learning rate or a newline in a name.
 """
 
 from __future__ import annotations
@@ -14,16 +20,31 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import types
+import math
 import typing
 from typing import Any
 
+from . import safety
+
+# Ranges for numbers whose field names none: wide, but finite and small enough that no loop,
+# allocation or file name built from them can run away.
+DEFAULT_INT_RANGE = (-(2**31), 2**31 - 1)
+DEFAULT_FLOAT_LIMIT = 1e12
+
 
 def doc(text: str, *, choices: tuple | None = None, default: Any = dataclasses.MISSING,
-        default_factory: Any = dataclasses.MISSING):
-    """A dataclass field with a user-facing description and optional closed set of values."""
-    meta = {"doc": text}
+        default_factory: Any = dataclasses.MISSING, at_least=None, above=None, at_most=None,
+        below=None):
+    """A dataclass field with a user-facing description, an optional closed set of values and,
+    for numbers (or lists of numbers), its range: ``at_least``/``above`` (inclusive/exclusive
+    lower bound) and ``at_most``/``below`` (inclusive/exclusive upper bound)."""
+    meta: dict[str, Any] = {"doc": text}
     if choices is not None:
         meta["choices"] = tuple(choices)
+    bounds = {k: v for k, v in (("at_least", at_least), ("above", above), ("at_most", at_most),
+                                ("below", below)) if v is not None}
+    if bounds:
+        meta["bounds"] = bounds
     kwargs: dict[str, Any] = {"metadata": meta}
     if default is not dataclasses.MISSING:
         kwargs["default"] = default
@@ -55,8 +76,8 @@ def _join(prefix: str, name: str) -> str:
 
 
 def _describe(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value)
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return safety.short(value)
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):
@@ -65,7 +86,7 @@ def _describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return repr(value)
+    return safety.short(value)
 
 
 def _unwrap_optional(tp):
@@ -78,7 +99,7 @@ def _unwrap_optional(tp):
     return tp, False
 
 
-def _convert(tp, value: Any, path: str, problems: Problems, choices=None):
+def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds=None):
     """Check ``value`` against type ``tp``; return the converted value or None after a problem."""
     tp, optional = _unwrap_optional(tp)
     if value is None:
@@ -97,7 +118,8 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None):
         if not isinstance(value, list):
             problems.add(path, f"expected a list, got {_describe(value)}")
             return None
-        return [_convert(item_tp, v, f"{path}[{i}]", problems, choices) for i, v in enumerate(value)]
+        return [_convert(item_tp, v, f"{path}[{i}]", problems, choices, bounds)
+                for i, v in enumerate(value)]
     if origin is dict:
         key_tp, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
@@ -106,7 +128,11 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                problems.add(path, f"keys must be strings, got {k!r}")
+                problems.add(path, f"keys must be strings, got {_describe(k)}")
+                continue
+            why = safety.text_problem(k, 256)
+            if why:
+                problems.add(f"{path}.{safety.short(k, 40)}", f"the key {why}")
                 continue
             # YAML turns 1/true into numbers/bools; environment values are strings: accept scalars.
             if val_tp is str and isinstance(v, (int, float, bool)) and not isinstance(v, bool):
@@ -120,27 +146,97 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None):
         return None
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not _in_range(value, bounds, path, problems):
+                return None
             return _check_choice(value, path, problems, choices)
         problems.add(path, f"expected an integer, got {_describe(value)}")
         return None
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 3e-4 (no dot) as a string
+        number = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = float(value) if abs(value) < 10**300 else math.inf
+        elif isinstance(value, float):
+            number = value
+        elif isinstance(value, str) and len(value) <= 64:  # YAML reads 3e-4 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        problems.add(path, f"expected a number, got {_describe(value)}")
-        return None
+        if number is None:
+            problems.add(path, f"expected a number, got {_describe(value)}")
+            return None
+        if not math.isfinite(number):
+            problems.add(path, f"expected a finite number, got {_describe(value)}")
+            return None
+        return number if _in_range(number, bounds, path, problems) else None
     if tp is str:
-        if isinstance(value, str):
-            return _check_choice(value, path, problems, choices)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not choices:
-            return str(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.add(path, f"expected a string, got {_describe(value)}")
+                return None
+            value = str(value) if not isinstance(value, int) or abs(value) < 10**100 else None
+        if isinstance(value, str):
+            why = safety.text_problem(value)
+            if why:
+                problems.add(path, f"{_describe(value)} {why}")
+                return None
+            return _check_choice(value, path, problems, choices)
         problems.add(path, f"expected a string, got {_describe(value)}")
         return None
     raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in a schema, not input
+
+
+def _range(bounds) -> tuple:
+    """(low, low inclusive, high, high inclusive) of a field's bounds."""
+    bounds = bounds or {}
+    low, low_in = (bounds["at_least"], True) if "at_least" in bounds else (bounds.get("above"), False)
+    high, high_in = (bounds["at_most"], True) if "at_most" in bounds else (bounds.get("below"), False)
+    return low, low_in, high, high_in
+
+
+def _in_range(number, bounds, path: str, problems: Problems) -> bool:
+    low, low_in, high, high_in = _range(bounds)
+    if isinstance(number, float):
+        limit = DEFAULT_FLOAT_LIMIT
+        low = -limit if low is None else low
+        high = limit if high is None else high
+    else:
+        low = DEFAULT_INT_RANGE[0] if low is None else low
+        high = DEFAULT_INT_RANGE[1] if high is None else high
+        low_in = low_in or low == DEFAULT_INT_RANGE[0]
+        high_in = high_in or high == DEFAULT_INT_RANGE[1]
+    if number < low or (number == low and not low_in):
+        word = "at least" if low_in else "above"
+        problems.add(path, f"must be {word} {_fmt_number(low)}, got {_describe(number)}")
+        return False
+    if number > high or (number == high and not high_in):
+        word = "at most" if high_in else "below"
+        problems.add(path, f"must be {word} {_fmt_number(high)}, got {_describe(number)}")
+        return False
+    return True
+
+
+def _fmt_number(x) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        x = int(x)
+    if isinstance(x, int) and abs(x) >= 10**6:
+        exp = len(str(abs(x))) - 1
+        if x == 10**exp:
+            return f"10^{exp}"
+        if x & (x - 1) == 0:
+            return f"2^{x.bit_length() - 1}"
+        return f"{x:,}"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def range_text(bounds) -> str:
+    """A field's range for the reference table, e.g. ``[1, 1024]`` or ``(0, 1]``."""
+    low, low_in, high, high_in = _range(bounds)
+    if low is None and high is None:
+        return ""
+    left = "(-∞" if low is None else ("[" if low_in else "(") + _fmt_number(low)
+    right = "∞)" if high is None else _fmt_number(high) + ("]" if high_in else ")")
+    return f"{left}, {right}"
 
 
 def _check_choice(value, path, problems, choices):
@@ -164,6 +260,26 @@ def _type_name(tp) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
+def _number_or_word(tp) -> bool:
+    """``float | str``: a number, or one of the field's ``choices`` words (e.g. ``auto``)."""
+    return (typing.get_origin(tp) in (typing.Union, types.UnionType)
+            and set(typing.get_args(tp)) == {float, str})
+
+
+def _number_or_word_value(value: Any, path: str, problems: Problems, meta: dict):
+    words = meta.get("choices", ())
+    if isinstance(value, str) and value in words:
+        return value
+    before = len(problems.items)
+    number = _convert(float, value, path, problems, None, meta.get("bounds"))
+    if len(problems.items) > before and problems.items[-1][1].startswith("expected a number"):
+        hint = did_you_mean(value, words) if isinstance(value, str) and len(value) <= 64 else ""
+        message = problems.items[-1][1].replace("expected a number",
+                                                "expected a number or " + " or ".join(words), 1)
+        problems.items[-1] = (path, message + hint)
+    return number
+
+
 def build(cls, data: dict, path: str, problems: Problems):
     """Build dataclass ``cls`` from ``data``; every problem goes to ``problems``.
 
@@ -175,12 +291,18 @@ def build(cls, data: dict, path: str, problems: Problems):
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
         if key not in fields:
-            problems.add(_join(path, str(key)), "unknown key" + did_you_mean(str(key), fields))
+            name = key if isinstance(key, str) and key.isidentifier() and len(key) <= 64 \
+                else safety.short(key, 40)
+            hint = did_you_mean(key, fields) if isinstance(key, str) and len(key) <= 64 else ""
+            problems.add(_join(path, name), "unknown key" + hint)
     kwargs = {}
     for name, f in fields.items():
         fpath = _join(path, name)
-        if name in data:
-            kwargs[name] = _convert(hints[name], data[name], fpath, problems, f.metadata.get("choices"))
+        if name in data and _number_or_word(hints[name]):
+            kwargs[name] = _number_or_word_value(data[name], fpath, problems, f.metadata)
+        elif name in data:
+            kwargs[name] = _convert(hints[name], data[name], fpath, problems,
+                                    f.metadata.get("choices"), f.metadata.get("bounds"))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             problems.add(fpath, f"missing (expected {_type_name(hints[name])}: {f.metadata.get('doc', '')})")
             kwargs[name] = None
@@ -215,4 +337,12 @@ def describe_fields(cls, prefix: str = ""):
             default = "required"
         choices = f.metadata.get("choices")
         name = " | ".join(str(c) for c in choices) if choices else _type_name(hints[f.name])
+        if f.metadata.get("bounds"):
+            if typing.get_origin(tp) is list:
+                name = "a list of " + ("integers" if typing.get_args(tp)[0] is int else "numbers")
+            name += f" in {range_text(f.metadata['bounds'])}"
+        if _number_or_word(hints[f.name]):
+            bounds = f.metadata.get("bounds")
+            name = ("a number" + (f" in {range_text(bounds)}" if bounds else "") + " or "
+                    + " or ".join(str(c) for c in choices))
         yield path, name, default, f.metadata.get("doc", "")

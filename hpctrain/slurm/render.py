@@ -1,14 +1,19 @@
 """Render the sbatch script: a pure function of (profile, job, run folder) over a Jinja template.
 
 Safety is layered. Profile and job values were checked against narrow patterns when loaded
-(``config/safety.py``); here every value that reaches the script goes through ``q``
-(``shlex.quote``) in the template, ``#SBATCH`` values included, and the template environment
-uses ``StrictUndefined`` so a missing value is an error, never an empty string. The script
-itself contains no logic that needs Python's help to be read: a user can audit it.
+(``config/safety.py``). Here, at the one door every value passes on its way into the script,
+``check_script_values`` refuses any value, whatever its source (profile, job, command-line
+paths, the interpreter's own path), that holds a character ending a line for bash or sbatch,
+and any ``#SBATCH`` value that would split the job; then every value is quoted for whoever
+reads it: ``q`` (``shlex.quote``) for bash, ``safety.sbatch_quote`` for sbatch's ``#SBATCH``
+parser (which is not a shell). The template environment uses ``StrictUndefined`` so a missing
+value is an error, never an empty string. The script itself contains no logic that needs
+Python's help to be read: a user can audit it.
 """
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +21,9 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__, resources
-from ..config import ClusterProfile, Resolved
-from ..config.profile import time_limit_seconds
+from ..config import ClusterProfile, Resolved, safety
+from ..config.profile import SIGNALS, time_limit_seconds
+from ..errors import UsageError
 
 TRAIN_TEMPLATE = "train.sbatch.j2"
 
@@ -43,7 +49,9 @@ def _q(value) -> str:
     return shlex.quote(str(value))
 
 
+@functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
+    """One environment per process: it caches the compiled template (reloaded if it changes)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.templates_dir())),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
@@ -68,7 +76,7 @@ def sbatch_directives(p: ClusterProfile, job_name: str,
     d.append(("time", s.time_limit))
     if s.cpus_per_task:
         d.append(("cpus-per-task", str(s.cpus_per_task)))
-    if s.mem is not None:
+    if s.mem:   # "0" (all of a node's memory) is a value; "" is none
         d.append(("mem", s.mem))
     if s.constraint:
         d.append(("constraint", s.constraint))
@@ -83,12 +91,14 @@ def sbatch_directives(p: ClusterProfile, job_name: str,
     else:
         d.append(("no-requeue", None))
     d.append(("open-mode", "append"))
+    # Slurm expands %x, %j, ... in file names: a % of the folder's own is written %%
+    logs = inputs.run_dir.replace("%", "%%") + "/logs"
     if inputs.array_run_dirs:
         limit = f"%{inputs.array_parallelism}" if inputs.array_parallelism else ""
         d.append(("array", f"0-{len(inputs.array_run_dirs) - 1}{limit}"))
-        d.append(("output", f"{inputs.run_dir}/logs/slurm-%A_%a.log"))
+        d.append(("output", f"{logs}/slurm-%A_%a.log"))
     else:
-        d.append(("output", f"{inputs.run_dir}/logs/slurm-%j.log"))
+        d.append(("output", f"{logs}/slurm-%j.log"))
     if inputs.dependency:
         d.append(("dependency", inputs.dependency))
     return d
@@ -109,22 +119,97 @@ def render_step_script(profile: ClusterProfile, inputs: ScriptInputs) -> str:
                          layout=f"{profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node}")
 
 
-def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, layout: str) -> str:
-    directives = [f"#SBATCH --{k}" if v is None else f"#SBATCH --{k}={_q(v)}"
-                  for k, v in sbatch_directives(p, job_name, inputs)]
-    directives += [f"#SBATCH {x}" for x in p.slurm.extra_directives]
-    container = []
+def check_script_values(p: ClusterProfile, inputs: ScriptInputs, job_name: str, layout: str,
+                        directives: list[tuple[str, str | None]]) -> None:
+    """The door: refuse, with what it is and the fix, any value that could end a line of the
+    script (a new command for bash; for sbatch, the end of the #SBATCH block) or split the job
+    into heterogeneous components. Profiles and jobs were checked when loaded; this also covers
+    what they did not: run folders from the command line or the environment, the interpreter."""
+    named: list[tuple[str, object]] = [
+        ("the run folder", inputs.run_dir), ("the batch host's python", inputs.python),
+        ("the training step's python", inputs.step_python),
+        ("the submitit folder", inputs.submitit_dir), ("the job name", job_name),
+        ("the profile name", p.name), ("the layout", layout), ("--chain's dependency",
+                                                              inputs.dependency or "")]
+    named += [(f"the run folder of array task {i}", d) for i, d in enumerate(inputs.array_run_dirs)]
+    named += [("an excluded node", x) for x in inputs.extra_excludes]
+    named += [(f"modules[{i}]", m) for i, m in enumerate(p.modules)]
+    named += [(f"env.{k}", v) for k, v in p.env.items()]
+    named += [("a container setting", a) for a in container_args(p, inputs)]
+    named += [(f"#SBATCH --{k}", v) for k, v in directives if v is not None]
+    named += [(f"slurm.extra_directives[{i}]", x) for i, x in enumerate(p.slurm.extra_directives)]
+    for what, value in named:
+        if not isinstance(value, str):
+            raise UsageError(f"cannot write the batch script: {what} is not text ({value!r})")
+        why = safety.script_problem(value)
+        if why:
+            raise UsageError(f"cannot write the batch script: {what} {safety.short(value)} {why}; "
+                             "a line break there would end the line in the script (choose a "
+                             "value without one)")
+    for node in inputs.extra_excludes:
+        if not safety.NODE_LIST.fullmatch(node):
+            raise UsageError(f"cannot write the batch script: {safety.short(node)} is not a node "
+                             "name to exclude")
+    if inputs.dependency and not safety.DEPENDENCY.fullmatch(inputs.dependency):
+        raise UsageError(f"cannot write the batch script: {safety.short(inputs.dependency)} is "
+                         "not a Slurm dependency (e.g. afterany:123)")
+    for key in p.env:
+        if not safety.ENV_KEY.fullmatch(key):
+            raise UsageError(f"cannot write the batch script: env key {safety.short(key)} is not "
+                             "a variable name")
+    for what, value in named:
+        if what.startswith(("#SBATCH", "slurm.extra")) and safety.het_job_word(value):
+            raise UsageError(f"cannot write the batch script: {what} {safety.short(value)} contains "
+                             f"{safety.het_job_word(value)!r}, which sbatch reads as the start of "
+                             "another heterogeneous-job component; choose another name or folder")
+    if "\\" in inputs.run_dir:
+        raise UsageError(f"cannot write the batch script: the run folder {safety.short(inputs.run_dir)} "
+                         "holds a backslash, which turns off Slurm's %j in log file names; choose a "
+                         "folder without one")
     if p.container.image:
-        container.append(f"--container-image={p.container.image}")
-        mounts = list(p.container.mounts)
         for d in [inputs.run_dir] + list(inputs.array_run_dirs):
-            if d not in [m.split(":")[0] for m in mounts]:
-                mounts.append(f"{d}:{d}")
-        container.append(f"--container-mounts={','.join(mounts)}")
-        if p.container.workdir:
-            container.append(f"--container-workdir={p.container.workdir}")
+            if "," in d or ":" in d:
+                raise UsageError(f"cannot write the batch script: the run folder {safety.short(d)} "
+                                 "holds ',' or ':', which pyxis's --container-mounts cannot express; "
+                                 "choose a runs folder without them")
+    if not safety.SCRIPT_WORD.fullmatch(inputs.kind) or p.preemption.signal not in SIGNALS:
+        raise UsageError(f"cannot write the batch script: unknown kind {inputs.kind!r} or signal "
+                         f"{p.preemption.signal!r}")
+    for what, number in (("slurm.nodes", p.slurm.nodes), ("slurm.gpus_per_node", p.slurm.gpus_per_node),
+                         ("preemption.lead_time_s", p.preemption.lead_time_s)):
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise UsageError(f"cannot write the batch script: {what} is not an integer ({number!r})")
+
+
+def container_args(p: ClusterProfile, inputs: ScriptInputs) -> list[str]:
+    """srun's pyxis options: the image, the mounts (the run folders always among them), workdir."""
+    if not p.container.image:
+        return []
+    args = [f"--container-image={p.container.image}"]
+    mounts = list(p.container.mounts)
+    for d in [inputs.run_dir] + list(inputs.array_run_dirs):
+        if d not in [m.split(":")[0] for m in mounts]:
+            mounts.append(f"{d}:{d}")
+    args.append(f"--container-mounts={','.join(mounts)}")
+    if p.container.workdir:
+        args.append(f"--container-workdir={p.container.workdir}")
+    return args
+
+
+def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, layout: str) -> str:
+    pairs = sbatch_directives(p, job_name, inputs)
+    check_script_values(p, inputs, job_name, layout, pairs)
+    directives = [f"#SBATCH --{k}" if v is None else f"#SBATCH --{k}={safety.sbatch_quote(v)}"
+                  for k, v in pairs]
+    directives += [f"#SBATCH {x}" for x in p.slurm.extra_directives]
+    container = container_args(p, inputs)
     env = dict(p.env)
     env.setdefault("HPCTRAIN_PREEMPT_SIGNAL", p.preemption.signal)
+    for key, value in env.items():   # the profile's and hpctrain's own, as the template exports them
+        why = safety.script_problem(str(value)) or (
+            None if safety.ENV_KEY.fullmatch(key) else "is not a variable name")
+        if why:
+            raise UsageError(f"cannot write the batch script: env.{key} {why}")
     context = {
         "version": __version__,
         "kind": inputs.kind,

@@ -53,7 +53,9 @@ def test_every_problem_is_reported_at_once():
 @pytest.mark.parametrize("directive, expect", [
     ("--comment=ok", None),
     ("--mail-type=END", None),
-    ("--comment=x\n#SBATCH --wrap=id", "not a valid sbatch directive"),
+    ("--comment=x\n#SBATCH --wrap=id", "must be one line"),
+    ("--comment=x\n", "must be one line"),
+    ("--comment=hetjob", "heterogeneous-job component"),
     ("--comment=$(id)", "not a valid sbatch directive"),
     ("--wrap=hostname", "--wrap is managed by hpctrain"),
     ("--signal=USR2@60", "set preemption.signal"),

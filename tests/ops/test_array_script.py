@@ -25,7 +25,7 @@ def test_each_task_selects_its_run_folder_and_hostile_names_stay_inert(tmp_path)
     assert "#SBATCH --array=0-2%2" in text
     assert "#SBATCH --output=/runs/sweeps/s/logs/slurm-%A_%a.log" in text
     assert '-u -m submitit.core._submit "$RUN_DIR/submitit"' in text
-    head = text.split("PY=", 1)[0]  # directives and the run-folder table
+    head = text.split('cd "$RUN_DIR"', 1)[0]  # directives and the run-folder table
     for i, expected in enumerate(dirs):
         probe = head + 'printf "%s" "$RUN_DIR"'
         got = subprocess.run(["bash", "-c", probe], env={"SLURM_ARRAY_TASK_ID": str(i)},

@@ -78,6 +78,7 @@ def test_hostile_values_are_inert(tmp_path):
     value = HOSTILE.format(marker=marker)
     profile = profile_with("dev-slurm", {"env": {"NCCL_DEBUG": value}})
     run_dir = str(tmp_path / "run dir with spaces")
+    os.makedirs(run_dir)           # the script changes into it
     text = render_case("tiny.yaml", profile, run_dir=run_dir)
     head = text.split("# Runs one step")[0]          # directives, variables and exports only
     probe = head + '\nprintf "%s" "$NCCL_DEBUG" > "$1"\nprintf "%s" "$RUN_DIR" > "$2"\n'
