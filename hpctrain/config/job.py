@@ -76,6 +76,15 @@ class ParallelSection:
                                   default=False)
     use_distributed_optimizer: bool = doc("ZeRO-1: shard optimizer state across DP ranks.",
                                           default=False)
+    overlap_grad_reduce: bool = doc("Reduce gradients bucket by bucket during the backward pass.",
+                                    default=True)
+    overlap_param_gather: bool = doc("Distributed optimizer: gather updated parameters during the "
+                                     "next forward pass.", default=True)
+    overlap_p2p_comm: bool = doc("Interleaved schedule: overlap pipeline sends/receives with "
+                                 "compute (batched p2p otherwise).", default=True)
+    ddp_bucket_size: int | None = doc("Parameters per gradient-reduction bucket (null: "
+                                      "megatron-core's max(40M, 1M × DP)).", default=None,
+                                      at_least=1, at_most=10**12)
 
 
 @dataclass(kw_only=True)
@@ -130,6 +139,10 @@ class TrainSection:
                                 default=None)
     init_timeout_s: int = doc("Give up forming the process group after this long (names host:port).",
                               default=300, at_least=1, at_most=86400)
+    manual_gc: bool = doc("Python's automatic garbage collection off; every rank collects at the "
+                          "same steps instead (Megatron-LM's --manual-gc).", default=True)
+    manual_gc_interval: int = doc("manual_gc: collect every N steps (0: only once, before the "
+                                  "first step).", default=100, at_least=0, at_most=10**9)
     stability: StabilitySection = doc("Loss-spike and NaN guard.", default_factory=StabilitySection)
 
 
@@ -142,6 +155,9 @@ class DataSection:
     prepare_from: list[str] = doc("Text/JSONL files to prepare into `path` when it does not exist "
                                   "yet (hpctrain data prepare).", default_factory=list)
     json_key: str = doc("Field of JSONL records holding the text.", default="text")
+    num_workers: int | None = doc("DataLoader worker processes per reading rank (null: 2 on GPU, "
+                                  "as Megatron-LM; 0 on the CPU rehearsal).", default=None,
+                                  at_least=0, at_most=256)
 
 
 @dataclass(kw_only=True)
@@ -211,6 +227,11 @@ def check_job(j: JobConfig, problems: Problems) -> None:
         problems.add("model.max_position_embeddings", f"{m.max_position_embeddings} is shorter than "
                                                       f"seq_length ({m.seq_length})")
     p = j.parallel
+    if p.virtual_pipeline_model_parallel_size and p.pipeline_model_parallel_size == 2 \
+            and not p.overlap_p2p_comm:
+        problems.add("parallel.overlap_p2p_comm", "the interleaved schedule on 2 pipeline stages "
+                     "needs it: batched sends/receives between the same two ranks get mismatched "
+                     "(Megatron-LM refuses it too); set it true, or use 3 or more stages")
     t = j.train
     if isinstance(t.warmup_steps, int) and isinstance(t.steps, int) and t.warmup_steps > t.steps:
         problems.add("train.warmup_steps", f"{t.warmup_steps} is more than train.steps ({t.steps})")

@@ -47,16 +47,22 @@ class GPTSamples:
         epoch, within = divmod(position, self.num_samples)
         return int(self.order(epoch)[within])
 
-    def sample(self, position: int) -> np.ndarray:
-        """The ``seq_length + 1`` tokens of the sample at ``position`` in the visiting order."""
+    def sample(self, position: int, check: bool = True) -> np.ndarray:
+        """The ``seq_length + 1`` tokens of the sample at ``position`` in the visiting order
+        (``check``: refuse token ids beyond the vocabulary, see :meth:`check_tokens`)."""
         j = self.sample_index(position)
         start = j * self.seq_length
         window = np.asarray(self.dataset.tokens[start:start + self.seq_length + 1], dtype=np.int64)
-        if self.vocab_size is not None and window.size and int(window.max()) >= self.vocab_size:
-            raise UsageError(f"data.path: {self.dataset.prefix} holds token id {int(window.max())}, "
+        if check and window.size:
+            self.check_tokens(int(window.max()))
+        return window
+
+    def check_tokens(self, largest: int) -> None:
+        """A UsageError when ``largest`` (a token id read) is beyond ``vocab_size``."""
+        if self.vocab_size is not None and largest >= self.vocab_size:
+            raise UsageError(f"data.path: {self.dataset.prefix} holds token id {largest}, "
                              f"beyond model.vocab_size ({self.vocab_size}); the data was prepared "
                              f"with another tokenizer, or raise model.vocab_size")
-        return window
 
     def epochs(self, consumed_samples: int) -> float:
         return consumed_samples / self.num_samples
@@ -69,7 +75,16 @@ def rank_microbatches(samples: GPTSamples, consumed_samples: int, global_batch_s
     Returns ``global_batch_size / (dp_size · micro_batch_size)`` arrays of shape
     ``[micro_batch_size, seq_length + 1]``.
     """
+    rows = [np.stack([samples.sample(p) for p in positions]) for positions in
+            rank_microbatch_positions(consumed_samples, global_batch_size, dp_rank, dp_size,
+                                      micro_batch_size)]
+    return rows
+
+
+def rank_microbatch_positions(consumed_samples: int, global_batch_size: int, dp_rank: int,
+                              dp_size: int, micro_batch_size: int) -> list[list[int]]:
+    """The sample positions of :func:`rank_microbatches`: one list per microbatch."""
     per_rank = global_batch_size // dp_size
     first = consumed_samples + dp_rank * per_rank
-    rows = np.stack([samples.sample(first + i) for i in range(per_rank)])
-    return [rows[i:i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]
+    return [list(range(first + i, first + i + micro_batch_size))
+            for i in range(0, per_rank, micro_batch_size)]

@@ -1,8 +1,10 @@
 """The few collectives the runtime itself issues (megatron issues the rest).
 
 Kept to one small module so each use is visible: one float64 all-reduce per step carries the
-step loss and every flag the ranks must agree on; objects (paths, verification results) go
-through broadcast/all-gather of Python objects, only outside the step.
+step loss and every flag the ranks must agree on, started asynchronously (:func:`start_sum`)
+and read only after megatron-core's optimizer has synchronised with the device anyway;
+objects (paths, verification results) go through broadcast/all-gather of Python objects,
+only outside the step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,23 @@ def sum_floats(values: list[float], device: str) -> list[float]:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t.tolist()
+
+
+def start_sum(t):
+    """Start an element-wise sum of tensor ``t`` over all ranks, in place and asynchronously;
+    returns a function that waits for it and gives the sums as Python floats. On a GPU the
+    wait only orders the device streams; the host waits once, for the values."""
+    import torch.distributed as dist
+    work = None
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        work = dist.all_reduce(t, async_op=True)
+
+    def result() -> list[float]:
+        if work is not None:
+            work.wait()
+        return t.tolist()
+
+    return result
 
 
 def broadcast_object(obj, src: int = 0):

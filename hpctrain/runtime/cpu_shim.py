@@ -22,6 +22,7 @@ the runtime installs it only when the device is CPU. Validated on megatron-core 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -96,5 +97,9 @@ def install() -> None:
     cuda.default_generators = (torch.default_generator,)
     cuda._lazy_call = lambda callback, **k: callback()
     _patch_globally()
+    # The CUDA generator *is* the CPU generator here, so megatron's check that drawing from
+    # its CUDA RNG tracker leaves the CPU generator untouched cannot hold; only its warning
+    # (one line per initialized weight) is silenced.
+    logging.getLogger("megatron.core.tensor_parallel.random").setLevel(logging.ERROR)
     _mode = CudaToCpuMode()
     _mode.__enter__()

@@ -38,6 +38,24 @@ def choose_device(profile) -> str:
     return "cpu"
 
 
+def set_device_connections(layout, environ=None) -> str | None:
+    """``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor parallelism, before CUDA starts (it is read
+    when the CUDA context is created). One hardware queue makes the GPU run kernels in the
+    order they were issued, so a TP (or sequence-parallel) communication kernel issued before
+    a GEMM is scheduled before it and the two overlap as megatron-core plans; Megatron-LM
+    refuses to run TP on GPUs before Blackwell without it. A value the profile's ``env`` sets
+    is kept; returns a note when it differs."""
+    environ = os.environ if environ is None else environ
+    if layout.tensor_model_parallel_size <= 1:
+        return None
+    value = environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    if value != "1":
+        return (f"CUDA_DEVICE_MAX_CONNECTIONS={value} from the environment is kept; with "
+                f"tensor parallelism Megatron-LM requires 1 (before Blackwell GPUs) so that "
+                f"communication overlaps compute in the intended order")
+    return None
+
+
 def prepare_device(device: str, env: RankEnv) -> None:
     """Bind this rank to its GPU, or set the CPU rehearsal up (shim, threads)."""
     import torch

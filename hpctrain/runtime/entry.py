@@ -126,7 +126,9 @@ def _train(run, renv, jenv, attempt, state):
     from .batches import BatchFeeder
     from .checkpoint.manager import Checkpointer
     from .checkpoint.weights import load_model_only
+    from .comm_overlap import describe as describe_overlap
     from .context import RankContext
+    from .digest import weights_digest
     from .log import logger
     from .loop import Trainer
     from .metrics import MetricsWriter
@@ -139,6 +141,7 @@ def _train(run, renv, jenv, attempt, state):
     layout = resolve_layout(job, profile, renv.world_size)
     from ..config.loader import with_optimizer_format
     job = with_optimizer_format(job, profile, layout)   # "auto" in a job.yaml not from submit
+    connections_note = distributed.set_device_connections(layout)   # before CUDA starts
     check_megatron_core()
     hooks = TestHooks.from_env()
     device = distributed.choose_device(profile)
@@ -150,6 +153,7 @@ def _train(run, renv, jenv, attempt, state):
     flag = PreemptionFlag(jenv.preempt_signal or profile.preemption.signal,
                           jenv.signal_flag if renv.rank == 0 else None)
     flag.install()
+    flag.watch_file()
     distributed.prepare_device(device, renv)
     distributed.init_process_group(renv, device, job.train.init_timeout_s)
     attempt = collectives.broadcast_object(attempt)
@@ -161,6 +165,8 @@ def _train(run, renv, jenv, attempt, state):
                       attempt=attempt, device=device)
     if ctx.is_rank0:
         _log_start(ctx, hooks)
+        if connections_note:
+            logger.info(f"note: {connections_note}")
     initialize_parallel(layout, job.train.seed)
     mo = build_model_and_optimizer(job, layout, device)
     state["local_parameters"] = sum(p.numel() for m in mo.modules for p in m.parameters())
@@ -169,12 +175,12 @@ def _train(run, renv, jenv, attempt, state):
     if ctx.is_rank0:
         _log_model(ctx, state["local_parameters"])
         logger.info(f"optimizer: {state['optimizer']}")
+        logger.info(f"communication: {describe_overlap(mo.model, mo.config)}")
         for note in mo.notes:
             logger.info(f"note: {note}")
-    from megatron.core import parallel_state as ps
     samples = GPTSamples(IndexedDataset(job.data.path), job.model.seq_length, job.train.seed,
                          vocab_size=job.model.vocab_size)
-    feeder = BatchFeeder(samples, layout, ps.get_data_parallel_rank(), device)
+    feeder = BatchFeeder(samples, layout, device, job.data.num_workers)
     ckpt = Checkpointer(ctx, mo, checkpoint_root(run, job, profile), hooks)
     loaded = ckpt.resume()
     if loaded is not None:
@@ -194,6 +200,9 @@ def _train(run, renv, jenv, attempt, state):
         state["end_step"] = trainer.step
         state["last_loss"] = trainer.last_loss
         metrics.close()
+        feeder.close()
+        logger.info(f"data: {feeder.microbatches_read} microbatches read by this rank "
+                    f"({feeder.where})")
     ckpt.close()
     if mo.layers is not None:
         state["layers"]["attention_in_use"] = layers.attention_in_use(mo.layers)
@@ -212,23 +221,9 @@ def _train(run, renv, jenv, attempt, state):
     summary = {"run": run.id, "attempt": attempt, "start_step": outcome.start_step,
                "end_step": outcome.end_step, "exit_reason": outcome.exit_reason,
                "last_loss": outcome.last_loss, "checkpoint_saved": state["checkpoint_saved"],
-               "weights_digest": _weights_digest(mo)}
+               "weights_digest": weights_digest(mo.modules)}
     state["weights_digest"] = summary["weights_digest"]
     return outcome, summary
-
-
-def _weights_digest(mo) -> str:
-    """SHA-256 over every rank's parameters (rank order): equal digests = bitwise equal weights
-    on the same layout."""
-    import hashlib
-    from . import collectives
-    h = hashlib.sha256()
-    for chunk in mo.modules:
-        for name, p in sorted(chunk.named_parameters(), key=lambda kv: kv[0]):
-            h.update(name.encode())
-            h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-    parts = collectives.gather_objects(h.hexdigest())
-    return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
 def _log_model(ctx, local: int) -> None:

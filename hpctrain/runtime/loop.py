@@ -1,12 +1,15 @@
 """The training loop: one optimizer step at a time, and the decisions taken between steps.
 
 Per step:
-  forward/backward over this rank's microbatches (megatron-core's pipeline schedule)
-  -> gradients reduced, global norm computed (collective, inside megatron)
-  -> ONE all-reduce that carries the step loss and every flag the ranks must agree on
-     (a preemption signal seen by any rank; rank 0's deadline and periodic-save clocks;
-     a non-finite gradient norm anywhere)
-  -> the stability guard judges the agreed loss: update, or skip
+  forward/backward over this rank's microbatches (megatron-core's pipeline schedule;
+  gradients reduced bucket by bucket during the backward pass, ``comm_overlap``)
+  -> ONE all-reduce, started asynchronously, that carries the step loss (still on the device)
+     and every flag the ranks must agree on (a preemption signal seen by any rank; rank 0's
+     deadline and periodic-save clocks)
+  -> global gradient norm (collective, inside megatron; megatron reads it on the host: the
+     step's one host synchronisation, as in Megatron-LM) -> the agreement is read: by now a
+     copy of five numbers, no wait
+  -> the stability guard judges the agreed loss and the norm: update, or skip
   -> metrics, then: stop-and-save (signal, deadline), stop (guard), or a periodic save.
 Because every decision is made from agreed values, all ranks take the same branch.
 """
@@ -19,9 +22,12 @@ from dataclasses import dataclass
 
 from .. import exit_codes
 from . import collectives
+from .batches import step_loss
+from .comm_overlap import ParamGatherHooks
 from .guard import StabilityGuard
 from .log import logger
 from .lr_schedule import LRSchedule
+from .manual_gc import ManualGC
 from .preemption import DeadlinePolicy, PeriodicSaves, SaveEstimate
 
 
@@ -94,6 +100,12 @@ class Trainer:
         self.periodic = PeriodicSaves(ck.interval_steps, ck.interval_minutes,
                                       start_step=self.step)
         self.metrics = metrics
+        from megatron.core import parallel_state as ps
+        # one rank per loss value: TP rank 0 of the last stage, in every DP replica
+        self.reports_loss = ps.is_pipeline_last_stage(ignore_virtual=True) and \
+            ps.get_tensor_model_parallel_rank() == 0
+        self.param_gather = ParamGatherHooks(mo.model, mo.config)
+        self.gc = ManualGC.from_train(job.train)
         self.step_time = None
         self.last_loss: float | None = None
         self.first_step_started: float | None = None
@@ -105,7 +117,6 @@ class Trainer:
 
     # --------------------------------------------------------------------- one step
     def train_step(self) -> dict:
-        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
         ctx, lay, mo = self.ctx, self.ctx.layout, self.mo
@@ -126,24 +137,14 @@ class Trainer:
             model=mo.model if chunks > 1 else mo.model[0],
             num_microbatches=lay.num_microbatches, seq_length=ctx.job.model.seq_length,
             micro_batch_size=lay.micro_batch_size, forward_only=False)
-        reports = ps.is_pipeline_last_stage(ignore_virtual=True) and \
-            ps.get_tensor_model_parallel_rank() == 0
-        local = sum(float(d["loss"]) for d in losses) / lay.num_microbatches if reports else 0.0
+        # Started now, read after megatron's own host synchronisation (the gradient norm):
+        # the agreement costs the step no wait of its own.
+        agreement = self._start_agreement(
+            step_loss(losses, lay.num_microbatches) if self.reports_loss else None, number)
         found_inf = mo.optimizer.prepare_grads()
         grad_norm = None if found_inf else mo.optimizer.get_grad_norm()
-        grad_bad = grad_norm is not None and not math.isfinite(grad_norm)
-        if ctx.is_rank0:
-            self.flag.check_file()
-            deadline = self.deadline.must_stop(self.estimate.seconds, self.step_time or 0.0)
-            due = self.periodic.due(number)
-        else:
-            deadline = due = False
-        agreed = collectives.sum_floats(
-            [local if reports else 0.0, 1.0 if reports else 0.0, float(grad_bad),
-             float(self.flag.requested), float(deadline), float(due)], ctx.device)
+        agreed = agreement()
         loss = agreed[0] / agreed[1] if agreed[1] else float("nan")
-        if agreed[2]:
-            grad_norm = float("nan")
         if found_inf:  # fp16 overflow: megatron lowered the loss scale; not a guard matter
             verdict_skip, reason, stop = True, "fp16 overflow (loss scale lowered)", None
         else:
@@ -153,13 +154,36 @@ class Trainer:
             clip_gradients(mo.optimizer, ctx.job.train.clip_grad, grad_norm)
             mo.optimizer.step_with_ready_grads()
             self.updates += 1
+            self.param_gather.after_update()
         self.step = number
         self.consumed += lay.global_batch_size
         if math.isfinite(loss):
             self.last_loss = loss
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": reason if verdict_skip
-                else None, "stop": stop, "preempt": agreed[3] > 0, "deadline": agreed[4] > 0,
-                "save_due": agreed[5] > 0}
+                else None, "stop": stop, "preempt": agreed[2] > 0, "deadline": agreed[3] > 0,
+                "save_due": agreed[4] > 0}
+
+    def _start_agreement(self, loss, number: int):
+        """Start the step's one all-reduce: [loss sum, loss reporters, signal, deadline, save
+        due]. The loss (last stage, TP rank 0) stays a device tensor; the flags are host
+        values known now (a signal on any rank; rank 0's clocks). A non-finite gradient norm
+        needs no vote: megatron reduces the norm over the ranks that share it, so every rank
+        sees the same value."""
+        import torch
+        ctx = self.ctx
+        if ctx.is_rank0:
+            deadline = self.deadline.must_stop(self.estimate.seconds, self.step_time or 0.0)
+            due = self.periodic.due(number)
+        else:
+            deadline = due = False
+        flags = torch.tensor([0.0, 1.0 if loss is not None else 0.0, float(self.flag.requested),
+                              float(deadline), float(due)], dtype=torch.float64)
+        if ctx.device == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+            flags = flags.pin_memory().to(device, non_blocking=True)
+        if loss is not None:
+            flags[0] += loss
+        return collectives.start_sum(flags)
 
     def _hold_released(self) -> bool:
         """A test's hold (HPCTRAIN_TEST_HOLD_AFTER_STEP) ends when this rank is told to stop,
@@ -175,6 +199,16 @@ class Trainer:
         if self.ctx.is_rank0:
             logger.info(f"training from step {self.step} to {self.total_steps} on "
                         f"{self.ctx.layout.describe()} ({self.ctx.device})")
+        self.gc.start()
+        try:
+            outcome = self._steps()
+        finally:
+            self.gc.stop()
+        self.param_gather.close()   # parameters gathered: what is read next is current
+        return outcome
+
+    def _steps(self) -> Outcome:
+        ck = self.ctx.job.checkpoint
         while self.step < self.total_steps:
             started = time.time()
             if self.first_step_started is None:
@@ -185,6 +219,7 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.record(self.step, info["loss"], info["grad_norm"], info["lr"], elapsed,
                                     info["skipped"], self.consumed, self.guard.skipped_total)
+            self.gc.after_step(self.step)
             if info["skipped"] and self.ctx.is_rank0:
                 logger.info(f"step {self.step}: update skipped ({info['skipped']}); "
                             f"{self.guard.skipped_in_a_row} in a row")
@@ -217,6 +252,7 @@ class Trainer:
                              None)
 
     def _save(self, reason: str, sync: bool) -> str | None:
+        self.param_gather.sync()    # overlap_param_gather: the parameters must be current
         self.ckpt.save(self.step, self.common_state(), reason, sync=sync)
         if sync:
             self.ckpt.wait()

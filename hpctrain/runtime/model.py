@@ -51,6 +51,8 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from . import layers
+    from .comm_overlap import overlap_p2p
+
     notes = notes if notes is not None else []
     m, t = job.model, job.train
     gpu = device == "cuda"
@@ -82,13 +84,12 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
         sequence_parallel=sequence_parallel,
         params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        # CPU initialization draws the full (un-split) weights from one generator, so the
-        # initial model is the same for every TP degree.
-        use_cpu_initialization=True,
-        # Interleaved PP on gloo: batched send/recv to the same peer get swapped (PP=2), and
-        # Megatron-LM itself turns batching off with a virtual pipeline.
-        batch_p2p_comm=gpu and vpp is None,
-        overlap_p2p_comm=False,
+        # Weights drawn where they live (Megatron-LM's default): each TP rank draws its own
+        # slice from the model-parallel RNG tracker, each pipeline stage from its own seed.
+        use_cpu_initialization=False,
+        # Megatron-LM: p2p overlap with the interleaved schedule, batched p2p otherwise
+        overlap_p2p_comm=overlap_p2p(job, layout),
+        batch_p2p_comm=not overlap_p2p(job, layout),
         transformer_impl=impl.name,
         # each fusion only where its kernel imports (layers.choose)
         gradient_accumulation_fusion=impl.fusions["gradient_accumulation_fusion"],
@@ -112,17 +113,30 @@ def layer_spec(job, config, device: str):
     return layers.layer_spec(job, layers.choose(job, device))
 
 
+def stage_seed(seed: int, pp_rank: int) -> int:
+    """Megatron-LM's ``_set_random_seed``: each pipeline stage draws from its own seed (with
+    one seed, every stage would initialize its layers with the same weights)."""
+    return seed + 100 * pp_rank
+
+
 def initialize_parallel(layout, seed: int, timeout_minutes: int = 30) -> None:
-    """megatron-core's parallel_state for ``layout`` and its model-parallel RNG seeds."""
+    """megatron-core's parallel_state for ``layout`` and its RNG seeds, per pipeline stage
+    (:func:`stage_seed`; the model-parallel tracker adds its per-TP-rank offset)."""
+    import random
+
+    import numpy as np
+    import torch
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    import torch
 
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tensor_model_parallel_size,
         pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
         distributed_timeout_minutes=timeout_minutes)
+    seed = stage_seed(seed, parallel_state.get_pipeline_model_parallel_rank())
+    random.seed(seed)
+    np.random.seed(seed)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
 
@@ -160,10 +174,11 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
     Needs ``torch.distributed`` and :func:`initialize_parallel` done. The learning rate is set
     per step by the training loop (``hpctrain.runtime.lr_schedule``).
     """
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
+    from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
+
+    from .comm_overlap import ddp_config as make_ddp_config, wire_schedule
 
     notes: list[str] = []
     config = transformer_config(job, layout, device, notes)
@@ -173,9 +188,8 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
         chunks = [Float16Module(config, c) for c in chunks]
     t = job.train
     distopt = bool(job.parallel.use_distributed_optimizer)
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=t.grad_reduce_in_fp32 or device != "cuda",
-        overlap_grad_reduce=False, use_distributed_optimizer=distopt)
+    ddp_config = make_ddp_config(job, layout, device)
+    # bucketing only for the first chunk: the others' reduction overlaps compute anyway
     model = [DistributedDataParallel(config, ddp_config, c, disable_bucketing=(i > 0))
              for i, c in enumerate(chunks)]
     for m in model:
@@ -185,8 +199,9 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
         adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
         clip_grad=t.clip_grad, bf16=config.bf16, fp16=config.fp16,
         params_dtype=config.params_dtype, use_distributed_optimizer=distopt,
-        decoupled_weight_decay=True)
+        overlap_param_gather=ddp_config.overlap_param_gather, decoupled_weight_decay=True)
     optimizer = get_megatron_optimizer(opt_config, model)
+    wire_schedule(config, model, ddp_config)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     from . import layers

@@ -6,7 +6,9 @@ all-reduce, save an emergency checkpoint at the same step and exit "preempted". 
 profile's signal (USR1 by default) is handled, and SIGTERM and SIGINT too: some clusters
 preempt with SIGTERM only, and a person's Ctrl-C deserves a checkpoint as well (a second
 Ctrl-C stops at once). A flag file touched by the batch shell covers signals that arrived
-before the handlers were installed.
+before the handlers were installed; rank 0 looks for it from a background thread once a
+second (:meth:`PreemptionFlag.watch_file`), so a slow metadata server on shared storage
+never stalls a step, at the price of at most a second before the next step boundary sees it.
 
 The decisions are pure and take a clock, so tests drive them without sleeping.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Callable
 
@@ -34,6 +37,7 @@ class PreemptionFlag:
         self.flag_file = flag_file
         self.received: str | None = None
         self._previous: dict[int, object] = {}
+        self._watcher: tuple[threading.Thread, threading.Event] | None = None
 
     def install(self) -> None:
         for name in dict.fromkeys(self.signal_names):
@@ -41,14 +45,40 @@ class PreemptionFlag:
             self._previous[num] = signal.signal(num, self._handle)
 
     def uninstall(self) -> None:
+        self.stop_watching()
         for num, handler in self._previous.items():
             signal.signal(num, handler)
         self._previous.clear()
+
+    FILE_POLL_S = 1.0
+
+    def watch_file(self, interval_s: float = FILE_POLL_S) -> None:
+        """Rank 0: look for the flag file every ``interval_s`` from a daemon thread until it
+        appears (or :meth:`stop_watching`); the step only reads :attr:`requested`."""
+        if not self.flag_file or self._watcher is not None:
+            return
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set() and not self.check_file():
+                stop.wait(interval_s)
+
+        thread = threading.Thread(target=poll, name="hpctrain-flag-file", daemon=True)
+        self._watcher = (thread, stop)
+        thread.start()
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            thread, stop = self._watcher
+            stop.set()
+            thread.join(timeout=5)
+            self._watcher = None
 
     def stand_down(self) -> None:
         """The attempt's work is over: ignore the preemption signal from now on. Python gives
         back the default action (terminate) to handled signals while the interpreter shuts
         down, so a late time-limit warning would otherwise turn a clean exit into a kill."""
+        self.stop_watching()
         name = self.signal_names[0]
         if name not in ("TERM", "INT"):
             signal.signal(signal_number(name), signal.SIG_IGN)

@@ -117,6 +117,7 @@ def test_signal_saves_exits_75_and_requeued_attempt_finishes_identically(ws):
     wait_until(lambda: any(m["step"] >= 3 for m in run.metrics()), timeout=240,
                what="step 3 of the first attempt")
     first.signal_rank(3, signal.SIGUSR1)         # one rank hears it; all must stop together
+    (run.path / "hold-release").touch()          # the other ranks were not told: let them on
     res = first.wait(240)
     assert res.codes == [exit_codes.LOCAL_REQUEUE] * 4, _explain(res)
     r1 = result(run, 1)

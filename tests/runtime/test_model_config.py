@@ -35,7 +35,8 @@ def test_gpu_and_cpu_configs(model):
     import torch
     gpu, gpu_notes = _config("cuda", **model)
     assert gpu.bf16 and gpu.params_dtype == torch.bfloat16 and gpu.pipeline_dtype == torch.bfloat16
-    assert gpu.batch_p2p_comm is False                    # interleaved: never batched
+    assert gpu.overlap_p2p_comm and not gpu.batch_p2p_comm   # interleaved: overlapped p2p
+    assert not gpu.use_cpu_initialization                  # weights drawn on the device
     assert gpu.virtual_pipeline_model_parallel_size == 2
     cpu, cpu_notes = _config("cpu", **model)
     assert not cpu.bf16 and cpu.params_dtype == torch.float32
@@ -47,7 +48,10 @@ def test_gpu_and_cpu_configs(model):
     assert cpu.num_query_groups == model.get("num_query_groups", 4)
 
 
-def test_plain_pipeline_batches_p2p_on_gpu_only():
-    gpu, _ = _config("cuda", layout=Layout(2, 2, None, 1, 2, 16))
-    cpu, _ = _config("cpu", layout=Layout(2, 2, None, 1, 2, 16))
-    assert gpu.batch_p2p_comm and not cpu.batch_p2p_comm
+def test_p2p_batched_without_a_virtual_pipeline_overlapped_with_one_on_both_devices():
+    for device in ("cuda", "cpu"):
+        plain, _ = _config(device, layout=Layout(2, 2, None, 1, 2, 16))
+        assert plain.batch_p2p_comm and not plain.overlap_p2p_comm
+        interleaved, _ = _config(device)
+        assert interleaved.overlap_p2p_comm and not interleaved.batch_p2p_comm
+        assert not interleaved.use_cpu_initialization

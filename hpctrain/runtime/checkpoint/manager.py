@@ -80,6 +80,18 @@ def _write_then_checksum(write_fn, folder: str, rank: int, main_pid: int, kill: 
     store.write_json_atomic(Path(folder) / SIDECAR.format(rank=rank), sums)
 
 
+def _load_strategy(folder: Path):
+    """Fully parallel load (Megatron-LM's --ckpt-fully-parallel-load): the DP replicas of a
+    shard each read a different part of it from storage and exchange the rest, instead of
+    every replica reading the whole shard."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import \
+        FullyParallelLoadStrategyWrapper
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(folder)),
+                                            ps.get_data_parallel_group(with_context_parallel=True))
+
+
 class Checkpointer:
     def __init__(self, ctx, mo, root: Path, hooks) -> None:
         self.ctx = ctx
@@ -321,7 +333,7 @@ class Checkpointer:
         template = ckstate.loading_template(self.mo, with_rng=same_layout, fmt=fmt)
         template["hpctrain"] = None
         kept = cross_device.set_aside_absent_entries(template, folder, "checkpoint")
-        loaded = dist_checkpointing.load(template, str(folder))
+        loaded = dist_checkpointing.load(template, str(folder), _load_strategy(folder))
         common = loaded["hpctrain"]
         cross_device.put_back(loaded, kept)
         ckstate.load_model_state(self.mo.model, loaded)
