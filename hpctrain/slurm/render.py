@@ -196,6 +196,17 @@ def container_args(p: ClusterProfile, inputs: ScriptInputs) -> list[str]:
     return args
 
 
+def srun_cpu_args(p: ClusterProfile) -> list[str]:
+    """srun's CPU options for every step. Since Slurm 22.05 a step no longer inherits
+    ``--cpus-per-task`` from sbatch, so it is passed again; each task is bound to its own cores,
+    handed out in blocks so that a rank's cores (its DataLoader workers included) sit together
+    in one socket, near its GPU on the usual two-socket GPU nodes."""
+    if not p.slurm.cpus_per_task:
+        return []
+    return [f"--cpus-per-task={int(p.slurm.cpus_per_task)}", "--cpu-bind=cores",
+            "--distribution=block:block"]
+
+
 def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, layout: str) -> str:
     pairs = sbatch_directives(p, job_name, inputs)
     check_script_values(p, inputs, job_name, layout, pairs)
@@ -205,6 +216,9 @@ def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, lay
     container = container_args(p, inputs)
     env = dict(p.env)
     env.setdefault("HPCTRAIN_PREEMPT_SIGNAL", p.preemption.signal)
+    if p.interconnect.socket_ifname:
+        # gloo (megatron-core's CPU-side groups) picks its interface like NCCL's bootstrap
+        env.setdefault("GLOO_SOCKET_IFNAME", p.interconnect.socket_ifname)
     for key, value in env.items():   # the profile's and hpctrain's own, as the template exports them
         why = safety.script_problem(str(value)) or (
             None if safety.ENV_KEY.fullmatch(key) else "is not a variable name")
@@ -225,6 +239,7 @@ def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, lay
         "step_python": inputs.step_python,
         "submitit_dir": inputs.submitit_dir,
         "container_args": container,
+        "srun_args": srun_cpu_args(p),
         "signal": p.preemption.signal,
         "lead_time_s": p.preemption.lead_time_s,
         "time_limit_s": time_limit_seconds(p),
