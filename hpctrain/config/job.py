@@ -165,8 +165,12 @@ class CheckpointSection:
     dir: str | None = doc("Checkpoint folder (null: <storage.checkpoint_root>/<run>, or the run "
                           "folder).", default=None)
     interval_steps: int = doc("Save every N steps (0: off).", default=0, at_least=0, at_most=10**9)
-    interval_minutes: float = doc("Save when this many minutes passed since the last save (0: off).",
-                                  default=15.0, at_least=0, at_most=525600)
+    interval_minutes: float | str = doc("Save when this many minutes passed since the last save "
+                                        "(0: off), or auto: Young/Daly's interval from the "
+                                        "measured save time and the profile's "
+                                        "reliability.node_mtbf_hours, printed at start "
+                                        "(`hpctrain plan` shows both).", choices=("auto",),
+                                        default=15.0, at_least=0, at_most=525600)
     keep_last: int = doc("Complete checkpoints kept; the newest is never deleted.", default=3,
                          at_least=1, at_most=10**6)
     async_save: bool = doc("Write periodic checkpoints in the background.", default=True)

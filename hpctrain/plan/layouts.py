@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..checkpoint_interval import DEFAULT_NODE_MTBF_HOURS
 from ..config.job import JobConfig
 from ..config.layout import Layout, layout_problems
 from ..config.profile import ClusterProfile, host_memory_bytes
@@ -20,6 +21,7 @@ from .activations import CPU_KERNELS, GPU_KERNELS, Kernels, StageActivations, st
 from .memory import allowance_bytes, optimizer_bytes_per_element, state_bytes_per_pipeline_rank
 from .parameters import ParameterCount, count_parameters
 from .save_memory import SaveMemory, choose_format, save_memory
+from .save_time import Checkpointing, checkpointing
 from .shape import PRECISION_BYTES, ModelShape
 from .timing import Hardware, StepTime, estimate_step_time, mfu, model_flops_per_step
 
@@ -64,6 +66,7 @@ class LayoutPlan:
     save: SaveMemory | None = None          # a checkpoint save in the job's optimizer format
     format_reason: str = ""                 # why checkpoint.optimizer_format: auto chose it
     training_fits: bool | None = None       # the training step alone
+    checkpointing: Checkpointing | None = None  # save time and checkpoint interval
 
     def describe(self) -> str:
         rec = self.recompute or "no"
@@ -102,6 +105,8 @@ class LayoutPlan:
             "step_time_breakdown_s": None if step is None else {
                 "compute_with_bubble": step.compute_s, "tensor_parallel_comm": step.tp_comm_s,
                 "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s},
+            "checkpoint_interval": None if self.checkpointing is None else
+            self.checkpointing.to_json(),
         }
 
 
@@ -115,6 +120,8 @@ class Target:
     hardware: Hardware
     device: str = "cuda"   # cpu: the rehearsal runs fp32, torch kernels, local attention, no SP
     host_memory_bytes: int | None = None   # per node (checkpoint saves' host copies)
+    node_mtbf_hours: float = DEFAULT_NODE_MTBF_HOURS   # reliability.node_mtbf_hours
+    storage_write_gbs: float | None = None             # storage.write_bandwidth_gbs
 
     @classmethod
     def from_profile(cls, profile: ClusterProfile | None, gpus: int | None = None) -> "Target":
@@ -134,7 +141,8 @@ class Target:
             host = psutil.virtual_memory().total
         return cls(world, gpn, int(mem * GiB) if mem else None,
                    Hardware(profile.node.peak_tflops, ic.intra_node_busbw_gbs,
-                            ic.inter_node_busbw_gbs, gpn), profile.node.device, host)
+                            ic.inter_node_busbw_gbs, gpn), profile.node.device, host,
+                   profile.reliability.node_mtbf_hours, profile.storage.write_bandwidth_gbs)
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,7 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
         stages[worst].total <= target.gpu_memory_bytes
     save, reason = plan_save(job, layout, target, states, run.precision, buckets)
     fits = False if False in (training_fits, save.fits) else training_fits
+    interval = _checkpointing(job, layout, target, save, step)
     return LayoutPlan(
         layout=layout, sequence_parallel=sequence_parallel, recompute=recompute,
         parameters=count_parameters(shape, tp, pp, vpp), memory=stages[worst],
@@ -210,7 +219,30 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
         model_flops_per_step=flops, step=step,
         mfu=mfu(flops, step.total_s, layout.world_size, target.hardware.peak_tflops) if step else None,
         fits=fits, is_job_layout=_is_job_layout(job, layout, sequence_parallel, recompute),
-        save=save, format_reason=reason, training_fits=training_fits)
+        save=save, format_reason=reason, training_fits=training_fits, checkpointing=interval)
+
+
+# Without a profile the node size is unknown: the checkpoint interval assumes nodes of 8 GPUs.
+ASSUMED_GPUS_PER_NODE = 8
+
+
+def nodes_of(layout: Layout, target: Target) -> int:
+    return -(-layout.world_size // (target.gpus_per_node or ASSUMED_GPUS_PER_NODE))
+
+
+def _checkpointing(job: JobConfig, layout: Layout, target: Target, save: SaveMemory,
+                   step: StepTime | None) -> Checkpointing:
+    """The layout's save time and checkpoint interval (``plan.save_time``)."""
+    tp, dp = layout.tensor_model_parallel_size, layout.data_parallel_size
+    hw, gpn = target.hardware, target.gpus_per_node
+    link = hw.intra_node_busbw_gbs if gpn is not None and tp * dp <= gpn else \
+        hw.inter_node_busbw_gbs
+    ck = job.checkpoint
+    return checkpointing(save, dp=dp, dp_link_gbs=link, write_gbs=target.storage_write_gbs,
+                         background=ck.async_save, node_mtbf_hours=target.node_mtbf_hours,
+                         nodes=nodes_of(layout, target), interval_minutes=ck.interval_minutes,
+                         interval_steps=ck.interval_steps, step_s=step.total_s if step else None,
+                         ranks_per_node=gpn or ASSUMED_GPUS_PER_NODE)
 
 
 def _buckets(job: JobConfig) -> dict:

@@ -9,7 +9,9 @@ from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optim
 from .save_memory import HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES
 from .parameters import ParameterCount, count_parameters
 from .shape import PRECISION_BYTES, ModelShape
+from .save_time import DEFAULT_WRITE_GBS, HOST_COPY_GBS, SAVE_OVERHEAD_S
 from .timing import MATMUL_EFFICIENCY
+from ..checkpoint_interval import minutes, percent
 
 
 def assumptions(job: JobConfig, target: Target) -> list[str]:
@@ -57,7 +59,17 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
                + "; at save the activations are freed and the save's own buffers are counted; "
                f"host memory {host}, a save may use {HOST_SAVE_FRACTION:.0%} of it; "
                "fits counts the save")
+    bandwidth = (f"{target.storage_write_gbs:g} GB/s" if target.storage_write_gbs else
+                 f"{DEFAULT_WRITE_GBS:g} GB/s assumed (storage.write_bandwidth_gbs unset)")
+    per_node = (f"nodes of {target.gpus_per_node}" if target.gpus_per_node else
+                "nodes of 8 GPUs assumed")
+    out.append(f"checkpoint time: {SAVE_OVERHEAD_S:g} s + each node's share written at "
+               f"{bandwidth} per node; a background save (checkpoint.async_save) blocks only for "
+               f"the copy to host memory at {HOST_COPY_GBS:g} GB/s per GPU; interval from "
+               f"Young/Daly with a node MTBF of {target.node_mtbf_hours:g} h "
+               f"(reliability.node_mtbf_hours), {per_node}")
     return out
+
 
 
 def reference_parameters(job: JobConfig, result: PlanResult) -> tuple[ParameterCount, str]:
@@ -165,6 +177,7 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
         per = ", ".join(f"{s.total / u:.1f}" for s in plan.per_stage)
         lines.append(f"  total per pipeline stage ({un}): {per}")
     lines += save_lines(plan, target, u, un)
+    lines += interval_lines(plan)
     lines.append(f"  pipeline bubble (p−1)/(v·m) = {pp - 1}/({v}·{lay.num_microbatches}) = "
                  f"{plan.pipeline_bubble_fraction:.1%}")
     lines.append(f"  model FLOPs per step {plan.model_flops_per_step:.3e}")
@@ -203,6 +216,37 @@ def save_lines(plan: LayoutPlan, target: Target, u: int = GiB, un: str = "GiB") 
                f"{sv.ranks_per_node} ranks{limit} [{verdict[sv.fits_host]}]")
     if sv.fits is False:
         out.append(f"    fix: {save_fix(plan)}")
+    return out
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def interval_lines(plan: LayoutPlan) -> list[str]:
+    """The save's time and the checkpoint interval: the job's, and Young/Daly's."""
+    ck = plan.checkpointing
+    if ck is None:
+        return []
+    st = ck.save
+    where = (f"copied to host memory at {HOST_COPY_GBS:g} GB/s ({st.copy_s:.2f} s), then written "
+             "in the background" if st.background else "written synchronously")
+    bandwidth = (f"{st.write_gbs:g} GB/s per node"
+                 + (" (assumed: storage.write_bandwidth_gbs unset)" if st.write_assumed else ""))
+    gather = ""
+    if st.gather_s:
+        gather = (f"the optimizer state rebuilt (all-gather, copy to host) {st.gather_s:.2f} s"
+                  + ("" if st.gather_link_known else
+                     " without the all-gather (no bus bandwidth in the profile)") + "; ")
+    out = [f"  checkpoint ({ck.setting}): {ck.job.describe()}",
+           f"    save: {gather}{_size(st.bytes_per_rank)} per rank {where}: "
+           f"{_size(st.bytes_per_node)} per node at {bandwidth} = {st.write_s:.1f} s; "
+           f"blocks training {st.blocking_s:.2f} s (a synchronous save {st.sync_s:.1f} s)"]
+    if ck.job is not ck.auto:
+        auto = ck.auto
+        out.append(f"    interval_minutes: auto would save every {minutes(auto.interval_s)}: "
+                   f"expected time lost to saves {percent(auto.save_fraction)}, to lost work "
+                   f"{percent(auto.lost_work_fraction)}")
     return out
 
 

@@ -29,6 +29,7 @@ from .log import logger
 from .lr_schedule import LRSchedule
 from .manual_gc import ManualGC
 from .preemption import DeadlinePolicy, PeriodicSaves, SaveEstimate
+from .save_interval import AutoInterval
 
 
 @dataclass
@@ -97,8 +98,12 @@ class Trainer:
         ck = job.checkpoint
         self.deadline = DeadlinePolicy(ctx.job_env.deadline, ck.deadline_safety_factor,
                                        ck.deadline_margin_s, clock)
-        self.periodic = PeriodicSaves(ck.interval_steps, ck.interval_minutes,
+        auto = ck.interval_minutes == "auto"
+        self.periodic = PeriodicSaves(ck.interval_steps, 0.0 if auto else ck.interval_minutes,
                                       start_step=self.step)
+        # auto: rank 0's clock decides; the interval follows the measured saves
+        self.auto_interval = AutoInterval.for_trainer(ctx, self.periodic, self.estimate) \
+            if auto and ctx.is_rank0 else None
         self.metrics = metrics
         from megatron.core import parallel_state as ps
         # one rank per loss value: TP rank 0 of the last stage, in every DP replica
@@ -199,6 +204,8 @@ class Trainer:
         if self.ctx.is_rank0:
             logger.info(f"training from step {self.step} to {self.total_steps} on "
                         f"{self.ctx.layout.describe()} ({self.ctx.device})")
+            if self.auto_interval is not None:
+                self.auto_interval.report(self.ctx, self.step, "start")
         self.gc.start()
         try:
             outcome = self._steps()
@@ -246,6 +253,10 @@ class Trainer:
             if info["save_due"]:
                 self._save("periodic", sync=not ck.async_save)
                 self.periodic.saved(self.step)
+                last = self.ckpt.saves[-1] if self.ckpt.saves else {}
+                if self.auto_interval is not None and last.get("step") == self.step:
+                    self.auto_interval.saved(last.get("stall_seconds"))
+                    self.auto_interval.report(self.ctx, self.step, "after a periodic save")
             self.ckpt.poll()
         self.ckpt.wait()
         return self._outcome("finished", exit_codes.FINISHED, f"finished {self.total_steps} steps",
