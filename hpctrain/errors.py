@@ -7,21 +7,19 @@ and the error's exit code, never a traceback. Anything else escaping is a bug in
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+from . import exit_codes
 
 
 class HpcTrainError(Exception):
     """A failure the user can act on. ``str(err)`` is the complete message."""
 
-    exit_code = EXIT_FAILURE
+    exit_code = exit_codes.FAILED
 
 
 class UsageError(HpcTrainError):
     """Bad input: a file, a field, an option. Exit code 2, as for Click's own usage errors."""
 
-    exit_code = EXIT_USAGE
+    exit_code = exit_codes.USAGE
 
 
 class ConfigError(UsageError):

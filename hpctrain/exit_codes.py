@@ -1,8 +1,13 @@
-"""Exit codes shared by the training ranks, the batch shell and the CLI.
+"""How an attempt ends: the exit codes shared by the ranks, the batch shell and the CLI, and the
+exit reasons the run's records give.
 
-The batch shell decides whether to requeue from the training step's exit code, so these are
-a contract: change them only together with ``sbatch_templates/train.sbatch.j2``.
+The batch shell decides whether to requeue from the training step's exit code, so the codes
+are a contract: change them only together with ``sbatch_templates/train.sbatch.j2``.
 """
+
+from __future__ import annotations
+
+import enum
 
 FINISHED = 0          # training reached train.steps
 FAILED = 1            # a crash; requeued only when preemption.requeue_on_failure is set
@@ -12,19 +17,42 @@ PREFLIGHT_FAILED = 4  # preflight gate found bad nodes (they are excluded on req
 PREEMPTED = 75        # signal or deadline: an emergency checkpoint was saved; requeue me
 LOCAL_REQUEUE = 144   # submitit's local executor restarts the tasks on this code
 
+# Exits every rank of a step makes together, on purpose: one rank exiting so does not take the
+# others down (a local launcher's ``--kill-on-bad-exit``), they are about to do the same.
+NOT_A_CRASH = (FINISHED, UNSTABLE, PREEMPTED, LOCAL_REQUEUE)
+
+
+class ExitReason(enum.StrEnum):
+    """Why an attempt ended, as ``result.json`` and the ledger say it (the JSON holds the
+    string value)."""
+
+    FINISHED = "finished"              # reached train.steps
+    PREEMPTED = "preempted"            # a signal: emergency checkpoint, requeue
+    DEADLINE = "deadline"              # the time limit was near: checkpoint, requeue
+    UNSTABLE = "unstable"              # the stability guard stopped the run
+    FAILED = "failed"                  # a crash
+    KILLED = "killed"                  # ended by a signal without a word (SIGKILL, OOM killer)
+    CANCELLED = "cancelled"            # a person cancelled the run
+    PREFLIGHT_FAILED = "preflight_failed"  # the preflight gate found bad nodes
+    UNKNOWN = "unknown"                # no exit code and no result
+
+
+# Reasons that saved a checkpoint and want the job back.
+REQUEUE_REASONS = (ExitReason.PREEMPTED, ExitReason.DEADLINE)
+
 REASONS = {
-    FINISHED: "finished",
-    FAILED: "failed",
-    UNSTABLE: "unstable",
-    PREFLIGHT_FAILED: "preflight_failed",
-    PREEMPTED: "preempted",
-    LOCAL_REQUEUE: "preempted",
+    FINISHED: ExitReason.FINISHED,
+    FAILED: ExitReason.FAILED,
+    UNSTABLE: ExitReason.UNSTABLE,
+    PREFLIGHT_FAILED: ExitReason.PREFLIGHT_FAILED,
+    PREEMPTED: ExitReason.PREEMPTED,
+    LOCAL_REQUEUE: ExitReason.PREEMPTED,
 }
 
 
-def reason_for(code: int | None) -> str:
+def reason_for(code: int | None) -> ExitReason:
     if code is None:
-        return "unknown"
+        return ExitReason.UNKNOWN
     if code > 128 or code < 0:
-        return "killed"
-    return REASONS.get(code, "failed")
+        return ExitReason.KILLED
+    return REASONS.get(code, ExitReason.FAILED)

@@ -11,33 +11,26 @@ The batch shell (Slurm) and rank 0 (local executor) both call this, so the two b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-REQUEUE_REASONS = ("preempted", "deadline")
-
-
-@dataclass(frozen=True)
-class Decision:
-    requeue: bool
-    reason: str
+from .attempt_records import AttemptRecord, Decision
+from .exit_codes import REQUEUE_REASONS, ExitReason
 
 
-def requeues_so_far(ledger: list[dict]) -> int:
-    return sum(1 for r in ledger if r.get("decision", {}).get("requeue"))
+def requeues_so_far(ledger: list[AttemptRecord]) -> int:
+    return sum(1 for r in ledger if r.requeued)
 
 
-def decide(ledger: list[dict], current: dict, max_requeues: int,
+def decide(ledger: list[AttemptRecord], current: AttemptRecord, max_requeues: int,
            requeue_on_failure: bool = False) -> Decision:
     """``ledger``: earlier attempts' records; ``current``: this attempt's (not yet appended)."""
-    why = current.get("exit_reason")
-    if why == "finished":
+    why = current.exit_reason
+    if why == ExitReason.FINISHED:
         return Decision(False, "training finished")
-    if why == "cancelled":
+    if why == ExitReason.CANCELLED:
         return Decision(False, "cancelled by the user")
-    if why == "unstable":
+    if why == ExitReason.UNSTABLE:
         return Decision(False, "stopped by the stability guard (see the log); not requeued")
-    wanted = why in REQUEUE_REASONS or why == "preflight_failed" or (
-        requeue_on_failure and why in ("failed", "killed"))
+    wanted = why in REQUEUE_REASONS or why == ExitReason.PREFLIGHT_FAILED or (
+        requeue_on_failure and why in (ExitReason.FAILED, ExitReason.KILLED))
     if not wanted:
         hint = "" if requeue_on_failure else " (preemption.requeue_on_failure is off)"
         return Decision(False, f"attempt ended with '{why}'{hint}; not requeued")
@@ -45,11 +38,10 @@ def decide(ledger: list[dict], current: dict, max_requeues: int,
     if used >= max_requeues:
         return Decision(False, f"requeue budget spent ({used} of preemption.max_requeues="
                                f"{max_requeues}); resubmit with `hpctrain resume` after checking why")
-    if why != "preflight_failed":
-        start = current.get("start_step")
-        end = current.get("end_step")
-        previous_end = next((r.get("end_step") for r in reversed(ledger)
-                             if r.get("end_step") is not None), None)
+    if why != ExitReason.PREFLIGHT_FAILED:
+        start = current.start_step
+        end = current.end_step
+        previous_end = next((r.end_step for r in reversed(ledger) if r.end_step is not None), None)
         baseline = previous_end if previous_end is not None else start
         if end is None or (baseline is not None and end <= baseline):
             return Decision(False, f"no progress: step {end} did not advance past {baseline} in this "

@@ -30,6 +30,3 @@ def profiles_dir() -> Path:
 def templates_dir() -> Path:
     return _find("sbatch_templates")
 
-
-def examples_dir() -> Path:
-    return _find("examples")

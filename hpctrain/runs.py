@@ -41,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from .attempt_records import AttemptRecord
 from .config import yamlio
 from .errors import RunNotFoundError, UsageError
+from .exit_codes import ExitReason
 
 RUN_FILE = "run.yaml"
 LOCK_FILE = ".lock"
@@ -314,10 +316,14 @@ class Run:
                 return False
         return False
 
-    def ledger_for_budget(self) -> list[dict]:
+    def attempt_records(self) -> list[AttemptRecord]:
+        """The ledger as typed records (``ledger()`` gives the JSON objects as stored)."""
+        return [AttemptRecord.from_dict(r) for r in self.ledger()]
+
+    def ledger_for_budget(self) -> list[AttemptRecord]:
         """The ledger since the last resubmission by a person (``hpctrain resume``, or
         ``hpctrain requeue`` of a stopped run): each one starts a fresh requeue budget."""
-        ledger = self.ledger()
+        ledger = self.attempt_records()
         start = 0
         for e in self.events():
             if e.get("event") in REOPEN_EVENTS and isinstance(e.get("ledger_records"), int):
@@ -327,7 +333,7 @@ class Run:
     def finished(self, ledger: list[dict] | None = None, events: list[dict] | None = None) -> bool:
         """The last attempt reached train.steps (and no forced resume reopened the run since)."""
         ledger = self.ledger() if ledger is None else ledger
-        if not ledger or ledger[-1].get("exit_reason") != "finished":
+        if not ledger or ledger[-1].get("exit_reason") != ExitReason.FINISHED:
             return False
         for e in reversed(self.events() if events is None else events):
             if e.get("event") == "attempt_end":
@@ -367,11 +373,29 @@ class Run:
         return profile_from_mapping(yamlio.read_mapping(self.profile_file, "run's profile"),
                                     str(self.profile_file))
 
-    def checkpoint_dir(self) -> Path:
-        meta = self.meta()
-        if meta.get("checkpoint_dir"):
-            return Path(meta["checkpoint_dir"])
-        return self.path / "checkpoints"
+    def checkpoint_dir(self, job=None, profile=None) -> Path:
+        """Where this run's checkpoints live: the folder recorded in ``run.yaml`` when the run
+        was created, else :func:`checkpoint_location` of ``job`` and ``profile`` (or of the
+        run's own files)."""
+        recorded = self.meta().get("checkpoint_dir")
+        if recorded:
+            return Path(recorded)
+        if job is None and self.job_file.is_file():
+            job = self.resolved_job()
+        if profile is None and self.profile_file.is_file():
+            profile = self.resolved_profile()
+        return checkpoint_location(self, job, profile)
+
+
+def checkpoint_location(run: Run, job=None, profile=None) -> Path:
+    """The one rule for a run's checkpoint folder, applied when the run is created (and
+    recorded in ``run.yaml``): the job's ``checkpoint.dir``, else
+    ``<storage.checkpoint_root>/<run id>`` of the profile, else ``RUN/checkpoints``."""
+    if job is not None and job.checkpoint.dir:
+        return Path(job.checkpoint.dir)
+    if profile is not None and profile.storage.checkpoint_root:
+        return Path(profile.storage.checkpoint_root).expanduser() / run.id
+    return run.path / "checkpoints"
 
 
 def new_run_id(name: str) -> str:

@@ -12,6 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The tests' fault injection (hpctrain.fault_injection) works only with this switch; every
+# process the tests start inherits it. A variable in a user's shell without it does nothing.
+os.environ["HPCTRAIN_TEST_HOOKS"] = "1"
+
 
 @pytest.fixture
 def repo() -> Path:

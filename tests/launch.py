@@ -11,9 +11,11 @@ port) and runs ``hpctrain.runtime`` on a run folder. Two ways to start them:
   session — on a 2-core machine that is the difference between a test suite of minutes and
   one of a quarter hour.
 
-Like ``srun --kill-on-bad-exit``, the first rank that dies abnormally (not 0, 3, 75 or 144)
-takes the others down, unless ``kill_on_failure=False`` (a test that checks the runtime
-brings itself down). Each rank's stdout/stderr goes to ``OUT_DIR/rank-R.out``.
+Like ``srun --kill-on-bad-exit``, the first rank that dies abnormally (an exit code outside
+``exit_codes.NOT_A_CRASH``) takes the others down, unless ``kill_on_failure=False`` (a test that
+checks the runtime brings itself down). Each rank's stdout/stderr goes to ``OUT_DIR/rank-R.out``.
+Other launchers' variables are cleared and the tests' fault injection is switched on
+(``HPCTRAIN_TEST_HOOKS=1``).
 """
 
 from __future__ import annotations
@@ -21,26 +23,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CLEAN_EXITS = (0, 3, 75, 144)
+from hpctrain.exit_codes import NOT_A_CRASH
+from hpctrain.identity import OTHER_LAUNCHERS_VARIABLES, free_port
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_env(rank: int, world: int, port: int, extra: dict | None = None) -> dict:
+    """Torchrun's variables for ``rank`` (the tests' fault injection switched on)."""
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "HPCTRAIN_TEST_HOOKS": "1"}
     env.update(extra or {})
     return env
 
@@ -78,7 +77,7 @@ class Launch:
         self.port = free_port()
         self.extra = {k: str(v) for k, v in (env or {}).items()}
         self.started = time.time()
-        base = dict(os.environ)
+        base = {k: v for k, v in os.environ.items() if k not in OTHER_LAUNCHERS_VARIABLES}
         base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.procs: list[subprocess.Popen] = []
         argv = [module, *(args if args is not None else [str(self.run_dir)])]
@@ -164,7 +163,7 @@ def _monitor(procs, kill_on_failure: bool, deadline: float) -> list[int]:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return codes
-        if kill_on_failure and any(c is not None and c not in CLEAN_EXITS for c in codes):
+        if kill_on_failure and any(c is not None and c not in NOT_A_CRASH for c in codes):
             time.sleep(0.5)  # let the failing rank's peers write their own last words
             for p in procs:
                 if p.poll() is None:
@@ -257,6 +256,8 @@ def _run_rank(spec: dict, rank: int) -> None:
                      0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        for k in OTHER_LAUNCHERS_VARIABLES:
+            os.environ.pop(k, None)
         os.environ.update(rank_env(rank, spec["n"], spec["port"], spec["env"]))
         module, *args = spec["argv"]
         target = importlib.import_module(module)

@@ -58,7 +58,7 @@ def _say(msg: str) -> None:
 
 
 def _here(profile, as_json: bool) -> dict:
-    from ..preflight.dist_env import node_name
+    from ..identity import node_name
     from ..preflight.node import run_node_checks
     from ..preflight.report import build_report
     from ..preflight.results import Check
@@ -120,8 +120,8 @@ def _submit(run, profile):
             raise UsageError("this installation cannot submit to Slurm (hpctrain.slurm.submit is "
                              "missing); run `srun python -m hpctrain.preflight.gate RUN_DIR` "
                              "inside an allocation instead") from None
-        from ..preflight.launch import launch_local
-        return launch_local(run.path, 1, profile.slurm.gpus_per_node)
+        from ..local_launch import start_preflight
+        return start_preflight(run.path, 1, profile.slurm.gpus_per_node)
     return submit_function(run, profile, preflight_main, (str(run.path),), kind="preflight").job
 
 

@@ -5,13 +5,12 @@ activation memory follows Korthikanti et al. 2022 generalized to GQA and SwiGLU;
 is an estimate from the profile's peak FLOP/s and bus bandwidths, for ranking layouts.
 """
 
+from ..model_shape import ModelShape, ParameterCount, count_parameters
 from .activations import activation_bytes_per_layer, activation_terms, stage_activations
 from .fit import FitCheck, check_fits
 from .layouts import (LayoutPlan, MemoryBreakdown, PlanResult, Target, explain_layout,
                       plan_layout, plan_layouts)
 from .memory import state_bytes_for_parameters, state_bytes_per_pipeline_rank
-from .parameters import ParameterCount, count_parameters
-from .shape import ModelShape
 
 __all__ = ["FitCheck", "LayoutPlan", "MemoryBreakdown", "ModelShape", "ParameterCount",
            "PlanResult", "Target", "activation_bytes_per_layer", "activation_terms",

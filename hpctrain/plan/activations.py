@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .shape import ModelShape
+from ..model_shape import ModelShape
 
 FP32 = 4
 BOOL = 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .parameters import ParamSpec
+from ..model_shape import ParamSpec
 
 # megatron-core's default bucket size when overlap_grad_reduce is on (elements).
 DEFAULT_BUCKET_ELEMENTS = 40_000_000
@@ -34,12 +34,9 @@ class GradBufferLayout:
     buckets: tuple[tuple[int, int], ...]          # (start, end) of each bucket
     param_ranges: tuple[tuple[int, int], ...]     # (start, end) of each parameter
 
-    def owned_numel(self, dp: int, dp_rank: int) -> int:
-        """Parameter elements whose optimizer state DP rank ``dp_rank`` keeps (dist-opt)."""
-        return self.owned_per_rank(dp)[dp_rank]
-
     def owned_per_rank(self, dp: int) -> list[int]:
-        """``owned_numel`` for every DP rank in one sweep (O(parameters + DP) per bucket)."""
+        """Parameter elements whose optimizer state each DP rank keeps (dist-opt), for every
+        rank in one sweep (O(parameters + DP) per bucket)."""
         owned = [0] * dp
         full = [0] * (dp + 1)     # difference array: ranks whose whole shard one param covers
         for b_start, b_end in self.buckets:
@@ -63,9 +60,6 @@ class GradBufferLayout:
                 full[r] = 0
             full[dp] = 0
         return owned
-
-    def max_owned_numel(self, dp: int) -> int:
-        return max(self.owned_per_rank(dp))
 
 
 def bucket_elements(overlap_grad_reduce: bool, dp: int, first_stage_first_chunk: bool,

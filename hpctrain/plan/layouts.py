@@ -17,13 +17,13 @@ from ..config.job import JobConfig
 from ..config.layout import Layout, layout_problems
 from ..config.profile import ClusterProfile, host_memory_bytes
 from ..config.schema import Problems
+from ..flops import mfu, model_flops_per_step
+from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
 from .activations import CPU_KERNELS, GPU_KERNELS, Kernels, StageActivations, stage_activations
 from .memory import allowance_bytes, optimizer_bytes_per_element, state_bytes_per_pipeline_rank
-from .parameters import ParameterCount, count_parameters
 from .save_memory import SaveMemory, choose_format, save_memory
 from .save_time import Checkpointing, checkpointing
-from .shape import PRECISION_BYTES, ModelShape
-from .timing import Hardware, StepTime, estimate_step_time, mfu, model_flops_per_step
+from .timing import Hardware, StepTime, estimate_step_time
 
 GiB = 2**30
 RECOMPUTE_CHOICES = (None, "selective", "full")

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .grad_buffer import bucket_elements, grad_buffer_layout
-from .parameters import ChunkSpec, chunk_parameters, pipeline_chunks
-from .shape import PRECISION_BYTES, ModelShape
+from ..model_shape import PRECISION_BYTES, ChunkSpec, ModelShape, chunk_parameters, pipeline_chunks
 
 # A stated allowance for what the itemized memory leaves out: on a GPU the CUDA context, NCCL
 # and cuBLAS workspaces (outside PyTorch's allocator: the fixed part), and everywhere the

@@ -7,8 +7,7 @@ from .activations import ACTIVATION_NOTE
 from .layouts import Execution, GiB, LayoutPlan, PlanResult, Rejected, Target
 from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optimizer_bytes_per_element
 from .save_memory import HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES
-from .parameters import ParameterCount, count_parameters
-from .shape import PRECISION_BYTES, ModelShape
+from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
 from .save_time import DEFAULT_WRITE_GBS, HOST_COPY_GBS, SAVE_OVERHEAD_S
 from .timing import MATMUL_EFFICIENCY
 from ..checkpoint_interval import minutes, percent

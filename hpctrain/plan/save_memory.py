@@ -35,11 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..model_shape import PRECISION_BYTES, ModelShape, chunk_parameters, pipeline_chunks
 from .grad_buffer import bucket_elements, grad_buffer_layout
-from .parameters import chunk_parameters, pipeline_chunks
-from .shape import PRECISION_BYTES, ModelShape
 
-FORMATS = ("fully_reshardable", "dp_reshardable")
 FP32 = 4
 STATE_KEYS = 3                       # main param, exp_avg, exp_avg_sq (fp32 each)
 # A save is "comfortable" in host memory when every rank of a node together needs at most this

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import flops as model_flops
-from .shape import ModelShape
+from ..model_shape import ModelShape
 
 MATMUL_EFFICIENCY = 0.70
 
@@ -49,21 +49,6 @@ class StepTime:
         return self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s
 
 
-def flops_shape(shape: ModelShape, tp: int) -> model_flops.ModelShape:
-    return model_flops.ModelShape(
-        num_layers=shape.num_layers, hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_attention_heads, num_query_groups=shape.num_query_groups,
-        kv_channels=shape.kv_channels, ffn_hidden_size=shape.ffn_hidden_size,
-        vocab_size=shape.padded_vocab(tp), seq_length=shape.seq_length,
-        gated_mlp=shape.gated_mlp, add_bias_linear=shape.add_bias_linear,
-        untied_output=not shape.tied_output, learned_positions=shape.learned_positions,
-        max_position_embeddings=shape.max_position_embeddings)
-
-
-def model_flops_per_step(shape: ModelShape, global_batch_size: int, tp: int = 1) -> float:
-    return model_flops.model_flops_per_step(flops_shape(shape, tp), global_batch_size)
-
-
 def _allreduce_s(nbytes: float, n: int, busbw_gbs: float) -> float:
     return nbytes * 2 * (n - 1) / n / (busbw_gbs * 1e9) if n > 1 else 0.0
 
@@ -82,17 +67,16 @@ def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp
         return None
     notes: list[str] = []
     s, b, h = shape.seq_length, micro_batch_size, shape.hidden_size
-    fs = flops_shape(shape, tp)
     tokens = s * b
     # the attention core as flash/fused attention computes it: the causal half of the square
-    attention_core_fwd = tokens * model_flops.attention_core_flops_per_token(fs)
-    layer_fwd = tokens * 2 * model_flops.layer_matmul_params(fs) + attention_core_fwd
+    attention_core_fwd = tokens * model_flops.attention_core_flops_per_token(shape)
+    layer_fwd = tokens * model_flops.layer_matmul_flops_per_token(shape) + attention_core_fwd
     layer_cost = 3 * layer_fwd
     if recompute == "full":
         layer_cost += layer_fwd
     elif recompute == "selective":
         layer_cost += attention_core_fwd
-    logits_cost = 3 * tokens * 2 * h * fs.vocab_size
+    logits_cost = 3 * tokens * 2 * h * shape.padded_vocab(tp)
     stage_flops = (shape.num_layers // pp * layer_cost + logits_cost) / tp
     v = vpp or 1
     slots = num_microbatches + (pp - 1) / v
@@ -130,8 +114,3 @@ def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp
             notes.append("DP communication not counted: the profile has no "
                          "interconnect.inter_node_busbw_gbs")
     return StepTime(compute, tp_comm, pp_comm, dp_comm, tuple(notes))
-
-
-def mfu(flops_per_step: float, step_time_s: float, world_size: int,
-        peak_tflops: float | None) -> float | None:
-    return model_flops.mfu(flops_per_step, step_time_s, world_size, peak_tflops)

@@ -22,7 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .dist_env import RankInfo, injected_delay
+from ..fault_injection import preflight_delay
+from ..identity import RankEnv
 
 P = "pf/"
 
@@ -30,7 +31,7 @@ P = "pf/"
 class Store:
     """JSON over the TCPStore, with deadlines everywhere."""
 
-    def __init__(self, info: RankInfo, timeout_s: float):
+    def __init__(self, info: RankEnv, timeout_s: float):
         self.store = dist.TCPStore(info.master_addr, info.master_port, info.world_size,
                                    is_master=info.rank == 0,
                                    timeout=datetime.timedelta(seconds=timeout_s),
@@ -66,7 +67,7 @@ class Store:
 class Collective:
     """One rank's side of the collective checks; rank 0 also plans and collects."""
 
-    def __init__(self, info: RankInfo, profile, sizes: list[int], progress=None):
+    def __init__(self, info: RankEnv, profile, sizes: list[int], progress=None):
         self.info = info
         self.profile = profile
         self.cuda = profile.node.device == "cuda"
@@ -74,7 +75,7 @@ class Collective:
         self.timeout = profile.preflight.timeout_s
         self.sizes = sizes
         self.warmup, self.iters = (5, 20) if self.cuda else (2, 5)
-        self.delay = injected_delay(info)
+        self.delay = preflight_delay(info.rank, info.node)
         self.say = progress or (lambda msg: None)
         self.store: Store | None = None
         self.roster: dict[int, str] = {}

@@ -2,8 +2,9 @@
 
 Why: one port that is Down, trained at 100 Gb/s on a 400 Gb/s link, or flapping
 (``link_downed`` growing) makes every ring through that node slow, and NCCL says nothing.
-The sysfs root is a parameter (and ``HPCTRAIN_PREFLIGHT_SYSFS_IB``) so tests read a fixture
-tree; counters are read twice, ``interval_s`` apart, to catch errors that are growing now.
+The sysfs root is a parameter (and the test variable ``HPCTRAIN_TEST_SYSFS_IB``) so tests read
+a fixture tree; counters are read twice, ``interval_s`` apart, to catch errors that are growing
+now.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import fault_injection
 from .results import FAIL, PASS, SKIP, WARN, Check
 from .tools import run_tool
 
@@ -85,7 +87,7 @@ def _sysfs_state(text: str) -> str:
 
 def read_sysfs(root: str | os.PathLike | None = None) -> tuple[list[IbPort], dict, str]:
     """Ports and error counters from ``<root>/<dev>/ports/<n>/``; (ports, counters, problem)."""
-    base = Path(root or os.environ.get("HPCTRAIN_PREFLIGHT_SYSFS_IB") or DEFAULT_SYSFS)
+    base = Path(root or fault_injection.value("HPCTRAIN_TEST_SYSFS_IB") or DEFAULT_SYSFS)
     ports, counters = [], {}
     try:
         devices = sorted(p for p in base.iterdir() if (p / "ports").is_dir())

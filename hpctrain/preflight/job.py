@@ -15,10 +15,10 @@ import os
 import time
 from pathlib import Path
 
+from ..identity import LaunchError, RankEnv, rank_env
 from ..runs import Run, now_iso
 from . import nccl_log, software
 from .bandwidth import default_sizes_mb
-from .dist_env import rank_info
 from .node import run_node_checks
 from .report import build_report, report_name, write_json
 from .results import ALL_NODES, FAIL, SKIP, Check
@@ -53,6 +53,17 @@ def _prepare_nccl_logging(pdir: Path, node: str, rank: int) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.environ["NCCL_DEBUG_FILE"] = str(path)
     return path
+
+
+def rank_info(env=None) -> RankEnv:
+    """This rank (``hpctrain.identity``), which needs the rendezvous address: the collective
+    checks meet there even on one rank."""
+    info = rank_env(env)
+    env = os.environ if env is None else env
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        raise LaunchError("MASTER_ADDR and MASTER_PORT must be set (the first node's address and "
+                          "a free port) for the collective checks")
+    return info
 
 
 def preflight_main(run_dir: str, attempt: int | None = None) -> dict:

@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import fault_injection
 from .results import FAIL, PASS, SKIP, WARN, Check
 
 GDR_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
@@ -44,7 +45,7 @@ def parse_spec(value: str, ports: bool = False) -> Spec:
 
 
 def list_interfaces(root: str | None = None) -> list[str]:
-    base = Path(root or os.environ.get("HPCTRAIN_PREFLIGHT_SYSFS_NET") or DEFAULT_NET_ROOT)
+    base = Path(root or fault_injection.value("HPCTRAIN_TEST_SYSFS_NET") or DEFAULT_NET_ROOT)
     try:
         return sorted(p.name for p in base.iterdir())
     except OSError:

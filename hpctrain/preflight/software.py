@@ -43,8 +43,8 @@ MUST_MATCH = {"torch": FAIL, "nccl": FAIL, "cuda": FAIL, "megatron-core": FAIL, 
 class InstalledPackages:
     """Installed package metadata, from ``sys.path`` or from the folders in ``path``.
 
-    ``default()`` honours ``HPCTRAIN_PREFLIGHT_SITE_PACKAGES`` (folders of ``.dist-info``,
-    ``os.pathsep``-separated): the tests' stand-in for a GPU node's software, as fake
+    ``default()`` honours the test variable ``HPCTRAIN_TEST_SITE_PACKAGES`` (folders of
+    ``.dist-info``, ``os.pathsep``-separated): the tests' stand-in for a GPU node's software, as fake
     ``nvidia-smi``/``ibstat`` on PATH stand in for its hardware."""
 
     def __init__(self, path: list[str] | None = None) -> None:
@@ -53,7 +53,9 @@ class InstalledPackages:
     @classmethod
     def default(cls) -> "InstalledPackages":
         import os
-        override = os.environ.get("HPCTRAIN_PREFLIGHT_SITE_PACKAGES")
+
+        from ..fault_injection import value
+        override = value("HPCTRAIN_TEST_SITE_PACKAGES")
         return cls(override.split(os.pathsep) if override else None)
 
     def _dist(self, name: str):

@@ -3,7 +3,7 @@
 Why: a checkpoint folder on node-local disk looks fine until the requeued job lands on another
 node and resumes from nothing; a slow filesystem turns the preemption signal's lead time into
 a half-written checkpoint. Filesystem types come from ``/proc/mounts`` (path configurable for
-tests via ``HPCTRAIN_PREFLIGHT_MOUNTS``); bandwidth is measured with real writes and fsync.
+tests via the test variable ``HPCTRAIN_TEST_PROC_MOUNTS``); bandwidth is measured with real writes and fsync.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import fault_injection
 from .results import FAIL, PASS, WARN, Check
 
 LOCAL_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "ramfs", "f2fs",
@@ -117,7 +118,8 @@ def check_storage(folder: str, profile, nodes: int, node: str, *, probe_mb: int,
                       "fix permissions or point storage.checkpoint_root at a writable shared folder")]
     if mounts_text is None:
         try:
-            mounts_text = Path(os.environ.get("HPCTRAIN_PREFLIGHT_MOUNTS", "/proc/mounts")).read_text()
+            mounts_text = Path(fault_injection.value("HPCTRAIN_TEST_PROC_MOUNTS")
+                               or "/proc/mounts").read_text()
         except OSError:
             mounts_text = ""
     m = mount_for(str(base.resolve()), parse_proc_mounts(mounts_text))

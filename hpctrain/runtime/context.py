@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .env import JobEnv, RankEnv
+from ..identity import RankEnv
+from .job_env import JobEnv
 
 
 @dataclass

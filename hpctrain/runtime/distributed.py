@@ -17,7 +17,7 @@ import datetime
 import os
 
 from ..errors import HpcTrainError
-from .env import RankEnv
+from ..identity import RankEnv
 
 COLLECTIVE_TIMEOUT_MIN = 30
 

@@ -3,7 +3,7 @@
 The contract with the submit side (``hpctrain.slurm``) and the batch script:
 
 * reads ``RUN/job.yaml`` and ``RUN/profile.yaml``; ranks from the launcher's environment
-  (``hpctrain.runtime.env``); ``HPCTRAIN_*`` variables for the attempt, deadline, signal;
+  (``hpctrain.identity``); ``HPCTRAIN_*`` variables for the attempt, deadline, signal;
 * returns a summary dict when training finished;
 * raises ``SystemExit(75)`` (PREEMPTED) after an emergency checkpoint (signal or deadline),
   ``SystemExit(3)`` (UNSTABLE) when the stability guard stopped the run, and lets crashes
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .. import exit_codes
 from ..errors import HpcTrainError
+from ..exit_codes import ExitReason
 
 STOP_CODES = {exit_codes.PREEMPTED, exit_codes.UNSTABLE, exit_codes.LOCAL_REQUEUE}
 
@@ -35,17 +36,6 @@ def attempt_number(run, requested: int | None) -> int:
     if requested is not None and requested not in recorded:
         return requested
     return max(recorded + [0]) + 1
-
-
-def checkpoint_root(run, job, profile) -> Path:
-    meta = run.meta()
-    if meta.get("checkpoint_dir"):
-        return Path(meta["checkpoint_dir"])
-    if job.checkpoint.dir:
-        return Path(job.checkpoint.dir)
-    if profile.storage.checkpoint_root:
-        return Path(profile.storage.checkpoint_root).expanduser() / run.id
-    return run.path / "checkpoints"
 
 
 def resolve_layout(job, profile, world_size: int):
@@ -74,8 +64,9 @@ def mark_ready(run, attempt: int) -> None:
 
 
 def train_main(run_dir: str | None = None) -> dict:
+    from ..identity import rank_env
     from ..runs import Run
-    from .env import job_env, rank_env
+    from .job_env import job_env
     from .log import logger, redirect_output, setup
 
     jenv = job_env()
@@ -98,7 +89,7 @@ def train_main(run_dir: str | None = None) -> dict:
         _cleanup()
         if isinstance(e, SystemExit) and e.code in STOP_CODES:
             raise
-        reason = "failed"
+        reason = ExitReason.FAILED
         message = f"{type(e).__name__}: {e}" if not isinstance(e, HpcTrainError) else str(e)
         if isinstance(e, KeyboardInterrupt):
             message = "interrupted twice (Ctrl-C): stopped without a checkpoint"
@@ -127,6 +118,7 @@ def _train(run, renv, jenv, attempt, state):
     from .checkpoint.manager import Checkpointer
     from .checkpoint.weights import load_model_only
     from .comm_overlap import describe as describe_overlap
+    from ..fault_injection import TestHooks
     from .context import RankContext
     from .digest import weights_digest
     from .log import logger
@@ -134,7 +126,6 @@ def _train(run, renv, jenv, attempt, state):
     from .metrics import MetricsWriter
     from .model import build_model_and_optimizer, initialize_parallel
     from .preemption import PreemptionFlag
-    from .testhooks import TestHooks
     from .versions import check_megatron_core
 
     job, profile = run.resolved_job(), run.resolved_profile()
@@ -181,7 +172,7 @@ def _train(run, renv, jenv, attempt, state):
     samples = GPTSamples(IndexedDataset(job.data.path), job.model.seq_length, job.train.seed,
                          vocab_size=job.model.vocab_size)
     feeder = BatchFeeder(samples, layout, device, job.data.num_workers)
-    ckpt = Checkpointer(ctx, mo, checkpoint_root(run, job, profile), hooks)
+    ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
     loaded = ckpt.resume()
     if loaded is not None:
         state["checkpoint_loaded"] = str(loaded.path)
@@ -227,12 +218,14 @@ def _train(run, renv, jenv, attempt, state):
 
 
 def _log_model(ctx, local: int) -> None:
-    from ..flops import ModelShape, forward_flops_per_token, param_counts
+    from ..flops import forward_flops_per_token
+    from ..model_shape import ModelShape, total_parameters
     from .log import logger
-    shape = ModelShape.from_model(ctx.job.model, ctx.layout.tensor_model_parallel_size)
-    total = param_counts(shape)["total"]
-    logger.info(f"model: {total / 1e6:.2f}M parameters ({local / 1e6:.2f}M on rank 0), "
-                f"{3 * forward_flops_per_token(shape) / 1e9:.3f} GFLOP per trained token")
+    tp = ctx.layout.tensor_model_parallel_size
+    shape = ModelShape.from_model(ctx.job.model)
+    logger.info(f"model: {total_parameters(shape, tp) / 1e6:.2f}M parameters ({local / 1e6:.2f}M "
+                f"on rank 0), {3 * forward_flops_per_token(shape, tp) / 1e9:.3f} GFLOP per "
+                f"trained token")
 
 
 def _log_start(ctx, hooks) -> None:
@@ -246,19 +239,26 @@ def _log_start(ctx, hooks) -> None:
                 f"({ctx.env.launcher}), {lay.describe()}, {lay.num_microbatches} microbatches "
                 f"of {lay.micro_batch_size}; {how}; {choose(ctx.job, ctx.device).describe()}; "
                 f"torch {torch.__version__}")
+    from .. import fault_injection
     if hooks.active:
-        logger.info(f"test hooks active: {hooks}")
+        logger.warning(f"warning: test hooks active ({fault_injection.SWITCH}=1): {hooks}")
+    ignored = fault_injection.ignored()
+    if ignored:
+        logger.info(f"note: {', '.join(ignored)} set but ignored: test hooks need "
+                    f"{fault_injection.SWITCH}=1")
 
 
-def _finish(run, renv, jenv, state, reason: str, code: int, message: str, collective: bool) -> int:
+def _finish(run, renv, jenv, state, reason: ExitReason, code: int, message: str,
+            collective: bool) -> int:
     """Rank 0 records the attempt; under the local executor the requeue decision is applied."""
+    from ..attempt_records import AttemptResult
     from ..attempts import finish_attempt, write_result
     from .log import logger
 
     requeue = False
     if renv.rank == 0:
-        result = {**state, "exit_reason": reason, "exit_code": code, "end_time": time.time(),
-                  "message": message}
+        result = AttemptResult.from_dict({**state, "exit_reason": reason, "exit_code": code,
+                                          "end_time": time.time(), "message": message})
         try:
             write_result(run, state["attempt"], result)
         except OSError as e:
@@ -281,10 +281,9 @@ def _finish(run, renv, jenv, state, reason: str, code: int, message: str, collec
 def _record_failure(run, attempt: int, renv, at: float, message: str) -> None:
     """This rank's failure, for the end of the attempt to find the first one."""
     from ..attempts import write_failure
-    from ..preflight.dist_env import node_name
     from .log import logger
     try:
-        write_failure(run, attempt, renv.rank, node_name(), at, message)
+        write_failure(run, attempt, renv.rank, renv.node, at, message)
     except OSError as e:
         logger.info(f"could not record this rank's failure: {e}")
 

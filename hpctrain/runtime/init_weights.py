@@ -22,7 +22,6 @@ from types import SimpleNamespace
 
 from ..errors import HpcTrainError
 
-BYTES_PER_PARAM = {"bf16": 2, "fp16": 2, "fp32": 4}
 HEADROOM = 0.9   # leave some of the free memory to the CUDA context, allocator and the save
 
 
@@ -39,16 +38,13 @@ def export_layout(job, world_size: int):
 
 
 def shard_bytes(job, layout, device: str) -> int:
-    """Bytes of one rank's weights on ``layout`` (the largest shard: embedding or output)."""
-    from ..flops import ModelShape, param_counts
-    tp, pp = layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size
-    counts = param_counts(ModelShape.from_model(job.model, tp))
-    per_stage_layers = counts["layers"] / pp
-    ends = max(counts["embedding"], counts["output"]) if pp > 1 else \
-        counts["embedding"] + counts["output"]
-    per_rank = (per_stage_layers + ends) / tp
+    """Bytes of the largest rank's weights on ``layout`` (megatron-core's allocation)."""
+    from ..model_shape import PRECISION_BYTES, ModelShape, count_parameters
+    count = count_parameters(ModelShape.from_model(job.model), layout.tensor_model_parallel_size,
+                             layout.pipeline_model_parallel_size,
+                             layout.virtual_pipeline_model_parallel_size)
     precision = job.train.precision if device == "cuda" else "fp32"
-    return int(per_rank * BYTES_PER_PARAM[precision])
+    return count.most_loaded_rank * PRECISION_BYTES[precision]
 
 
 def check_fits(job, layout, world_size: int, free_bytes: int) -> None:
@@ -95,7 +91,8 @@ def export_initial_weights(run_dir: str, output: str) -> Path:
     from . import distributed, layers
     from .checkpoint.weights import export_model
     from .context import RankContext
-    from .env import job_env, rank_env
+    from ..identity import rank_env
+    from .job_env import job_env
     from .log import logger, setup
     from .model import initialize_parallel
     from .versions import check_megatron_core

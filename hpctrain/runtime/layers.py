@@ -33,7 +33,6 @@ from ..errors import HpcTrainError
 
 TRANSFORMER_ENGINE = "transformer_engine"
 LOCAL = "local"
-IMPLS = (TRANSFORMER_ENGINE, LOCAL)
 APEX_SOFTMAX_KERNELS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda",
                         "scaled_softmax_cuda")
 APEX_WGRAD_KERNEL = "fused_weight_gradient_mlp_cuda"

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from .. import exit_codes
+from ..exit_codes import ExitReason
 from . import collectives
 from .batches import step_loss
 from .comm_overlap import ParamGatherHooks
@@ -34,7 +35,7 @@ from .save_interval import AutoInterval
 
 @dataclass
 class Outcome:
-    exit_reason: str           # finished | preempted | deadline | unstable
+    exit_reason: ExitReason    # finished | preempted | deadline | unstable
     exit_code: int
     start_step: int
     end_step: int
@@ -199,7 +200,7 @@ class Trainer:
     def run(self) -> Outcome:
         ck = self.ctx.job.checkpoint
         if self.step >= self.total_steps:
-            return self._outcome("finished", exit_codes.FINISHED,
+            return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
                                  f"already at step {self.step} of {self.total_steps}", None)
         if self.ctx.is_rank0:
             logger.info(f"training from step {self.step} to {self.total_steps} on "
@@ -233,7 +234,7 @@ class Trainer:
                 self.ctx.run.event("step_skipped", step=self.step, reason=info["skipped"],
                                    attempt=self.ctx.attempt)
             if info["preempt"] or info["deadline"]:
-                why = "preempted" if info["preempt"] else "deadline"
+                why = ExitReason.PREEMPTED if info["preempt"] else ExitReason.DEADLINE
                 cause = (f"signal {self.flag.received or 'on another rank'}" if info["preempt"]
                          else "the job's time limit is near")
                 if self.ctx.is_rank0:
@@ -244,11 +245,11 @@ class Trainer:
                                      saved)
             if info["stop"]:
                 self.ckpt.wait()
-                return self._outcome("unstable", exit_codes.UNSTABLE, info["stop"], None)
+                return self._outcome(ExitReason.UNSTABLE, exit_codes.UNSTABLE, info["stop"], None)
             final = self.step >= self.total_steps
             if final and ck.save_at_end:
                 saved = self._save("final", sync=True)
-                return self._outcome("finished", exit_codes.FINISHED,
+                return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
                                      f"finished {self.total_steps} steps", saved)
             if info["save_due"]:
                 self._save("periodic", sync=not ck.async_save)
@@ -259,8 +260,8 @@ class Trainer:
                     self.auto_interval.report(self.ctx, self.step, "after a periodic save")
             self.ckpt.poll()
         self.ckpt.wait()
-        return self._outcome("finished", exit_codes.FINISHED, f"finished {self.total_steps} steps",
-                             None)
+        return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
+                             f"finished {self.total_steps} steps", None)
 
     def _save(self, reason: str, sync: bool) -> str | None:
         self.param_gather.sync()    # overlap_param_gather: the parameters must be current
@@ -270,7 +271,7 @@ class Trainer:
             return self.ckpt.last_published_path
         return None
 
-    def _outcome(self, reason: str, code: int, message: str, saved) -> Outcome:
+    def _outcome(self, reason: ExitReason, code: int, message: str, saved) -> Outcome:
         return Outcome(exit_reason=reason, exit_code=code, start_step=self.start_step,
                        end_step=self.step, last_loss=self.last_loss, message=message,
                        checkpoint_saved=saved)

@@ -15,7 +15,8 @@ import time
 
 import json
 
-from ..flops import ModelShape, mfu, model_flops_per_step
+from ..flops import mfu, model_flops_per_step
+from ..model_shape import ModelShape
 from .log import logger
 
 
@@ -29,8 +30,9 @@ class MetricsWriter:
         self.total_steps = total_steps
         job = ctx.job
         self.interval = job.train.log_interval
-        shape = ModelShape.from_model(job.model, ctx.layout.tensor_model_parallel_size)
-        self.flops_per_step = model_flops_per_step(shape, job.batch.global_batch_size)
+        self.flops_per_step = model_flops_per_step(ModelShape.from_model(job.model),
+                                                   job.batch.global_batch_size,
+                                                   ctx.layout.tensor_model_parallel_size)
         self.tokens_per_step = job.batch.global_batch_size * job.model.seq_length
         self.peak = ctx.profile.node.peak_tflops
         self._times: list[float] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..flops import padded_vocab_size
+from ..model_shape import padded_vocab_size
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 * ``RenderedSlurmExecutor`` is submitit's Slurm executor with one change: the batch script it
   submits is the one hpctrain rendered from ``sbatch_templates/`` (our directives, signal trap,
-  attempt hooks, requeue), whose training step runs submitit's own task runner. So the user
+  attempt bookkeeping, requeue), whose training step runs submitit's own task runner. So the user
   gets submitit's job object (sacct polling, pickled results and errors) and our script.
 * ``RenderedSlurmArrayExecutor`` submits many calls as one job array through our rendered array
   script (``hpctrain submit --sweep``), each call's pickle in its own run folder.

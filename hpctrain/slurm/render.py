@@ -33,7 +33,7 @@ class ScriptInputs:
     """Everything besides the profile and job that the script depends on."""
 
     run_dir: str
-    python: str                      # python on the batch host (runs the hooks)
+    python: str                      # python on the batch host (runs the batch steps)
     step_python: str                 # python inside the training step (the container's, if any)
     submitit_dir: str
     kind: str = "train"              # train | preflight

@@ -86,7 +86,7 @@ def test_same_job_on_two_slurm_nodes_with_two_tasks_each(slurm_cluster, tmp_path
 def test_a_crashing_job_is_reported_by_submit_wait(slurm_cluster, tmp_path):
     job = short_tiny(tmp_path, steps=16)
     profile = profile_variant(tmp_path, "dev-slurm-crash",
-                              env={"HPCTRAIN_TEST_CRASH_AT_STEP": "3@2"})
+                              env={"HPCTRAIN_TEST_HOOKS": "1", "HPCTRAIN_TEST_CRASH_AT_STEP": "3@2"})
     proc = hpctrain("submit", str(job), "-p", profile, "--wait",
                     env={"HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")}, timeout=900)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -107,7 +107,8 @@ def test_preflight_gate_excludes_a_slow_node_and_requeues(slurm_cluster, tmp_pat
     trains on the other two."""
     job = short_tiny(tmp_path, steps=6)
     profile = profile_variant(tmp_path, "dev-slurm-gate",
-                              env={"HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.1"},
+                              env={"HPCTRAIN_TEST_HOOKS": "1",
+                                   "HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.1"},
                               preflight={"gate": True, "sizes_mb": [0.25, 1], "timeout_s": 60})
     proc = hpctrain("submit", str(job), "-p", profile, "--json",
                     env={"HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")}, check=True)

@@ -22,7 +22,7 @@ def slowed(profile, step_s: float, hold_after: int | None = None):
     HPCTRAIN_TEST_STEP_SLEEP_S) and, with ``hold_after``, the ranks waiting after that step
     until the run is signalled or released (HPCTRAIN_TEST_HOLD_AFTER_STEP): a test that acts
     "mid-run" then acts mid-run whatever this machine's speed."""
-    env = {**profile.env, "HPCTRAIN_TEST_STEP_SLEEP_S": str(step_s)}
+    env = {**profile.env, "HPCTRAIN_TEST_HOOKS": "1", "HPCTRAIN_TEST_STEP_SLEEP_S": str(step_s)}
     if hold_after is not None:
         env["HPCTRAIN_TEST_HOLD_AFTER_STEP"] = str(hold_after)
     return dataclasses.replace(profile, env=env)

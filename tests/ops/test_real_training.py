@@ -30,7 +30,8 @@ def one_rank_profile(folder) -> str:
     data = yamlio.read_mapping(REPO / "cluster_profiles" / "dev-slurm.yaml")
     data["name"] = "dev-slurm-1"
     data["slurm"].update(nodes=1, gpus_per_node=1)
-    data["env"] = {**data.get("env", {}), "HPCTRAIN_TEST_HOLD_AFTER_STEP": "4"}
+    data["env"] = {**data.get("env", {}), "HPCTRAIN_TEST_HOOKS": "1",
+                   "HPCTRAIN_TEST_HOLD_AFTER_STEP": "4"}
     path = folder / "dev-slurm-1.yaml"
     yamlio.write_atomic(path, yamlio.dump(data))
     return str(path)

@@ -4,7 +4,7 @@ cancel and a later resume (the contract between `hpctrain cancel/resume` and the
 from __future__ import annotations
 
 from hpctrain.ops.runview import RunView
-from hpctrain.slurm import hooks
+from hpctrain.slurm import batch_steps
 from hpctrain.slurm.state import JobState
 from tests.ops.helpers import crafted_run, record
 
@@ -44,10 +44,10 @@ def test_cancel_is_undone_by_a_later_resume_for_the_batch_hooks(tmp_path, capsys
     run = crafted_run(tmp_path, ledger=[record(1, 0, 7, "cancelled", False, saved=7)])
     run.event("cancel", jobs=["41"])
     assert view(run, [JobState("41", "CANCELLED by 0")]).state == "CANCELLED"
-    assert run.cancelled() and hooks.cmd_begin(run) == "HPCTRAIN_SKIP=1\n"
+    assert run.cancelled() and batch_steps.cmd_begin(run) == "HPCTRAIN_SKIP=1\n"
     assert "was cancelled" in capsys.readouterr().err
     run.event("resume", how="resubmitted")
-    assert not run.cancelled() and not hooks.cancelled(run)
+    assert not run.cancelled() and not batch_steps.cancelled(run)
     run.event("cancel", jobs=["44"])
     assert run.cancelled()
 
@@ -55,7 +55,7 @@ def test_cancel_is_undone_by_a_later_resume_for_the_batch_hooks(tmp_path, capsys
 def test_a_finished_run_stays_finished_unless_resumed_with_force(tmp_path):
     run = crafted_run(tmp_path, ledger=[record(1, 0, 30, "finished", False)])
     run.event("attempt_end", attempt=1, exit_reason="finished")
-    assert run.finished() and hooks.cmd_begin(run) == "HPCTRAIN_SKIP=1\n"
+    assert run.finished() and batch_steps.cmd_begin(run) == "HPCTRAIN_SKIP=1\n"
     run.event("resume", how="resubmitted")
     assert run.finished()
     run.event("resume", how="resubmitted", force=True)
@@ -63,15 +63,16 @@ def test_a_finished_run_stays_finished_unless_resumed_with_force(tmp_path):
 
 
 def test_a_resubmission_by_a_person_starts_a_fresh_requeue_budget(tmp_path):
+    from hpctrain.attempt_records import AttemptResult
     from hpctrain.attempts import finish_attempt, write_result
     run = crafted_run(tmp_path, ledger=[record(i, 5 * i - 5, 5 * i, "preempted", True) for i in range(1, 6)]
                       + [record(6, 25, 28, "preempted", False, why="requeue budget spent")])
     assert len(run.ledger_for_budget()) == 6
     run.event("resume", how="resubmitted", ledger_records=len(run.ledger()))
     assert run.ledger_for_budget() == []
-    write_result(run, 7, {"start_step": 28, "end_step": 33, "exit_reason": "preempted"})
+    write_result(run, 7, AttemptResult(start_step=28, end_step=33, exit_reason="preempted"))
     rec, decision = finish_attempt(run, 7, 75, scheduler="slurm")
     assert decision.requeue and decision.reason == "preempted; requeue 1 of 5"
-    write_result(run, 8, {"start_step": 33, "end_step": 33, "exit_reason": "preempted"})
+    write_result(run, 8, AttemptResult(start_step=33, end_step=33, exit_reason="preempted"))
     _, decision = finish_attempt(run, 8, 75, scheduler="slurm")  # progress is still required
     assert not decision.requeue and decision.reason.startswith("no progress")

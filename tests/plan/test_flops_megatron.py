@@ -5,8 +5,9 @@
 no hybrid/Mamba layers, no MoE, no multi-token prediction, no multi-latent or linear
 attention. It reads the same ``args`` attributes Megatron-LM's argument parser produces; the
 test builds that namespace from a job the way Megatron-LM's arguments would describe it.
-The runtime's MFU (``runtime/metrics.py``) and the planner (``plan/timing.py``) must both give
-the transcription's number.
+The runtime's MFU (``runtime/metrics.py``: the count of one ``ModelShape``) and the planner's
+step time (``plan/timing.py``, built from the count's parts per layer and for the logits) must
+both give the transcription's number.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from types import SimpleNamespace
 import pytest
 from plan_jobs import GPT2_SMALL, LLAMA2_7B, LLAMA3_8B, make_job
 
-from hpctrain.flops import (ModelShape, model_flops_per_step,
-                            model_flops_per_step_full_attention, padded_vocab_size)
-from hpctrain.plan.shape import ModelShape as PlanShape
-from hpctrain.plan.timing import model_flops_per_step as planner_flops_per_step
+from hpctrain.flops import model_flops_per_step, model_flops_per_step_full_attention
+from hpctrain.model_shape import ModelShape, padded_vocab_size
+from hpctrain.plan.timing import MATMUL_EFFICIENCY, Hardware, estimate_step_time
 
 
 def megatron_num_floating_point_operations(args, batch_size):
@@ -146,10 +146,16 @@ def test_model_flops_equal_megatron_lm(name):
     job = make_job(model, gbs=gbs)
     expected = megatron_num_floating_point_operations(megatron_args(job, tp), gbs)
     # the runtime's count (metrics.py builds its shape exactly so)
-    runtime = model_flops_per_step(ModelShape.from_model(job.model, tp), gbs)
+    shape = ModelShape.from_model(job.model)
+    runtime = model_flops_per_step(shape, gbs, tp)
     assert runtime == pytest.approx(expected, rel=1e-12)
-    # the planner's count of the same model
-    planned = planner_flops_per_step(PlanShape.from_job(job), gbs, tp)
+    # the planner's step time of the same model on TP ranks, one microbatch at a time and no
+    # recomputation: its compute time at the peak is the same count
+    step = estimate_step_time(ModelShape.from_job(job), Hardware(1000.0, None, None, None), tp=tp,
+                              pp=1, vpp=None, dp=1, micro_batch_size=1, num_microbatches=gbs,
+                              sequence_parallel=False, recompute=None, act_bytes=2,
+                              grad_buffer_bytes=0, weight_bytes=0, distributed_optimizer=False)
+    planned = step.compute_s * 1000.0e12 * MATMUL_EFFICIENCY * tp
     assert planned == pytest.approx(expected, rel=1e-12)
 
 

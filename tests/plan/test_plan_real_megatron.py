@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +20,11 @@ import pytest
 from plan_jobs import TINY_GPT, TINY_LLAMA, job_mapping, make_job
 
 from hpctrain.config import Layout
+from hpctrain.identity import free_port
+from hpctrain.model_shape import ModelShape, chunk_parameters, count_parameters, pipeline_chunks
 from hpctrain.plan.activations import CPU_KERNELS, stage_activations
 from hpctrain.plan.layouts import Target, plan_layout
 from hpctrain.plan.memory import state_bytes_per_pipeline_rank
-from hpctrain.plan.parameters import chunk_parameters, count_parameters, pipeline_chunks
-from hpctrain.plan.shape import ModelShape
 
 PROBE = Path(__file__).with_name("megatron_probe.py")
 
@@ -148,9 +147,7 @@ def measured(tmp_path_factory) -> dict[str, dict]:
     """Every case built and measured by real megatron-core in one process (world size 1)."""
     folder = tmp_path_factory.mktemp("probe1")
     (folder / "cases.json").write_text(json.dumps(_cases()))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port("127.0.0.1")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "RANK": "0",
            "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port)}

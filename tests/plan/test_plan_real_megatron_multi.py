@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +19,11 @@ import pytest
 from plan_jobs import TINY_GPT, TINY_LLAMA, job_mapping
 
 from hpctrain.config import job_from_mapping
+from hpctrain.identity import free_port
+from hpctrain.model_shape import ModelShape, count_parameters
 from hpctrain.plan.activations import CPU_KERNELS, stage_activations
 from hpctrain.plan.memory import state_bytes_per_pipeline_rank
-from hpctrain.plan.parameters import count_parameters
 from hpctrain.plan.save_memory import buffer_shapes, gather_replay
-from hpctrain.plan.shape import ModelShape
 
 PROBE = Path(__file__).with_name("megatron_probe.py")
 SAVE_FORMATS = ["fully_reshardable", "dp_reshardable"]
@@ -56,12 +55,6 @@ CASES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("probe")
@@ -69,7 +62,7 @@ def measured(tmp_path_factory) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(PROBE),
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port("127.0.0.1")), str(PROBE),
          str(folder / "cases.json"), str(folder / "out")],
         capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

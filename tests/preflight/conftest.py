@@ -1,5 +1,5 @@
 """The fake-tools fixture: `nvidia-smi`/`ibstat` on PATH that print real captured output, and
-a GPU node's installed package metadata (HPCTRAIN_PREFLIGHT_SITE_PACKAGES)."""
+a GPU node's installed package metadata (HPCTRAIN_TEST_SITE_PACKAGES)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def fake_tools(tmp_path, monkeypatch):
         return bindir
 
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}/usr/bin:/bin")
-    monkeypatch.setenv("HPCTRAIN_PREFLIGHT_SYSFS_IB", str(tmp_path / "no-sysfs"))
+    monkeypatch.setenv("HPCTRAIN_TEST_SYSFS_IB", str(tmp_path / "no-sysfs"))
     # the software of a GPU node (a CUDA torch, Transformer Engine): metadata, as for the tools
-    monkeypatch.setenv("HPCTRAIN_PREFLIGHT_SITE_PACKAGES", str(FIXTURES / "site_packages" / "gpu-node"))
+    monkeypatch.setenv("HPCTRAIN_TEST_SITE_PACKAGES", str(FIXTURES / "site_packages" / "gpu-node"))
     return install

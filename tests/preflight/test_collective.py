@@ -1,7 +1,7 @@
 """The collective checks for real: gloo ranks as separate processes, several fake "nodes".
 
 Each test launches the ranks the way srun would (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), with
-``HPCTRAIN_TEST_NODE_NAME`` giving each block of ranks its node and
+the test variables ``HPCTRAIN_TEST_NODE_NAME`` giving each block of ranks its node and
 ``HPCTRAIN_TEST_PREFLIGHT_DELAY`` making one rank or node slow (or stuck) on purpose.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from hpctrain.config import yamlio
 from hpctrain.config.schema import to_dict
 from hpctrain.preflight.bandwidth import algbw, busbw
-from hpctrain.preflight.launch import launch_local
+from hpctrain.local_launch import start_preflight
 from tests.preflight.helpers import make_profile
 
 
@@ -28,6 +28,11 @@ def _run_folder(tmp_path, nodes: int, ranks: int, timeout_s: int = 20):
     run.mkdir()
     yamlio.write_atomic(run / "profile.yaml", yamlio.dump(to_dict(profile)))
     return run
+
+
+def delay(spec: str) -> dict:
+    """The environment that slows a rank or node (``<rank|node>:<seconds>``)."""
+    return {"HPCTRAIN_TEST_HOOKS": "1", "HPCTRAIN_TEST_PREFLIGHT_DELAY": spec}
 
 
 def _report(run):
@@ -43,8 +48,7 @@ def _rows(report, check):
 
 def test_slow_node_is_located_and_bandwidth_follows_nccl_tests(tmp_path):
     run = _run_folder(tmp_path, nodes=2, ranks=2)
-    code = launch_local(run, 2, 2, env={"HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.1"},
-                        attempt=1).wait(timeout=150)
+    code = start_preflight(run, 2, 2, env=delay("n2:0.1"), attempt=1).wait(timeout=150)[0]
     report = _report(run)
     assert code == 4 and not report["passed"] and report["bad_nodes"] == ["n2"]
     intra = {r["node"]: r for r in _rows(report, "collective.intra_node")}
@@ -64,11 +68,11 @@ def test_slow_node_is_located_and_bandwidth_follows_nccl_tests(tmp_path):
 def test_hanging_rank_is_named_within_the_timeout(tmp_path):
     run = _run_folder(tmp_path, nodes=2, ranks=2, timeout_s=4)
     t0 = time.monotonic()
-    launch = launch_local(run, 2, 2, env={"HPCTRAIN_TEST_PREFLIGHT_DELAY": "3:600"})
+    launch = start_preflight(run, 2, 2, env=delay("3:600"))
     while not list((run / "preflight").glob("report-*.json")) and time.monotonic() - t0 < 90:
         time.sleep(0.2)
     waited = time.monotonic() - t0
-    code = launch.wait(timeout=60)
+    code = launch.wait(timeout=60)[0]
     report = _report(run)
     row = _rows(report, "collective.allreduce")[0]
     assert row["status"] == "fail" and "rank 3 (n2)" in row["measured"]
@@ -80,7 +84,7 @@ def test_hanging_rank_is_named_within_the_timeout(tmp_path):
 
 def test_pairs_locate_a_node_that_is_only_slow_with_others(tmp_path):
     run = _run_folder(tmp_path, nodes=4, ranks=1)
-    code = launch_local(run, 4, 1, env={"HPCTRAIN_TEST_PREFLIGHT_DELAY": "n4:0.15"}).wait(timeout=150)
+    code = start_preflight(run, 4, 1, env=delay("n4:0.15")).wait(timeout=150)[0]
     report = _report(run)
     locate = _rows(report, "collective.locate")[0]
     assert code == 4 and locate["status"] == "fail"

@@ -57,7 +57,7 @@ def test_missing_tools_give_rows_not_tracebacks(fake_tools, tmp_path):
 
 def test_sysfs_fallback_when_ibstat_is_missing(fake_tools, tmp_path, monkeypatch):
     fake_tools(query="query_gpu/h100x8-health.csv", topo="topo/h100-8gpu-8nic.txt")
-    monkeypatch.setenv("HPCTRAIN_PREFLIGHT_SYSFS_IB", str(FIXTURES / "sysfs_ib" / "h100"))
+    monkeypatch.setenv("HPCTRAIN_TEST_SYSFS_IB", str(FIXTURES / "sysfs_ib" / "h100"))
     profile = _profile(tmp_path, interconnect={"hcas": ["mlx5_0", "mlx5_1"]})
     rows = {r["check"]: r for r in run_node_checks(profile, node="n1", nodes=1)["rows"]}
     assert rows["ib.hcas"]["status"] == "pass" and "(sysfs)" in rows["ib.hcas"]["measured"]

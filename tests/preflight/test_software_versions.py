@@ -2,7 +2,7 @@
 
 The check reads installed package metadata. Each test builds a node's site-packages from
 ``.dist-info`` folders (megatron-core's is derived from its real wheel, see SOURCES.md) and
-points the reader, or ``HPCTRAIN_PREFLIGHT_SITE_PACKAGES``, at it.
+points the reader, or ``HPCTRAIN_TEST_SITE_PACKAGES``, at it.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def test_nodes_with_different_transformer_engines_are_blamed():
 
 
 def _run_main(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HPCTRAIN_PREFLIGHT_SITE_PACKAGES": str(root)}
+    env = {**os.environ, "HPCTRAIN_TEST_SITE_PACKAGES": str(root)}
     return subprocess.run([sys.executable, "-m", "hpctrain.preflight.software", *args],
                           capture_output=True, text=True, timeout=120, env=env)
 

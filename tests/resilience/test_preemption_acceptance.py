@@ -26,11 +26,14 @@ JOB = REPO / "tests" / "resilience" / "drill.yaml"
 
 
 def profile_file(folder: Path, name: str, *, env: dict | None = None, **sections) -> str:
-    """dev-slurm with one rank on each of the two nodes, changed by ``sections``."""
+    """dev-slurm with one rank on each of the two nodes, changed by ``sections``; test hooks
+    in ``env`` come with their switch."""
     data = yamlio.read_mapping(REPO / "cluster_profiles" / "dev-slurm.yaml")
     data["name"] = name
     data["slurm"].update(nodes=2, gpus_per_node=1)
     data["env"] = {**data.get("env", {}), **(env or {})}
+    if any(k.startswith("HPCTRAIN_TEST_") for k in data["env"]):
+        data["env"]["HPCTRAIN_TEST_HOOKS"] = "1"
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
     path = folder / f"{name}.yaml"
@@ -72,7 +75,7 @@ def losses(run: Run) -> dict[int, float]:
 
 def final_digest(run: Run) -> str:
     last = run.ledger()[-1]
-    return read_result(run, last["attempt"])["weights_digest"]
+    return read_result(run, last["attempt"]).weights_digest
 
 
 def describe(run: Run) -> str:

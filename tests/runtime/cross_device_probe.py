@@ -23,6 +23,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     run_dir, out = argv
+    from hpctrain.fault_injection import TestHooks
+    from hpctrain.identity import rank_env
     from hpctrain.runs import Run
     from hpctrain.runtime import collectives, distributed
     from hpctrain.runtime.checkpoint import state as ckstate
@@ -30,10 +32,9 @@ def main(argv: list[str]) -> int:
     from hpctrain.runtime.checkpoint.weights import load_model_only
     from hpctrain.runtime.context import RankContext
     from hpctrain.runtime.entry import resolve_layout
-    from hpctrain.runtime.env import job_env, rank_env
+    from hpctrain.runtime.job_env import job_env
     from hpctrain.runtime.log import setup
     from hpctrain.runtime.model import build_model_and_optimizer, initialize_parallel
-    from hpctrain.runtime.testhooks import TestHooks
 
     run = Run(Path(run_dir))
     renv = rank_env()

@@ -69,7 +69,7 @@ def test_a_failed_part_is_a_row_and_the_others_still_run():
 
 def test_the_gpu_configuration_is_a_valid_one_billion_parameter_job_on_one_gpu():
     from hpctrain.config import job_from_mapping, profile_from_mapping, resolve
-    from hpctrain.flops import ModelShape, param_counts
+    from hpctrain.model_shape import ModelShape, total_parameters
     tool = _tool()
     job = job_from_mapping(tool.job_mapping("/data/kjv", cpu=False,
                                             transformer_impl="transformer_engine"), "job")
@@ -77,7 +77,7 @@ def test_the_gpu_configuration_is_a_valid_one_billion_parameter_job_on_one_gpu()
     resolved = resolve(job, profile)
     assert resolved.layout.world_size == 1 and profile.node.device == "cuda"
     assert job.train.precision == "bf16" and job.parallel.use_distributed_optimizer
-    total = param_counts(ModelShape.from_model(job.model, 1))["total"]
+    total = total_parameters(ModelShape.from_model(job.model), 1)
     assert 0.9e9 < total < 1.1e9, total
     assert tool.peak_for("NVIDIA H100 80GB HBM3") == 989.0
     assert tool.peak_for("NVIDIA H100 PCIe") == 756.0

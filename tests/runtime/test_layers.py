@@ -152,7 +152,7 @@ def test_the_cli_prints_the_warning_and_stays_light(tmp_path):
 
 
 def test_the_planner_counts_the_local_specs_attention_scores():
-    from hpctrain.plan.shape import ModelShape
+    from hpctrain.model_shape import ModelShape
     assert not ModelShape.from_job(_job()).attention_stores_scores            # TE, auto
     assert ModelShape.from_job(_job(transformer_impl="local")).attention_stores_scores
     assert ModelShape.from_job(_job(attention_backend="unfused")).attention_stores_scores

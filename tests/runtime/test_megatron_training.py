@@ -217,7 +217,7 @@ def test_flag_file_from_the_batch_shell_counts_as_a_signal(ws, tmp_path):
 
 
 def test_llama_style_model_with_recomputation_trains(ws):
-    from hpctrain.flops import ModelShape, param_counts
+    from hpctrain.model_shape import ModelShape, total_parameters
     model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
              "ffn_hidden_size": 96, "activation": "swiglu", "normalization": "RMSNorm",
              "position_embedding_type": "rope", "add_bias_linear": False,
@@ -228,7 +228,7 @@ def test_llama_style_model_with_recomputation_trains(ws):
     loss = losses(run)
     assert loss[6] < loss[1] - 0.3, loss
     job = run.resolved_job()
-    total = param_counts(ModelShape.from_model(job.model, 2))["total"]
+    total = total_parameters(ModelShape.from_model(job.model), 2)
     assert f"model: {total / 1e6:.2f}M parameters" in res.output(0)
     # TP2 splits every matrix; norms are replicated on both ranks
     h, layers = 64, 2

@@ -10,13 +10,15 @@ import signal
 import pytest
 
 from hpctrain.errors import UsageError
-from hpctrain.flops import (ModelShape, forward_flops_per_token, mfu, model_flops_per_step,
-                            model_flops_per_step_full_attention, padded_vocab_size, param_counts)
-from hpctrain.runtime.env import LaunchError, job_env, rank_env
+from hpctrain.fault_injection import InjectedCrash, TestHooks
+from hpctrain.flops import (forward_flops_per_token, mfu, model_flops_per_step,
+                            model_flops_per_step_full_attention)
+from hpctrain.identity import LaunchError, rank_env
+from hpctrain.model_shape import ModelShape, padded_vocab_size, total_parameters
 from hpctrain.runtime.guard import StabilityGuard
+from hpctrain.runtime.job_env import job_env
 from hpctrain.runtime.lr_schedule import LRSchedule
 from hpctrain.runtime.preemption import DeadlinePolicy, PeriodicSaves, PreemptionFlag, SaveEstimate
-from hpctrain.runtime.testhooks import InjectedCrash, TestHooks
 
 
 class Clock:
@@ -154,9 +156,10 @@ def test_preemption_flag_from_signals_and_flag_file(tmp_path):
 def test_rank_environment_from_each_launcher():
     base = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
     slurm = rank_env({**base, "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
-                      "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_ID": "7"})
+                      "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0",
+                      "SLURMD_NODENAME": "n2"})
     assert (slurm.rank, slurm.local_rank, slurm.world_size, slurm.local_world_size,
-            slurm.launcher) == (5, 1, 8, 4, "slurm")
+            slurm.launcher, slurm.node) == (5, 1, 8, 4, "slurm", "n2")
     local = rank_env({**base, "SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_LOCALID": "2",
                       "SUBMITIT_LOCAL_NTASKS": "4"})
     assert (local.rank, local.world_size, local.launcher) == (2, 4, "submitit-local")
@@ -177,6 +180,12 @@ def test_rank_environment_from_each_launcher():
         rank_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "x"})
     with pytest.raises(LaunchError, match="not in a job step"):
         rank_env({"SLURM_JOB_ID": "3"})
+    with pytest.raises(LaunchError, match="not in a job step"):   # the batch script itself
+        rank_env({**base, "SLURM_JOB_ID": "3", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"})
+    # submitit's local executor: its task variables beat a RANK inherited from the shell
+    both_local = rank_env({**base, "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "2",
+                           "RANK": "0", "WORLD_SIZE": "1", "SLURM_JOB_ID": "3"})
+    assert (both_local.rank, both_local.world_size, both_local.launcher) == (1, 2, "submitit-local")
     with pytest.raises(LaunchError, match="outside the world size"):
         rank_env({**base, "RANK": "4", "WORLD_SIZE": "4"})
 
@@ -205,8 +214,12 @@ def test_attempt_number_follows_the_ledger(tmp_path):
     assert attempt_number(run, 5) == 5
 
 
+ON = {"HPCTRAIN_TEST_HOOKS": "1"}
+
+
 def test_test_hooks_parse_and_fire():
-    h = TestHooks.from_env({"HPCTRAIN_TEST_CRASH_AT_STEP": "4@1", "HPCTRAIN_TEST_NAN_AT_STEP": "3,7",
+    h = TestHooks.from_env({**ON, "HPCTRAIN_TEST_CRASH_AT_STEP": "4@1",
+                            "HPCTRAIN_TEST_NAN_AT_STEP": "3,7",
                             "HPCTRAIN_TEST_KILL_DURING_SAVE": "2@6",
                             "HPCTRAIN_TEST_STEP_SLEEP_S": "0.25"})
     assert h.active and h.step_sleep_s == 0.25 and h.nan_in(7) and not h.nan_in(4)
@@ -215,13 +228,14 @@ def test_test_hooks_parse_and_fire():
         h.maybe_crash(4, 1)
     assert not h.kill_during_save(2, 3) and not h.kill_during_save(1, 6)
     assert h.kill_during_save(2, 6) and not h.kill_during_save(2, 6)  # once
-    assert not TestHooks.from_env({}).active
+    assert not TestHooks.from_env(ON).active
     with pytest.raises(UsageError):
-        TestHooks.from_env({"HPCTRAIN_TEST_CRASH_AT_STEP": "soon"})
+        TestHooks.from_env({**ON, "HPCTRAIN_TEST_CRASH_AT_STEP": "soon"})
 
 
 def test_a_hold_waits_after_its_step_until_released_or_timed_out():
-    h = TestHooks.from_env({"HPCTRAIN_TEST_HOLD_AFTER_STEP": "4,9", "HPCTRAIN_TEST_HOLD_MAX_S": "30"})
+    h = TestHooks.from_env({**ON, "HPCTRAIN_TEST_HOLD_AFTER_STEP": "4,9",
+                            "HPCTRAIN_TEST_HOLD_MAX_S": "30"})
     assert h.active and h.hold_steps == {4, 9}
     now, slept = [0.0], []
 
@@ -234,6 +248,35 @@ def test_a_hold_waits_after_its_step_until_released_or_timed_out():
     assert h.hold_after(4, lambda: False, sleep, lambda: now[0])                 # once per step
     assert not h.hold_after(9, lambda: False, sleep, lambda: now[0])             # timed out
     assert 30 <= now[0] < 31
+
+
+def test_test_variables_do_nothing_without_the_switch():
+    """A HPCTRAIN_TEST_* variable left in a user's shell never reaches a real job: without
+    HPCTRAIN_TEST_HOOKS=1 every registered test variable reads as unset."""
+    from hpctrain import fault_injection
+    from hpctrain.identity import node_name
+    stray = {"HPCTRAIN_TEST_STEP_SLEEP_S": "5", "HPCTRAIN_TEST_CRASH_AT_STEP": "1",
+             "HPCTRAIN_TEST_NAN_AT_STEP": "1,2", "HPCTRAIN_TEST_HOLD_AFTER_STEP": "1",
+             "HPCTRAIN_TEST_HOLD_MAX_S": "9", "HPCTRAIN_TEST_KILL_DURING_SAVE": "0",
+             "HPCTRAIN_TEST_NODE_NAME": "fake-node", "HPCTRAIN_TEST_PREFLIGHT_DELAY": "0:600",
+             "HPCTRAIN_TEST_SYSFS_IB": "/x", "HPCTRAIN_TEST_SYSFS_NET": "/x",
+             "HPCTRAIN_TEST_PROC_MOUNTS": "/x", "HPCTRAIN_TEST_SITE_PACKAGES": "/x"}
+    assert set(stray) == set(fault_injection.VARIABLES)      # every registered variable
+    for switch in ({}, {"HPCTRAIN_TEST_HOOKS": "0"}, {"HPCTRAIN_TEST_HOOKS": "yes"}):
+        env = {**stray, **switch}
+        hooks = TestHooks.from_env(env)
+        assert not hooks.active and hooks.step_sleep_s == 0 and not hooks.nan_in(1)
+        hooks.maybe_crash(1, 0)                                # no crash
+        assert not hooks.kill_during_save(0, 1)
+        assert all(fault_injection.value(k, env) is None for k in stray)
+        assert node_name(env) != "fake-node" and rank_env(env).node != "fake-node"
+        assert fault_injection.preflight_delay(0, "n1", env) == 0.0
+        assert fault_injection.ignored(env) == sorted(stray)
+    on = {**stray, **ON}
+    assert TestHooks.from_env(on).active and node_name(on) == "fake-node"
+    assert fault_injection.preflight_delay(0, "n1", on) == 600.0 and not fault_injection.ignored(on)
+    with pytest.raises(KeyError):                              # only registered names are read
+        fault_injection.value("HPCTRAIN_TEST_SOMETHING_ELSE", on)
 
 
 # ------------------------------------------------------------------------------- flops
@@ -250,8 +293,8 @@ def test_flops_equal_megatron_lm_formula_and_gpt3_size():
     gpt3 = _Model(num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=50257,
                   seq_length=2048)
     shape = ModelShape.from_model(gpt3)
-    assert abs(param_counts(shape)["total"] / 1e9 - 175.0) < 0.5
-    b, s, l, h, v = 1536, 2048, 96, 12288, shape.vocab_size
+    assert abs(total_parameters(shape) / 1e9 - 175.0) < 0.5
+    b, s, l, h, v = 1536, 2048, 96, 12288, shape.padded_vocab(1)
     # Narayanan et al. 2021, eq. 3 without recomputation: 72·B·s·l·h²·(1 + s/6h + V/12lh),
     # attention over the full square; Megatron-LM 0.16.1 halves it for the causal mask (s/12h)
     paper = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
@@ -266,8 +309,7 @@ def test_flops_gqa_swiglu_and_mfu():
                    ffn_hidden_size=14336, vocab_size=128256, seq_length=8192,
                    position_embedding_type="rope", activation="swiglu", add_bias_linear=False,
                    untie_embeddings_and_output_weights=True)
-    counts = param_counts(ModelShape.from_model(llama))
-    assert abs(counts["total"] / 1e9 - 8.03) < 0.02      # Llama-3-8B
+    assert abs(total_parameters(ModelShape.from_model(llama)) / 1e9 - 8.03) < 0.02   # Llama-3-8B
     assert padded_vocab_size(257, 128, 1) == 384 == padded_vocab_size(257, 128, 8)
     assert padded_vocab_size(257, 64, 3) == 384            # lcm(64, 3) = 192
     assert mfu(1e15, 2.0, 4, 250.0) == pytest.approx(1e15 / 2 / (4 * 250e12))

@@ -1,4 +1,4 @@
-"""Slurm's commands and the hooks' python as small recording scripts, and a driver that runs
+"""Slurm's commands and the batch steps' python as small recording scripts, and a driver that runs
 many rendered batch scripts under bash with them, noting any that ran a payload.
 
 Only the commands are fake (they record their arguments and environment); bash, the script,
@@ -20,7 +20,7 @@ exit 0
 """
 
 PYTHON = r"""#!/bin/bash
-# stands in for `python -m hpctrain.slurm.hooks CMD ...` on the batch host
+# stands in for `python -m hpctrain.slurm.batch_steps CMD ...` on the batch host
 printf '%s\0' "$@" >> "$STUB_LOG.py"
 case "$3" in
   begin)
@@ -57,7 +57,7 @@ def _write_exe(path: Path, text: str) -> Path:
 
 
 def install(root: Path) -> tuple[Path, Path]:
-    """Stub commands in ``root/bin`` and the hooks' python at ``root/python``."""
+    """Stub commands in ``root/bin`` and the batch steps' python at ``root/python``."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     _write_exe(bin_dir / "srun", SRUN)
@@ -67,7 +67,7 @@ def install(root: Path) -> tuple[Path, Path]:
 
 
 def install_python_at(path: str) -> None:
-    """The hooks' stand-in at a path a test case chose (its payload)."""
+    """The batch steps' stand-in at a path a test case chose (its payload)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     _write_exe(Path(path), PYTHON)
 

@@ -1,9 +1,9 @@
 """The batch script runs in its run folder, and Python there does not import from the folder
 the job was submitted from, nor from the run folder: a planted ``shlex.py`` (a module the
-hooks import) is never loaded.
+batch steps import) is never loaded.
 
 The first test runs the real rendered script under bash with the real interpreter and the
-real hooks on a real run folder; only srun, scontrol and squeue are stand-ins (no Slurm
+real batch steps on a real run folder; only srun, scontrol and squeue are stand-ins (no Slurm
 needed). The second submits a real job to the dev Slurm cluster from such a folder.
 """
 
@@ -46,7 +46,7 @@ def test_planted_modules_in_the_submit_folder_and_run_folder_are_not_imported(tm
     proc = subprocess.run(["bash", str(script)], cwd=submitted_from, env=env, capture_output=True,
                           text=True, timeout=300)
     assert not canary.exists(), f"a planted module was imported: {canary.read_text()}"
-    # the real hooks ran (begin numbered the attempt, end wrote the ledger) and srun was called
+    # the real batch steps ran (begin numbered the attempt, end wrote the ledger) and srun was called
     # from the run folder with the run's own submitit folder
     assert (run.attempt_dir(1) / "batch.log").exists(), proc.stderr
     assert len(run.ledger()) == 1, (proc.stdout, proc.stderr)

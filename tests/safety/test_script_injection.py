@@ -254,7 +254,7 @@ def test_no_value_runs_a_command_or_moves_a_directive(tmp_path, canary):
         if case.kind == "train":
             got = (case.dir / "stub.begin-run-dir").read_text(errors="surrogateescape")
             if got != case.run_dir:
-                problems.append(f"{case.label}: the hooks got run folder {got!r}, not {case.run_dir!r}")
+                problems.append(f"{case.label}: the batch steps got run folder {got!r}, not {case.run_dir!r}")
         if case.env:
             key, value = case.env
             if stubs.srun_env(case.dir).get(key) != value:
@@ -273,7 +273,7 @@ def test_path_options_are_refused_or_quoted(tmp_path, canary):
     runner = CliRunner()
     bin_dir, stub_python = stubs.install(tmp_path)
     job = str(REPO / "examples" / "tiny.yaml")
-    profile = tmp_path / "dev-stubbed.yaml"     # the dev cluster's, with the hooks' stand-in
+    profile = tmp_path / "dev-stubbed.yaml"     # the dev cluster's, with the batch steps' stand-in
     profile.write_text(yaml.safe_dump({**corpus.load_yaml(REPO / "cluster_profiles" / "dev-slurm.yaml"),
                                        "name": "dev-stubbed", "python": str(stub_python)}))
     rendered = []

@@ -53,7 +53,7 @@ def running_job(slurm_cluster, tmp_path):
 
 
 def _gate_failed(tmp_path, job_id: str, path_first: str):
-    """`hooks gate-failed` as the batch script runs it, after preflight blamed node n3."""
+    """`batch_steps gate-failed` as the batch script runs it, after preflight blamed node n3."""
     resolved = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
     run = prepare_run(resolved, tmp_path / "runs")
     attempt = run.begin_attempt()
@@ -63,7 +63,7 @@ def _gate_failed(tmp_path, job_id: str, path_first: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
     env.update(SLURM_JOB_ID=job_id, PATH=f"{path_first}:{os.environ['PATH']}",
                SLURM_CONF=os.environ["SLURM_CONF"])
-    proc = subprocess.run([sys.executable, "-m", "hpctrain.slurm.hooks", "gate-failed",
+    proc = subprocess.run([sys.executable, "-m", "hpctrain.slurm.batch_steps", "gate-failed",
                            str(run.path), "--attempt", str(attempt), "--exit-code", "4"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     return run, proc

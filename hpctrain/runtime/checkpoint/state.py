@@ -196,6 +196,3 @@ def set_adam_step(optimizer, updates: int) -> None:
     optimizer class keeps it (fix 3; per class in ``optimizer_step``)."""
     optimizer_step.set_step(optimizer, updates)
 
-
-def uses_distributed_optimizer(optimizer) -> bool:
-    return any(_is_distributed(o) for o in sub_optimizers(optimizer))

@@ -2,6 +2,7 @@
 
 import pytest
 
+from hpctrain.attempt_records import AttemptRecord
 from hpctrain.requeue_policy import decide
 
 
@@ -9,7 +10,7 @@ def rec(reason, start, end, requeued=None):
     r = {"exit_reason": reason, "start_step": start, "end_step": end}
     if requeued is not None:
         r["decision"] = {"requeue": requeued}
-    return r
+    return AttemptRecord.from_dict(r)
 
 
 def test_preempted_with_progress_is_requeued():

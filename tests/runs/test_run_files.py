@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -54,17 +52,6 @@ def test_cli_and_batch_hooks_report_the_damaged_file_with_exit_2(run):
     assert run.run_file.read_text() == "jobs: [unclosed\n"
 
 
-def test_the_batch_hook_reports_an_unreadable_ledger_and_does_not_requeue(run):
-    run.ledger_file.mkdir()                    # exists, cannot be read as a file
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    hook = subprocess.run([sys.executable, "-m", "hpctrain.slurm.hooks", "end", str(run.path),
-                           "--attempt", "1", "--exit-code", "75"], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
-    assert hook.returncode == 2 and hook.stdout == ""          # no HPCTRAIN_REQUEUE=1 to eval
-    assert f"[hpctrain] Error: cannot read {run.ledger_file}" in hook.stderr
-    assert "Traceback" not in hook.stderr and run.ledger_file.is_dir()
-
-
 def _add_job_ids(path: str, k: int, n: int) -> None:
     run = Run(__import__("pathlib").Path(path))
     for i in range(n):
@@ -89,8 +76,9 @@ def _probe_lock(path: str, out) -> None:
     """In a child: can another process take the run's lock now? And does the child believe
     it holds a lock it inherited?"""
     import fcntl
+    import importlib
 
-    from hpctrain import runs
+    runs = importlib.import_module("hpctrain.runs")   # hpctrain.runs is the API's function
     fd = os.open(os.path.join(path, runs.LOCK_FILE), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

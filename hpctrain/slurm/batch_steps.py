@@ -1,4 +1,4 @@
-"""Steps the batch shell delegates to Python: ``python -m hpctrain.slurm.hooks <command>``.
+"""Steps the batch shell delegates to Python: ``python -m hpctrain.slurm.batch_steps <command>``.
 
 They run in the batch shell on the first node, outside any container, and print shell
 assignments that the script ``eval``s. Every printed value is ``shlex.quote``d, and only
@@ -36,6 +36,8 @@ from pathlib import Path
 from .. import exit_codes
 from ..attempts import finish_attempt
 from ..errors import HpcTrainError
+from ..exit_codes import ExitReason
+from ..identity import free_port
 from ..runs import Run
 from . import commands
 
@@ -56,12 +58,6 @@ def first_node_address() -> str:
         raise SystemExit(f"[hpctrain] the first node {first!r} has address {addr!r}, which does not "
                          "resolve on this host; fix the node's NodeAddr or DNS")
     return infos[0][4][0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def parse_slurm_time(text: str) -> float | None:
@@ -163,10 +159,9 @@ def cmd_end(run: Run, attempt: int, exit_code: int, started: float | None) -> st
         batch_log = ""
     task_exits = commands.parse_srun_task_exits(batch_log)
     code = commands.step_exit_code(exit_code, task_exits)
-    extra = {"task_exits": task_exits[:8]} if task_exits else None
-    record, decision = finish_attempt(run, attempt, code, started_at=started, extra=extra,
-                                      **_scheduler_facts())
-    print(f"[hpctrain] attempt {attempt}: {record['exit_reason']} at step {record['end_step']}; "
+    record, decision = finish_attempt(run, attempt, code, started_at=started,
+                                      task_exits=task_exits[:8] or None, **_scheduler_facts())
+    print(f"[hpctrain] attempt {attempt}: {record.exit_reason} at step {record.end_step}; "
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
     return _assign(HPCTRAIN_REQUEUE=int(decision.requeue))
 
@@ -181,9 +176,8 @@ def cmd_gate_failed(run: Run, attempt: int, exit_code: int, started: float | Non
     facts = _scheduler_facts()
     code = exit_code if exit_code == exit_codes.PREFLIGHT_FAILED else exit_codes.PREFLIGHT_FAILED
     record, decision = finish_attempt(
-        run, attempt, code, extra={"exit_reason": "preflight_failed", "excluded_nodes": bad,
-                                   "preflight_report": str(report_file)},
-        started_at=started, **facts)
+        run, attempt, code, reason=ExitReason.PREFLIGHT_FAILED, excluded_nodes=bad,
+        preflight_report=str(report_file), started_at=started, **facts)
     print(f"[hpctrain] preflight failed on {', '.join(bad) or 'unknown nodes'}; "
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
     if not decision.requeue:
@@ -252,7 +246,7 @@ def _release(job_id: str, pause_s: float) -> tuple[bool, str | None]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpctrain.slurm.hooks")
+    ap = argparse.ArgumentParser(prog="python -m hpctrain.slurm.batch_steps")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("begin")
     b.add_argument("run_dir")

@@ -1,17 +1,16 @@
 """Run folders, the ledger, and the attempt record written when an attempt ends."""
 
 import json
-import os
-import subprocess
 import threading
 
 import pytest
 
 from hpctrain import exit_codes
-from hpctrain.attempts import finish_attempt, write_failure, write_result
+from hpctrain.attempt_records import AttemptRecord, AttemptResult
+from hpctrain.attempts import finish_attempt, read_result, write_failure, write_result
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.errors import RunNotFoundError
-from hpctrain.runs import Run, append_jsonl, create_run, find_run, read_jsonl
+from hpctrain.runs import append_jsonl, create_run, find_run, read_jsonl
 from hpctrain.slurm.submit import prepare_run
 from tests.conftest import REPO
 
@@ -69,84 +68,84 @@ def test_find_run_by_id_prefix_and_job_id(run, tmp_path):
 
 def test_finish_attempt_merges_result_and_decides(run):
     n = run.begin_attempt()
-    write_result(run, n, {"attempt": n, "start_step": 0, "end_step": 17, "exit_reason": "preempted",
-                          "checkpoint_saved": "step-17", "last_loss": 2.5})
+    write_result(run, n, AttemptResult(attempt=n, start_step=0, end_step=17,
+                                       exit_reason="preempted", checkpoint_saved="step-17",
+                                       last_loss=2.5))
     rec, decision = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm", job_id="7",
                                    nodes=["n1", "n2"])
     assert decision.requeue
-    assert rec["end_step"] == 17 and rec["checkpoint_saved"] == "step-17"
-    assert run.ledger() == [rec]
+    assert rec.end_step == 17 and rec.checkpoint_saved == "step-17"
+    assert run.ledger() == [rec.to_dict()]
     assert run.events()[-1]["event"] == "attempt_end"
 
 
 def test_finish_attempt_without_result_uses_the_exit_code(run):
     n = run.begin_attempt()
     rec, decision = finish_attempt(run, n, 137, scheduler="slurm")
-    assert rec["exit_reason"] == "killed" and not decision.requeue
+    assert rec.exit_reason == "killed" and not decision.requeue
 
 
 def test_a_kill_after_the_final_checkpoint_does_not_undo_a_finished_attempt(run):
     """Killed on the way out (a late time-limit signal) after saving the last step: finished."""
     n = run.begin_attempt()
-    write_result(run, n, {"start_step": 30, "end_step": 40, "exit_reason": "finished",
-                          "checkpoint_saved": "/ck/step-00000040"})
+    write_result(run, n, AttemptResult(start_step=30, end_step=40, exit_reason="finished",
+                                       checkpoint_saved="/ck/step-00000040"))
     rec, decision = finish_attempt(run, n, 138, scheduler="slurm")
-    assert rec["exit_reason"] == "finished" and not decision.requeue
-    assert "then ended with exit code 138 (killed)" in rec["note"]
+    assert rec.exit_reason == "finished" and not decision.requeue
+    assert "then ended with exit code 138 (killed)" in rec.note
 
 
 def test_a_rank_failing_before_the_final_save_is_a_failure_even_if_rank_0_finished(run):
     n = run.begin_attempt()
-    write_result(run, n, {"start_step": 30, "end_step": 40, "exit_reason": "finished",
-                          "checkpoint_saved": "/ck/step-00000035"})
+    write_result(run, n, AttemptResult(start_step=30, end_step=40, exit_reason="finished",
+                                       checkpoint_saved="/ck/step-00000035"))
     rec, _ = finish_attempt(run, n, 1, scheduler="slurm")
-    assert rec["exit_reason"] == "failed" and "note" not in rec
+    assert rec.exit_reason == "failed" and "note" not in rec.to_dict()
 
 
 def test_a_failed_attempt_names_the_rank_that_failed_first(run):
     """Rank 0's own error is the echo (its peer vanished); the earliest failure is the cause."""
     n = run.begin_attempt()
-    write_result(run, n, {"start_step": 0, "end_step": 2, "exit_reason": "failed",
-                          "message": "RuntimeError: Connection closed by peer"})
+    write_result(run, n, AttemptResult(start_step=0, end_step=2, exit_reason="failed",
+                                       message="RuntimeError: Connection closed by peer"))
     write_failure(run, n, 0, "n1", 1000.5, "RuntimeError: Connection closed by peer")
     write_failure(run, n, 3, "n2", 1000.7, "RuntimeError: Connection closed by peer")
     write_failure(run, n, 2, "n2", 1000.1, "ValueError: bad batch")
     rec, _ = finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
-    assert rec["first_failure"]["rank"] == 2
-    assert rec["message"] == "rank 2 on n2 failed first: ValueError: bad batch"
+    assert rec.first_failure["rank"] == 2
+    assert rec.message == "rank 2 on n2 failed first: ValueError: bad batch"
 
 
 def test_failure_records_do_not_rename_an_attempt_that_was_preempted(run):
     n = run.begin_attempt()
-    write_result(run, n, {"start_step": 0, "end_step": 5, "exit_reason": "preempted"})
+    write_result(run, n, AttemptResult(start_step=0, end_step=5, exit_reason="preempted"))
     write_failure(run, n, 1, "n1", 1.0, "RuntimeError: Connection closed by peer")
     rec, _ = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm")
-    assert rec["exit_reason"] == "preempted" and "first_failure" not in rec
+    assert rec.exit_reason == "preempted" and "first_failure" not in rec.to_dict()
 
 
 def test_a_cancel_event_prevents_requeue(run):
     run.event("cancel", by="test")
     n = run.begin_attempt()
-    write_result(run, n, {"start_step": 0, "end_step": 5, "exit_reason": "preempted"})
+    write_result(run, n, AttemptResult(start_step=0, end_step=5, exit_reason="preempted"))
     rec, decision = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm")
-    assert rec["exit_reason"] == "cancelled" and not decision.requeue
+    assert rec.exit_reason == "cancelled" and not decision.requeue
 
 
-def test_hooks_begin_output_is_safe_to_eval(tmp_path):
-    """The batch shell evals `hooks begin`; a run folder with shell characters stays inert."""
-    r = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
-    run = prepare_run(r, tmp_path / "ru$(touch pwned) n's")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    script = ('eval "$(python3 -m hpctrain.slurm.hooks begin "$1")"; '
-              'printf "%s\\n%s\\n%s" "$HPCTRAIN_ATTEMPT" "$HPCTRAIN_ATTEMPT_DIR" "$MASTER_PORT"')
-    out = subprocess.run(["bash", "-c", script, "x", str(run.path)], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, check=True).stdout.splitlines()
-    assert out[0] == "1" and out[1] == str(run.attempt_dir(1)) and int(out[2]) > 0
-    assert not (tmp_path / "pwned").exists()
-
-
-def test_hooks_begin_skips_finished_and_cancelled_runs(run):
-    run.append_ledger({"attempt": 1, "exit_reason": "finished", "end_step": 10})
-    from hpctrain.slurm.hooks import cmd_begin
-    assert cmd_begin(run).strip() == "HPCTRAIN_SKIP=1"
-    assert run.attempts_started() == []
+def test_records_read_older_files_and_keep_what_they_do_not_know(run):
+    """A ledger line or result.json from another version: missing keys are None, unknown keys
+    are written back unchanged, and the JSON is what the file held."""
+    old = {"attempt": 1, "exit_reason": "preempted", "end_step": 5,
+           "decision": {"requeue": True, "reason": "preempted; requeue 1 of 3"},
+           "from_the_future": {"x": 1}}
+    rec = AttemptRecord.from_dict(old)
+    assert rec.exit_reason == exit_codes.ExitReason.PREEMPTED and rec.start_step is None
+    assert rec.requeued and rec.extra == {"from_the_future": {"x": 1}}
+    assert {k: v for k, v in rec.to_dict().items() if v is not None} == old
+    assert json.loads(json.dumps(rec.to_dict()))["exit_reason"] == "preempted"
+    assert AttemptRecord.from_dict({"exit_reason": "rebooted"}).exit_reason == "rebooted"
+    run.attempt_dir(3).mkdir(parents=True)
+    (run.attempt_dir(3) / "result.json").write_text(json.dumps({"end_step": 9, "new_key": 1}))
+    result = read_result(run, 3)
+    assert (result.end_step, result.attempt, result.extra) == (9, None, {"new_key": 1})
+    assert read_result(run, 4) == AttemptResult()          # no file: an empty result

@@ -1,7 +1,6 @@
 """Parsers of Slurm's output, on real captured output (tests/fixtures/slurm/README.md)."""
 
 from hpctrain.slurm.commands import parse_sacct, parse_scontrol_record, parse_squeue
-from hpctrain.slurm.hooks import parse_slurm_time
 from hpctrain.slurm.state import JobState
 from tests.conftest import REPO
 
@@ -30,28 +29,6 @@ def test_parse_scontrol_records():
     assert node["NodeName"] == "n1" and node["NodeAddr"] == "127.0.0.1" and node["Gres"] == "gpu:4"
     job = parse_scontrol_record((FIX / "scontrol_show_job.txt").read_text())
     assert job["JobState"] == "RUNNING" and job["NumNodes"] == "2"
-
-
-def test_parse_slurm_time():
-    import datetime as dt
-    t = parse_slurm_time("2026-11-25T22:28:51")
-    assert dt.datetime.fromtimestamp(t).strftime("%H:%M:%S") == "22:28:51"
-    assert parse_slurm_time("Unknown") is None and parse_slurm_time("N/A") is None
-
-
-def test_signal_action_defers_only_an_early_time_limit_warning():
-    from hpctrain.slurm.hooks import signal_action
-    end = 10_000.0
-    # the warning arrives 40 s before a 25 s lead: re-raise it 15 s later
-    assert signal_action(end - 40, end, 25, False, "USR1") == ("defer", 15.0)
-    # at (or a few seconds from) the lead time: pass it on
-    assert signal_action(end - 27, end, 25, False, "USR1") == ("now", 0.0)
-    # a preemption, SIGTERM, or no known end: at once
-    assert signal_action(end - 40, end, 25, True, "USR1") == ("now", 0.0)
-    assert signal_action(end - 40, end, 25, False, "TERM") == ("now", 0.0)
-    assert signal_action(end - 40, None, 25, False, "USR1") == ("now", 0.0)
-    # far from the end it cannot be Slurm's warning (a person's drill): at once
-    assert signal_action(end - 600, end, 25, False, "USR1") == ("now", 0.0)
 
 
 SRUN_LOG = """[hpctrain] attempt 1 of run /runs/x: job 51 restart 0 on n[1-2]; MASTER_ADDR=127.0.0.1:36669

@@ -1,0 +1,181 @@
+"""Test-only environment variables: faults injected into a run, and stand-ins for a node.
+
+Every variable a test sets to make a run misbehave, or to make preflight read a fixture instead
+of this machine, is listed in ``VARIABLES`` and read through :func:`value`, which returns None
+unless ``HPCTRAIN_TEST_HOOKS=1`` is set too. The tests set that switch (``tests/conftest.py``,
+their profiles' ``env``, their rank launcher), so a ``HPCTRAIN_TEST_*`` variable left in a
+user's shell can never reach a real job. A rank with active hooks says so in a warning line.
+
+Steps are numbered as in the metrics: step N is the N-th optimizer step (1-based).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .errors import UsageError
+
+SWITCH = "HPCTRAIN_TEST_HOOKS"
+
+VARIABLES = {
+    # the training runtime
+    "HPCTRAIN_TEST_STEP_SLEEP_S": "=0.5: sleep this long in every step (slow a run down so a "
+                                  "test can signal it mid-run)",
+    "HPCTRAIN_TEST_CRASH_AT_STEP": "=N[@R]: raise an exception in step N (on rank R, or every "
+                                   "rank)",
+    "HPCTRAIN_TEST_NAN_AT_STEP": "=N[,M,...]: make the loss (and so the gradients) NaN in those "
+                                 "steps",
+    "HPCTRAIN_TEST_HOLD_AFTER_STEP": "=N[,M]: after step N every rank waits until it is told to "
+                                     "stop (a handled signal, or the batch shell's flag file) or "
+                                     "the file RUN/hold-release appears: a test acts on a run "
+                                     "that is certainly mid-way, however fast the machine trains",
+    "HPCTRAIN_TEST_HOLD_MAX_S": "=600: the longest a hold waits",
+    "HPCTRAIN_TEST_KILL_DURING_SAVE": "=R[@N]: rank R SIGKILLs itself after writing its shards of "
+                                      "a checkpoint (of step N, or the first one) and before it "
+                                      "is published; in the run's first attempt only (a fault "
+                                      "to recover from, where a crash at a step repeats in every "
+                                      "attempt like a bug would)",
+    # preflight
+    "HPCTRAIN_TEST_NODE_NAME": "=NAME: this process's node name, so tests run several "
+                               "\"nodes\" on one host",
+    "HPCTRAIN_TEST_PREFLIGHT_DELAY": "=<rank|node>:<seconds>: that rank or node sleeps before "
+                                     "each collective (slow or stuck on purpose)",
+    "HPCTRAIN_TEST_SYSFS_IB": "=DIR: read InfiniBand ports from DIR instead of "
+                              "/sys/class/infiniband",
+    "HPCTRAIN_TEST_SYSFS_NET": "=DIR: read network interfaces from DIR instead of /sys/class/net",
+    "HPCTRAIN_TEST_PROC_MOUNTS": "=FILE: read the mount table from FILE instead of /proc/mounts",
+    "HPCTRAIN_TEST_SITE_PACKAGES": "=DIR[:DIR]: read installed package metadata from these "
+                                   "folders (a GPU node's software) instead of sys.path",
+}
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get(SWITCH) == "1"
+
+
+def value(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The test variable ``name`` when the switch is on and it is set; else None."""
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not a registered test variable (fault_injection.VARIABLES)")
+    env = os.environ if env is None else env
+    return (env.get(name) or None) if enabled(env) else None
+
+
+def ignored(env: Mapping[str, str] | None = None) -> list[str]:
+    """Test variables that are set but have no effect because the switch is off."""
+    env = os.environ if env is None else env
+    return [] if enabled(env) else sorted(k for k in VARIABLES if env.get(k))
+
+
+class InjectedCrash(RuntimeError):
+    """Raised by HPCTRAIN_TEST_CRASH_AT_STEP."""
+
+
+def _at(text: str, name: str) -> tuple[int, int | None]:
+    try:
+        first, _, second = text.partition("@")
+        return int(first), (int(second) if second else None)
+    except ValueError:
+        raise UsageError(f"{name}={text!r}: expected N or N@M") from None
+
+
+def _steps(text: str, name: str) -> set[int]:
+    try:
+        return {int(s) for s in text.split(",") if s}
+    except ValueError:
+        raise UsageError(f"{name}: expected step numbers like 3,6") from None
+
+
+@dataclass
+class TestHooks:
+    """The runtime's faults for this rank; with the switch off (the normal case) every hook is
+    a no-op."""
+
+    __test__ = False   # not a pytest test class, whatever its name
+
+    step_sleep_s: float = 0.0
+    crash_step: int | None = None
+    crash_rank: int | None = None
+    nan_steps: set[int] = field(default_factory=set)
+    kill_rank: int | None = None
+    kill_step: int | None = None
+    attempt: int | None = None
+    hold_steps: set[int] = field(default_factory=set)
+    hold_max_s: float = 600.0
+    _kill_armed: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "TestHooks":
+        env = os.environ if env is None else env
+        hooks = cls()
+
+        def get(name: str) -> str | None:
+            return value(name, env)
+        if get("HPCTRAIN_TEST_STEP_SLEEP_S"):
+            hooks.step_sleep_s = float(get("HPCTRAIN_TEST_STEP_SLEEP_S"))
+        if get("HPCTRAIN_TEST_CRASH_AT_STEP"):
+            hooks.crash_step, hooks.crash_rank = _at(get("HPCTRAIN_TEST_CRASH_AT_STEP"),
+                                                     "HPCTRAIN_TEST_CRASH_AT_STEP")
+        if get("HPCTRAIN_TEST_NAN_AT_STEP"):
+            hooks.nan_steps = _steps(get("HPCTRAIN_TEST_NAN_AT_STEP"), "HPCTRAIN_TEST_NAN_AT_STEP")
+        if get("HPCTRAIN_TEST_HOLD_AFTER_STEP"):
+            hooks.hold_steps = _steps(get("HPCTRAIN_TEST_HOLD_AFTER_STEP"),
+                                      "HPCTRAIN_TEST_HOLD_AFTER_STEP")
+            hooks.hold_max_s = float(get("HPCTRAIN_TEST_HOLD_MAX_S") or hooks.hold_max_s)
+        if get("HPCTRAIN_TEST_KILL_DURING_SAVE"):
+            hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
+                                                   "HPCTRAIN_TEST_KILL_DURING_SAVE")
+        return hooks
+
+    @property
+    def active(self) -> bool:
+        return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
+                    or self.kill_rank is not None)
+
+    def hold_after(self, step: int, released, sleep=time.sleep, clock=time.monotonic) -> bool:
+        """Wait after ``step`` (once) until ``released()`` is true or the hold times out;
+        True when it was released rather than timed out (or there was nothing to hold)."""
+        if step not in self.hold_steps:
+            return True
+        self.hold_steps.discard(step)
+        deadline = clock() + self.hold_max_s
+        while not released():
+            if clock() >= deadline:
+                return False
+            sleep(0.05)
+        return True
+
+    def maybe_crash(self, step: int, rank: int) -> None:
+        if self.crash_step == step and self.crash_rank in (None, rank):
+            raise InjectedCrash(f"HPCTRAIN_TEST_CRASH_AT_STEP: injected crash in step {step} "
+                                f"on rank {rank}")
+
+    def nan_in(self, step: int) -> bool:
+        return step in self.nan_steps
+
+    def kill_during_save(self, rank: int, step: int) -> bool:
+        if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):
+            return False
+        if self.kill_step is not None and self.kill_step != step:
+            return False
+        self._kill_armed = False
+        return True
+
+
+def preflight_delay(rank: int, node: str, env: Mapping[str, str] | None = None) -> float:
+    """Seconds this preflight rank sleeps before each collective (0 normally)."""
+    spec = value("HPCTRAIN_TEST_PREFLIGHT_DELAY", env) or ""
+    if not spec:
+        return 0.0
+    target, _, secs = spec.rpartition(":")
+    try:
+        seconds = float(secs)
+    except ValueError:
+        raise UsageError(f"HPCTRAIN_TEST_PREFLIGHT_DELAY={spec!r}: expected <rank|node>:<seconds>") \
+            from None
+    hit = target == node or (target.isdigit() and int(target) == rank)
+    return seconds if hit else 0.0

@@ -1,0 +1,70 @@
+"""The steps the batch shell delegates to Python (``python -m hpctrain.slurm.batch_steps``): the
+begin step's shell assignments, the signal decision, the end step's record."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.config import load_job, load_profile, resolve
+from hpctrain.slurm.batch_steps import cmd_begin, parse_slurm_time, signal_action
+from hpctrain.slurm.submit import prepare_run
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
+    return prepare_run(r, tmp_path / "runs")
+
+
+def test_parse_slurm_time():
+    import datetime as dt
+    t = parse_slurm_time("2026-11-25T22:28:51")
+    assert dt.datetime.fromtimestamp(t).strftime("%H:%M:%S") == "22:28:51"
+    assert parse_slurm_time("Unknown") is None and parse_slurm_time("N/A") is None
+
+
+def test_signal_action_defers_only_an_early_time_limit_warning():
+    end = 10_000.0
+    # the warning arrives 40 s before a 25 s lead: re-raise it 15 s later
+    assert signal_action(end - 40, end, 25, False, "USR1") == ("defer", 15.0)
+    # at (or a few seconds from) the lead time: pass it on
+    assert signal_action(end - 27, end, 25, False, "USR1") == ("now", 0.0)
+    # a preemption, SIGTERM, or no known end: at once
+    assert signal_action(end - 40, end, 25, True, "USR1") == ("now", 0.0)
+    assert signal_action(end - 40, end, 25, False, "TERM") == ("now", 0.0)
+    assert signal_action(end - 40, None, 25, False, "USR1") == ("now", 0.0)
+    # far from the end it cannot be Slurm's warning (a person's drill): at once
+    assert signal_action(end - 600, end, 25, False, "USR1") == ("now", 0.0)
+
+
+def test_begin_output_is_safe_to_eval(tmp_path):
+    """The batch shell evals `batch_steps begin`; a run folder with shell characters stays inert."""
+    r = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
+    run = prepare_run(r, tmp_path / "ru$(touch pwned) n's")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    script = ('eval "$(python3 -m hpctrain.slurm.batch_steps begin "$1")"; '
+              'printf "%s\\n%s\\n%s" "$HPCTRAIN_ATTEMPT" "$HPCTRAIN_ATTEMPT_DIR" "$MASTER_PORT"')
+    out = subprocess.run(["bash", "-c", script, "x", str(run.path)], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, check=True).stdout.splitlines()
+    assert out[0] == "1" and out[1] == str(run.attempt_dir(1)) and int(out[2]) > 0
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_begin_skips_finished_and_cancelled_runs(run):
+    run.append_ledger({"attempt": 1, "exit_reason": "finished", "end_step": 10})
+    assert cmd_begin(run).strip() == "HPCTRAIN_SKIP=1"
+    assert run.attempts_started() == []
+
+
+def test_end_reports_an_unreadable_ledger_and_does_not_requeue(run):
+    run.ledger_file.mkdir()                    # exists, cannot be read as a file
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    end = subprocess.run([sys.executable, "-m", "hpctrain.slurm.batch_steps", "end", str(run.path),
+                          "--attempt", "1", "--exit-code", "75"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)
+    assert end.returncode == 2 and end.stdout == ""          # no HPCTRAIN_REQUEUE=1 to eval
+    assert f"[hpctrain] Error: cannot read {run.ledger_file}" in end.stderr
+    assert "Traceback" not in end.stderr and run.ledger_file.is_dir()
