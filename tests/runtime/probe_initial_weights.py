@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpctrain.runtime import distributed
     from hpctrain.runtime.digest import local_digest
     from hpctrain.runtime.entry import resolve_layout
-    from hpctrain.runtime.env import rank_env
+    from hpctrain.identity import rank_env
     from hpctrain.runtime.model import build_model_chunks, initialize_parallel, transformer_config
 
     run = Run(Path(run_dir))
