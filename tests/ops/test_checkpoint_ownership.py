@@ -33,36 +33,54 @@ def _job_file(folder, **checkpoint) -> str:
     return str(path)
 
 
-@pytest.mark.slurm
-@pytest.mark.megatron
-def test_a_second_run_on_the_same_checkpoint_dir_is_refused_and_the_first_resumes(slurm_cluster,
-                                                                                   tmp_path):
+@pytest.fixture(scope="module")
+def owned(slurm_cluster, tmp_path_factory):
+    """The scenario, once: a first run claims ``checkpoint.dir``; a second submission of the
+    same job file (dry run, then real) is tried; the first run is cancelled and resumed."""
+    tmp_path = tmp_path_factory.mktemp("ownership")
     root = tmp_path / "runs"
     job_file = _job_file(tmp_path / "jobs", dir="../ckpt")      # relative to the job file
     ckpt = tmp_path / "ckpt"
     resolved = ops_resolved(ops_profile(step_s=0.2), steps=8, job_file=job_file)
-    assert resolved.job.checkpoint.dir == str(ckpt)
     first, sub = start_run(root, resolved)
-    assert store.read_owner(ckpt)["run"] == first.id         # claimed as it was queued
-    assert ckpt.stat().st_mode & 0o777 == 0o700
+    s = {"root": root, "ckpt": ckpt, "resolved": resolved, "first": first,
+         "owner_when_queued": store.read_owner(ckpt), "mode": ckpt.stat().st_mode & 0o777}
+    s["again"] = [cli(root, "submit", job_file, "-p", "dev-slurm", *extra, check=False)
+                  for extra in (["--dry-run"], [])]
+    s["runs_after_refusal"] = sorted(p.name for p in root.iterdir())
+    wait_step(first, 2)
+    cli(root, "cancel", first.id)
+    (s["cancelled"],) = wait_ledger(first, 1, timeout=180)
+    wait_stopped(first)
+    s["resume"] = cli(root, "resume", first.id, check=False)   # the same run: its own folder
+    if s["resume"].returncode == 0:
+        wait_ledger(first, 2, timeout=300)
+        wait_stopped(first)
+    return s
 
-    for extra in (["--dry-run"], []):
-        again = cli(root, "submit", job_file, "-p", "dev-slurm", *extra, check=False)
+
+@pytest.mark.slurm
+@pytest.mark.megatron
+def test_a_second_run_on_the_same_checkpoint_dir_is_refused_before_anything_is_created(owned):
+    ckpt, first = owned["ckpt"], owned["first"]
+    assert owned["resolved"].job.checkpoint.dir == str(ckpt)
+    assert owned["owner_when_queued"]["run"] == first.id      # claimed as it was queued
+    assert owned["mode"] == 0o700
+    for again in owned["again"]:
         assert again.returncode == 2, again.stdout + again.stderr
         assert again.stderr.startswith(f"Error: checkpoint.dir: {ckpt} holds another run's "
                                        f"checkpoints (owner.json names run {first.id})")
         assert f"`hpctrain resume {first.id}`" in again.stderr
         assert f"train.init_from: {ckpt}" in again.stderr
-    assert sorted(p.name for p in root.iterdir()) == [first.id]   # nothing created or queued
+    assert owned["runs_after_refusal"] == [first.id]             # nothing created or queued
 
-    wait_step(first, 2)
-    cli(root, "cancel", first.id)
-    (cancelled,) = wait_ledger(first, 1, timeout=180)
-    wait_stopped(first)
-    out = cli(root, "resume", first.id).stdout             # the same run: its own folder
-    assert f"Resumed run {first.id} as job " in out
-    wait_ledger(first, 2, timeout=300)
-    wait_stopped(first)
+
+@pytest.mark.slurm
+@pytest.mark.megatron
+def test_the_first_run_cancels_and_resumes_in_its_own_folder(owned):
+    ckpt, first, cancelled = owned["ckpt"], owned["first"], owned["cancelled"]
+    assert owned["resume"].returncode == 0, owned["resume"].stderr
+    assert f"Resumed run {first.id} as job " in owned["resume"].stdout
     second = first.ledger()[1]
     assert second["exit_reason"] == "finished" and second["end_step"] == 8
     assert cancelled["checkpoint_saved"].startswith(str(ckpt))   # saved on the cancel's SIGTERM

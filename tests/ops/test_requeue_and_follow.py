@@ -15,8 +15,11 @@ from tests.ops.helpers import cli, ops_profile, ops_resolved, start_run, wait_le
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
 
 
-def test_requeue_a_running_job_while_following_its_logs(slurm_cluster, tmp_path):
-    root = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def requeued(slurm_cluster, tmp_path_factory):
+    """The scenario, once: a run held at step 4, `logs --follow` started, `requeue`, both
+    attempts recorded, the follower's output collected."""
+    root = tmp_path_factory.mktemp("requeue-follow") / "runs"
     resolved = ops_resolved(ops_profile(step_s=0.1, hold_after=4), steps=24)
     run, sub = start_run(root, resolved)
     wait_step(run, 4)
@@ -24,17 +27,30 @@ def test_requeue_a_running_job_while_following_its_logs(slurm_cluster, tmp_path)
                                 cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out = cli(root, "requeue", run.id).stdout
-        assert out.startswith(f"Requeued job {sub.job_id} of run {run.id}: Slurm stops it")
-        first, second = wait_ledger(run, 2, timeout=300)
+        requeue = cli(root, "requeue", run.id, check=False)
+        ledger = wait_ledger(run, 2, timeout=300) if requeue.returncode == 0 else []
         stdout, stderr = follower.communicate(timeout=120)
     finally:
         follower.kill()
-    assert follower.returncode == 0, stderr
-    assert first["exit_reason"] == "preempted" and first["job_id"] == second["job_id"] == sub.job_id
+    return {"run": run, "job_id": sub.job_id, "requeue": requeue, "ledger": ledger,
+            "follow_code": follower.returncode, "stdout": stdout, "stderr": stderr}
+
+
+def test_requeue_stops_the_job_and_it_resumes_where_it_saved(requeued):
+    run, job_id, out = requeued["run"], requeued["job_id"], requeued["requeue"]
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"Requeued job {job_id} of run {run.id}: Slurm stops it")
+    first, second = requeued["ledger"]
+    assert first["exit_reason"] == "preempted" and first["job_id"] == second["job_id"] == job_id
     assert second["start_step"] == first["end_step"] and second["exit_reason"] == "finished"
     requeues = [e for e in run.events() if e["event"] == "requeue"]
     assert requeues[0]["how"] == "scontrol requeue"
+
+
+def test_logs_follow_keeps_going_across_the_requeue_and_ends_with_the_run(requeued):
+    run, stdout = requeued["run"], requeued["stdout"]
+    assert requeued["follow_code"] == 0, requeued["stderr"]
+    first = requeued["ledger"][0]
     lines = stdout.splitlines()
     stop = first["end_step"]
 

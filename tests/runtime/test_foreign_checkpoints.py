@@ -21,7 +21,7 @@ def _snapshot(root):
                   for p in root.rglob("*"))
 
 
-def test_another_runs_folder_is_refused_and_init_from_starts_from_it(ws):
+def test_another_runs_folder_is_refused_and_left_as_it_was(ws):
     owner = ws.reference("single")                 # checkpoints at steps 6 and 12
     theirs = owner.path / "checkpoints"
     assert store.read_owner(theirs)["run"] == owner.id       # claimed by its first attempt
@@ -43,6 +43,10 @@ def test_another_runs_folder_is_refused_and_init_from_starts_from_it(ws):
     finally:
         shutil.rmtree(in_progress)
 
+
+def test_init_from_starts_from_another_runs_checkpoints_in_a_folder_of_its_own(ws):
+    owner = ws.reference("single")                 # checkpoints at steps 6 and 12
+    theirs = owner.path / "checkpoints"
     heir = ws.new_run("heir", "single", steps=4, train={"init_from": str(theirs)},
                       checkpoint={"interval_steps": 1, "keep_last": 2})
     res = launch(heir.path, 1)
