@@ -2,7 +2,7 @@
 
 ``model``, ``parallel`` and ``batch`` use Megatron-LM's argument names so its users can copy
 values across; ``train``, ``data`` and ``checkpoint`` hold the rest of a run. The layout checks
-that need the cluster (world size) live in ``checks.py``.
+that need the cluster (world size) live in ``layout.py``.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def layout_problems(job: JobConfig, world_size: int, gpus_per_node: int | None,
     mbs = b.micro_batch_size if mbs is None else mbs
     sp = par.sequence_parallel if sequence_parallel is None else sequence_parallel
     before = len(problems.items)
-    tp_key, pp_key = "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size"
+    tp_key = "parallel.tensor_model_parallel_size"
     vpp_key = "parallel.virtual_pipeline_model_parallel_size"
 
     dp = None

@@ -9,7 +9,7 @@ preemption contract and where checkpoints live. The dataclasses below are the sc
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..checkpoint_interval import DEFAULT_NODE_MTBF_HOURS
 from . import safety

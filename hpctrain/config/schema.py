@@ -134,8 +134,9 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
             if why:
                 problems.add(f"{path}.{safety.short(k, 40)}", f"the key {why}")
                 continue
-            # YAML turns 1/true into numbers/bools; environment values are strings: accept scalars.
-            if val_tp is str and isinstance(v, (int, float, bool)) and not isinstance(v, bool):
+            # YAML reads 1 and 1.5 as numbers where a string (an environment value) is meant: take
+            # them as written. true/false stay refused: they would silently become "True".
+            if val_tp is str and isinstance(v, (int, float)) and not isinstance(v, bool):
                 v = str(v)
             out[k] = _convert(val_tp, v, f"{path}.{k}", problems)
         return out

@@ -64,9 +64,6 @@ class GPTSamples:
                              f"beyond model.vocab_size ({self.vocab_size}); the data was prepared "
                              f"with another tokenizer, or raise model.vocab_size")
 
-    def epochs(self, consumed_samples: int) -> float:
-        return consumed_samples / self.num_samples
-
 
 def rank_microbatches(samples: GPTSamples, consumed_samples: int, global_batch_size: int,
                       dp_rank: int, dp_size: int, micro_batch_size: int) -> list[np.ndarray]:

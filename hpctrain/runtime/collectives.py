@@ -10,21 +10,6 @@ only outside the step.
 from __future__ import annotations
 
 
-def _device(device: str):
-    import torch
-    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None
-
-
-def sum_floats(values: list[float], device: str) -> list[float]:
-    """Element-wise sum over all ranks (float64)."""
-    import torch
-    import torch.distributed as dist
-    t = torch.tensor(values, dtype=torch.float64, device=_device(device))
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
 def start_sum(t):
     """Start an element-wise sum of tensor ``t`` over all ranks, in place and asynchronously;
     returns a function that waits for it and gives the sums as Python floats. On a GPU the

@@ -79,10 +79,6 @@ def _patch_globally() -> None:
 _mode: CudaToCpuMode | None = None
 
 
-def installed() -> bool:
-    return _mode is not None
-
-
 def install() -> None:
     """Install the shim in this process (idempotent)."""
     global _mode

@@ -6,7 +6,6 @@ import dataclasses
 import difflib
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 

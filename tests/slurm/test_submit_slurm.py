@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
-from pathlib import Path
 
 import pytest
 

@@ -98,7 +98,6 @@ class Checkpointer:
         self.mo = mo
         self.root = Path(root)
         self.hooks = hooks
-        self.async_enabled = bool(ctx.job.checkpoint.async_save)
         self._queue = None
         self._strategy = None
         self._validated = False
@@ -106,7 +105,6 @@ class Checkpointer:
         self.last_published_step: int | None = None
         self.last_published_path: str | None = None
         self.estimate = None                # a preemption.SaveEstimate, fed with every save
-        self.last_sync_seconds: float | None = None
         self.saves: list[dict] = []         # timings of every save this attempt
         self.verify_seconds: float | None = None
 
@@ -164,7 +162,6 @@ class Checkpointer:
             request.execute_sync()
             info["seconds"] = time.monotonic() - started
             info["stall_seconds"] = info["seconds"]
-            self.last_sync_seconds = info["seconds"]
         else:
             self._async_queue().schedule_async_request(request)
             info["stall_seconds"] = time.monotonic() - started
