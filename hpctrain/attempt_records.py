@@ -56,8 +56,8 @@ class _Record:
 
 
 @dataclass(kw_only=True)
-class AttemptResult(_Record):
-    """What rank 0 did in one attempt (``result.json``), written just before it exits."""
+class AttemptOutcome(_Record):
+    """How an attempt went, as rank 0 saw it: what ``result.json`` and the ledger record share."""
 
     ALWAYS = ("attempt", "start_step", "end_step", "exit_reason", "exit_code", "checkpoint_loaded",
               "checkpoint_saved", "last_loss", "start_time", "end_time", "message")
@@ -73,7 +73,18 @@ class AttemptResult(_Record):
     start_time: float | None = None
     end_time: float | None = None
     message: str | None = None
-    # what the attempt measured (absent when it ended before measuring it)
+    extra: dict = field(default_factory=dict)
+
+    def outcome(self) -> dict:
+        """The shared fields, to start a record of another kind from this one."""
+        return {name: getattr(self, name) for name in AttemptOutcome.ALWAYS}
+
+
+@dataclass(kw_only=True)
+class AttemptResult(AttemptOutcome):
+    """What rank 0 did in one attempt (``result.json``), written just before it exits, with
+    what the attempt measured (absent when it ended before measuring it)."""
+
     layers: dict | None = None
     local_parameters: int | None = None
     optimizer: Any = None
@@ -83,7 +94,6 @@ class AttemptResult(_Record):
     verify_seconds: float | None = None
     first_step_after_s: float | None = None
     weights_digest: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -117,38 +127,25 @@ class Decision:
 
 
 @dataclass(kw_only=True)
-class AttemptRecord(_Record):
-    """One attempt in the run's ledger: the result merged with what the scheduler knows, and
+class AttemptRecord(AttemptOutcome):
+    """One attempt in the run's ledger: the outcome merged with what the scheduler knows, and
     the requeue decision."""
 
-    ALWAYS = ("attempt", "job_id", "restart_count", "scheduler", "nodes", "start_time",
-              "end_time", "started", "duration_s", "start_step", "end_step", "exit_reason",
-              "exit_code", "checkpoint_loaded", "checkpoint_saved", "last_loss", "message")
+    ALWAYS = AttemptOutcome.ALWAYS + ("job_id", "restart_count", "scheduler", "nodes", "started",
+                                      "duration_s")
 
-    attempt: int | None = None
     job_id: str | None = None
     restart_count: int | None = None
     scheduler: str | None = None
     nodes: list[str] | None = None
-    start_time: float | None = None
-    end_time: float | None = None
     started: str | None = None          # start_time, local time, readable
     duration_s: float | None = None
-    start_step: int | None = None
-    end_step: int | None = None
-    exit_reason: ExitReason | str | None = None
-    exit_code: int | None = None
-    checkpoint_loaded: str | None = None
-    checkpoint_saved: str | None = None
-    last_loss: float | None = None
-    message: str | None = None
     first_failure: dict | None = None   # a FailureRecord's dict, for failed attempts
     note: str | None = None
     task_exits: list | None = None      # srun's per-task exits (Slurm)
     excluded_nodes: list[str] | None = None   # the preflight gate's bad nodes
     preflight_report: str | None = None
     decision: Decision | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "AttemptRecord":

@@ -113,14 +113,12 @@ def _finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler:
             why = exit_codes.reason_for(exit_code)  # a rank failed before the final save
     ended = time.time()
     started = started_at or result.start_time or ended
-    record = AttemptRecord(
-        attempt=attempt, job_id=job_id, restart_count=restart_count, scheduler=scheduler,
-        nodes=nodes or [], start_time=started, end_time=ended,
+    record = AttemptRecord(**{
+        **result.outcome(), "attempt": attempt, "exit_reason": reason or why,
+        "exit_code": exit_code, "start_time": started, "end_time": ended}, job_id=job_id,
+        restart_count=restart_count, scheduler=scheduler, nodes=nodes or [],
         started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-        duration_s=round(ended - started, 1), start_step=result.start_step,
-        end_step=result.end_step, exit_reason=reason or why, exit_code=exit_code,
-        checkpoint_loaded=result.checkpoint_loaded, checkpoint_saved=result.checkpoint_saved,
-        last_loss=result.last_loss, message=result.message, note=note, **details)
+        duration_s=round(ended - started, 1), note=note, **details)
     failure = first_failure(run, attempt) if record.exit_reason == ExitReason.FAILED else None
     if failure:
         record.first_failure = failure.to_dict()
