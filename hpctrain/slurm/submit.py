@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from .. import __version__
 from ..config import ClusterProfile, Resolved, time_limit_seconds, yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError, SubmissionError
-from ..runs import Run, create_run, folder_mode
+from ..identity import free_port
+from ..runs import Run, checkpoint_location, create_run, folder_mode
 from .render import ScriptInputs, render_sbatch, render_step_script
 
 
@@ -63,13 +63,10 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
         job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)
     yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
     yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
-    ckpt = job.checkpoint.dir or (
-        str(Path(profile.storage.checkpoint_root).expanduser() / run.id)
-        if profile.storage.checkpoint_root else str(run.path / "checkpoints"))
     run.update_meta(run_id=run.id, name=job.name, profile=profile.name, scheduler=profile.scheduler,
                     created=_now(), hpctrain_version=__version__, job_source=source,
                     layout=resolved.layout.describe(), world_size=profile.world_size,
-                    checkpoint_dir=ckpt, jobs=[])
+                    checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
     run.logs_dir.mkdir(parents=True, exist_ok=True)
     return run
 
@@ -77,12 +74,6 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
 def _now() -> str:
     from ..runs import now_iso
     return now_iso()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _submit_slurm(run: Run, profile: ClusterProfile, script: str, function: Callable, args: tuple):
@@ -110,7 +101,7 @@ def _submit_local(run: Run, profile: ClusterProfile, function: Callable, args: t
     from .executors import DetachedLocalExecutor
     run.submitit_dir.mkdir(parents=True, exist_ok=True)
     limit_s = time_limit_seconds(profile) or 24 * 3600
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
            "HPCTRAIN_RUN_DIR": str(run.path), "HPCTRAIN_LOG_TO_FILE": "1",
            "HPCTRAIN_PREEMPT_SIGNAL": profile.preemption.signal,
            "SUBMITIT_PREEMPT_SIGNAL": profile.preemption.signal,
