@@ -1,7 +1,59 @@
 """hpctrain: from a YAML description to a healthy, self-healing Slurm training job.
 
-Importing the package is cheap on purpose (no torch, no megatron): the CLI imports the heavy
-runtime only on the paths that train.
+From Python::
+
+    import hpctrain
+    run = hpctrain.submit("examples/tiny.yaml", profile="dev-slurm")   # -> hpctrain.Run
+    run.wait()                     # follows the run to its end, returns its final state
+    run.status()                   # what `hpctrain status RUN --json` prints
+    run.metrics()                  # the metrics records
+    hpctrain.plan("examples/llama2-7b.yaml", profile="h100-ib-pyxis")  # `plan --json`'s data
+    hpctrain.runs()                # the run folders, newest first, as Run objects
+    hpctrain.Run("runs/tiny-gpt-20250101-120000-ab12")                  # an existing run
+
+Importing the package is cheap on purpose (no torch, no megatron, no submitit): the names
+above are looked up on first use (PEP 562), and only the paths that train import the runtime.
+
+``hpctrain.submit``, ``hpctrain.plan`` and ``hpctrain.runs`` are these functions, even though
+``hpctrain.plan`` (the planner) and ``hpctrain.runs`` (run folders) are also module names:
+importing those modules does not rebind the names here. Import from the modules with
+``from hpctrain.plan import ...`` and ``from hpctrain.runs import ...``.
 """
 
+import sys
+import types
+
 __version__ = "0.1.0"
+
+# public name -> (module, attribute), imported on first use
+_API = {"submit": ("hpctrain.api", "submit"), "plan": ("hpctrain.api", "plan"),
+        "runs": ("hpctrain.api", "runs"), "Run": ("hpctrain.runs", "Run")}
+
+__all__ = ["Run", "__version__", "plan", "runs", "submit"]
+
+
+def __getattr__(name):
+    target = _API.get(name)
+    if target is None:
+        raise AttributeError(f"module 'hpctrain' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))
+
+
+class _Package(types.ModuleType):
+    """The package object: importing ``hpctrain.plan`` or ``hpctrain.runs`` binds the module to
+    the package's attribute of that name; here the API's function keeps the name instead."""
+
+    def __setattr__(self, name, value):
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

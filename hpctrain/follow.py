@@ -1,17 +1,23 @@
 """Follow a run to its end: progress lines, attempt outcomes and requeues as they happen.
 
-Used by ``hpctrain submit --wait`` (the local profile waits by default) and
-``hpctrain logs --follow``. It reads only files in the run folder and the scheduler's view of
-the run's jobs, so following can stop and restart at any time without touching the job.
+The one home of following: ``hpctrain submit --wait``, ``requeue``/``resume --wait``, a local
+sweep's runs, ``hpctrain logs --follow`` and ``Run.wait()`` all go through here. It reads only
+files in the run folder and the scheduler's view of the run's jobs, so following can stop and
+restart at any time without touching the job.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .runs import Run
+from .errors import HpcTrainError
+from .exit_codes import ExitReason
+from .slurm.state import live_jobs
+
+if TYPE_CHECKING:   # the run folder's class calls this module (Run.wait): no import cycle
+    from .runs import Run
 
 NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "DeprecationWarning")
 
@@ -119,3 +125,132 @@ def describe_attempt(rec: dict) -> str:
         why += f"\n[hpctrain]   {rec['note']}"
     return (f"[hpctrain] attempt {rec.get('attempt')} ended: {rec.get('exit_reason')} ({steps}, "
             f"{rec.get('duration_s')} s); {then}{why}")
+
+
+# ---- following a run to its end ---------------------------------------------------------------
+
+
+def follow_run(run: Run, echo: Callable[[str], None] | None = None, *,
+               on_poll: Callable[[dict | None], None] | None = None,
+               from_attempt: int | None = None, poll_s: float = 1.0,
+               timeout_s: float | None = None) -> dict:
+    """Follow ``run`` until none of its training jobs is pending or running; return the last
+    ledger record ({} when no attempt ended). ``echo`` gets rank 0's and the batch shell's
+    progress lines and one line per attempt that ended (None: silent); ``on_poll`` gets the
+    newest metrics record on every poll (a progress bar). Past ``timeout_s``: TimeoutError."""
+    start = time.monotonic()
+
+    def active() -> bool:
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"run {run.id} still has a pending or running job after "
+                               f"{timeout_s:g} s")
+        running = bool(live_jobs(run))
+        if on_poll is not None:
+            on_poll(run.latest_metrics())
+        return running
+    if echo is None:   # nothing to show: only the scheduler's view, no log reading
+        while active():
+            time.sleep(poll_s)
+        time.sleep(min(poll_s, 1.0))   # the ledger record is written as the job ends
+        ledger = run.ledger()
+        return ledger[-1] if ledger else {}
+    return follow(run, active, echo, poll_s=poll_s, from_attempt=from_attempt)
+
+
+def failure_detail(job: Any) -> str:
+    """What went wrong, from submitit's error pickle (the traceback's last lines) if any."""
+    try:
+        exc = job.exception()
+    except Exception:   # no result pickle, or one submitit cannot read: nothing to add
+        return ""
+    if exc is None:
+        return ""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("-" * 10)]
+    return "\n".join(lines[-6:])
+
+
+def unfinished_reason(run: Run, last: dict, job: Any = None) -> str | None:
+    """None when the run finished; else why not, in one message naming the way to its logs."""
+    reason = last.get("exit_reason")
+    if reason == ExitReason.FINISHED:
+        return None
+    detail = failure_detail(job) if job is not None else ""
+    msg = (f"run {run.id} did not finish: last attempt ended with {reason or 'no record'}"
+           + (f" ({last['decision']['reason']})" if last.get("decision") else "")
+           + (f"; {last['message']}" if reason == ExitReason.FAILED and last.get("message") else "")
+           + f"; see `hpctrain logs {run.id}`")
+    return msg + (f"\n{detail}" if detail else "")
+
+
+def follow_to_end(run: Run, echo: Callable[[str], None] | None = None, *, job: Any = None,
+                  on_poll: Callable[[dict | None], None] | None = None,
+                  from_attempt: int | None = None, poll_s: float = 1.0) -> dict:
+    """``follow_run``, then raise HpcTrainError with the reason unless the run finished
+    (``job``: submitit's job, whose error pickle adds the traceback's last lines)."""
+    last = follow_run(run, echo, on_poll=on_poll, from_attempt=from_attempt, poll_s=poll_s)
+    why = unfinished_reason(run, last, job)
+    if why:
+        raise HpcTrainError(why)
+    return last
+
+
+def wait_for_runs(runs: list[Run], echo: Callable[[str], None] | None = None,
+                  poll_s: float = 2.0) -> dict[Path, str]:
+    """Wait until none of ``runs`` has a pending or running job (one scheduler query per poll
+    for all of them); return each run's final state, saying how each ended through ``echo``."""
+    from .ops.runview import build_views
+    pending = {r.path for r in runs}
+    states: dict[Path, str] = {}
+    while pending:
+        for view in build_views([r for r in runs if r.path in pending]):
+            if not view.active_jobs:
+                pending.discard(view.run.path)
+                states[view.run.path] = view.state
+                if echo is not None:
+                    echo(f"run {view.run.id}: {view.state} at step {view.step}")
+        if pending:
+            time.sleep(poll_s)
+    return states
+
+
+def wait_for_preflight_report(run: Run, job: Any, limit_s: float,
+                              on_progress: Callable[[str], None] | None = None) -> dict | None:
+    """The report a preflight job's rank 0 writes (``RUN/preflight/report-*.json``), once it is
+    there; None when the job ended without one or ``limit_s`` passed. ``on_progress`` gets the
+    checks' progress messages as they are written."""
+    import json
+    pdir = run.path / "preflight"
+    deadline = time.monotonic() + limit_s
+    shown = 0
+    progress = pdir / "progress.jsonl"
+    seen_done_at = None
+    while time.monotonic() < deadline:
+        if on_progress is not None and progress.exists():
+            lines = progress.read_text().splitlines()
+            for line in lines[shown:]:
+                try:
+                    on_progress(json.loads(line)["msg"])
+                except (ValueError, KeyError):
+                    pass
+            shown = len(lines)
+        reports = sorted(pdir.glob("report-*.json"))
+        if reports:
+            try:
+                report = json.loads(reports[-1].read_text())
+            except ValueError:   # being written: read it on the next round
+                report = None
+            if report is not None:
+                return report
+        if _job_done(job):
+            seen_done_at = seen_done_at or time.monotonic()
+            if time.monotonic() - seen_done_at > 5:  # ended without a report
+                return None
+        time.sleep(0.5)
+    return None
+
+
+def _job_done(job: Any) -> bool:
+    try:
+        return job.done()
+    except Exception:   # the scheduler could not be asked this time: ask again next round
+        return False

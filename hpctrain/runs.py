@@ -43,7 +43,7 @@ from typing import Any, Iterator
 
 from .attempt_records import AttemptRecord
 from .config import yamlio
-from .errors import RunNotFoundError, UsageError
+from .errors import HpcTrainError, RunNotFoundError, UsageError
 from .exit_codes import ExitReason
 
 RUN_FILE = "run.yaml"
@@ -88,6 +88,20 @@ def default_runs_root(profile_runs_root: str | None = None) -> Path:
     if profile_runs_root:
         return Path(profile_runs_root).expanduser().resolve()
     return Path("runs").resolve()
+
+
+def runs_root(runs_dir: str | Path | None = None) -> Path:
+    """The folder a command looks for runs in: ``runs_dir`` (``--runs-dir``), else
+    ``$HPCTRAIN_RUNS_DIR``, the default profile's ``storage.runs_root``, or ``./runs``. A
+    default profile that cannot be read does not stop anyone from looking at their runs."""
+    if runs_dir:
+        return Path(runs_dir).expanduser().resolve()
+    from .config import load_profile
+    try:
+        profile_root = load_profile().storage.runs_root
+    except (HpcTrainError, OSError, ValueError):
+        profile_root = None
+    return default_runs_root(profile_root)
 
 
 def now_iso() -> str:
@@ -172,9 +186,17 @@ REOPEN_EVENTS = ("resume", "requeue")
 
 @dataclass
 class Run:
-    """A run folder. Cheap to create: it only holds the path."""
+    """A run folder, and the object ``hpctrain.submit`` returns (``hpctrain.Run``).
+
+    Cheap to create: it only holds the path, and every question reads the folder (and, for
+    ``status``/``wait``, asks the scheduler) when it is asked. ``Run("runs/tiny-gpt-...")``
+    opens an existing run folder.
+    """
 
     path: Path
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path).expanduser()
 
     # ---- files -------------------------------------------------------------------------
     @property
@@ -304,8 +326,62 @@ class Run:
         append_jsonl(self.events_file, record)
         return record
 
-    def metrics(self) -> list[dict]:
-        return read_jsonl(self.metrics_file)
+    def metrics(self, as_frame: bool = False):
+        """The training metrics, one record per logged step (``metrics.jsonl``): a list of
+        dicts, or with ``as_frame=True`` a pandas DataFrame with one row per record (pandas is
+        not a dependency: it is imported only then)."""
+        records = read_jsonl(self.metrics_file)
+        if not as_frame:
+            return records
+        try:
+            import pandas
+        except ImportError:
+            raise UsageError("Run.metrics(as_frame=True) needs pandas: pip install pandas "
+                             "(or call metrics() for a list of dicts)") from None
+        return pandas.DataFrame.from_records(records)
+
+    def latest_metrics(self) -> dict | None:
+        """The newest metrics record, reading only the end of the file."""
+        return read_last_jsonl(self.metrics_file)
+
+    # ---- the run as a whole: state, status, waiting (modules above this one, imported when
+    # asked; they take a Run without importing this module, so there is no import cycle) ------
+    def _require(self) -> None:
+        if not self.run_file.is_file():
+            raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
+                                   "`hpctrain runs` lists the run folders")
+
+    def state(self) -> str:
+        """RUNNING, PENDING, ... (Slurm's word) while a job is active; else FINISHED, CANCELLED,
+        STOPPED, NOT SUBMITTED or the last job's final state (the STATE of ``hpctrain runs``)."""
+        from .ops.runview import build_view
+        self._require()
+        return build_view(self).state
+
+    def summary(self) -> dict:
+        """The run's row in ``hpctrain runs --json``."""
+        from .ops.runview import build_view
+        self._require()
+        return build_view(self).summary()
+
+    def status(self) -> dict:
+        """What ``hpctrain status RUN --json`` prints: live job state, step and loss, the
+        attempts, the checkpoints."""
+        from .ops.checkpoints import inspect_checkpoints
+        from .ops.runview import build_view
+        from .ops.status import status_data
+        self._require()
+        return status_data(build_view(self), inspect_checkpoints(self))
+
+    def wait(self, *, echo=None, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
+        """Block until none of the run's training jobs is pending or running (requeues and
+        chained jobs included) and return its final :meth:`state`. ``echo`` (e.g. ``print``)
+        gets the progress lines ``hpctrain submit --wait`` shows; past ``timeout_s``,
+        TimeoutError (the jobs go on)."""
+        from .follow import follow_run
+        self._require()
+        follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
+        return self.state()
 
     def cancelled(self, events: list[dict] | None = None) -> bool:
         """A user cancelled the run and did not requeue or resume it since."""

@@ -48,13 +48,7 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        try:
-            module = importlib.import_module(f"{__name__}.{module_name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"{__name__}.{module_name}":
-                return None
-            raise
-        return getattr(module, attr, None)
+        return getattr(importlib.import_module(f"{__name__}.{module_name}"), attr)
 
     def invoke(self, ctx):
         try:

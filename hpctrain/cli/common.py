@@ -1,4 +1,5 @@
-"""Options and helpers shared by several commands (kept free of heavy imports)."""
+"""Options, arguments and printing helpers shared by several commands (kept free of heavy
+imports): the only module a command module imports from ``hpctrain.cli``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,60 @@ runs_dir_option = click.option(
     envvar="HPCTRAIN_RUNS_DIR",
     help="Folder holding run folders (default: $HPCTRAIN_RUNS_DIR, the profile's "
          "storage.runs_root, or ./runs).")
+
+
+def runs_root(runs_dir: Path | None) -> Path:
+    """--runs-dir / $HPCTRAIN_RUNS_DIR, else the default profile's storage.runs_root, else ./runs."""
+    from ..runs import runs_root as find_root
+    return find_root(runs_dir)
+
+
+def complete_runs(ctx, param, incomplete: str):
+    """Shell completion of RUN: the run ids under the runs folder, newest first."""
+    from click.shell_completion import CompletionItem
+
+    from ..runs import iter_runs
+    root = runs_root(ctx.params.get("runs_dir"))
+    runs = sorted(iter_runs(root), key=lambda r: r.path.stat().st_mtime, reverse=True)
+    return [CompletionItem(r.id) for r in runs if r.id.startswith(incomplete)]
+
+
+def run_argument(f):
+    """RUN: a run folder, a run id, a unique prefix of one, or a job id the run submitted."""
+    return click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)(f)
+
+
+def find(run_ref: str, runs_dir):
+    from ..runs import find_run
+    return find_run(run_ref, runs_root(runs_dir))
+
+
+def follow_in_terminal(run, *, job=None, quiet: bool = False,
+                       from_attempt: int | None = None) -> None:
+    """Print the run's progress until its jobs end, with a progress bar when a person watches;
+    say how it finished, or raise with the reason it did not (``hpctrain.follow``)."""
+    from ..errors import HpcTrainError
+    from ..follow import follow_to_end
+    from ..ops.progress import ProgressLine
+    try:
+        total = run.resolved_job().train.steps
+    except HpcTrainError:
+        total = None
+    bar = ProgressLine(total, enabled=interactive() and not quiet, echo=click.echo)
+
+    def on_poll(m: dict | None) -> None:
+        m = m or {}
+        bar.update(m.get("step"), f"loss {m['loss']:.4g}" if isinstance(m.get("loss"), float)
+                   else "")
+    try:
+        last = follow_to_end(run, (lambda s: None) if quiet else bar.echo, job=job,
+                             on_poll=on_poll, from_attempt=from_attempt)
+    finally:
+        bar.close()
+    if not quiet:
+        loss = last.get("last_loss")
+        click.echo(f"Run {run.id} finished at step {last.get('end_step')} "
+                   f"(loss {f'{loss:.4f}' if isinstance(loss, float) else loss}).")
 
 
 def echo_json(data) -> None:

@@ -4,61 +4,22 @@ from __future__ import annotations
 
 import click
 
-from ..config import DEFAULT_PROFILE, load_job, load_profile
+from ..config import DEFAULT_PROFILE, load_job
 from ..config.job import MAX_LAYERS
 from ..config.profile import MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
 from ..errors import UsageError
 from .common import echo_json, json_option
 
 
-def _target(profile_name: str | None, nodes: int | None, gpus: int | None):
-    from ..plan import Target
-    if nodes is not None and gpus is not None:
-        raise UsageError("--nodes and --gpus both given; use one (--gpus N counts GPUs, "
-                         "--nodes N counts nodes of the profile)")
-    if gpus is not None and profile_name is None:
-        return Target.from_profile(None, gpus), f"{gpus} GPUs (no profile: GPU memory unknown)"
-    profile = load_profile(profile_name or DEFAULT_PROFILE).with_nodes(nodes)
-    gpn = profile.slurm.gpus_per_node
-    if gpus is None and profile.world_size > MAX_WORLD_SIZE:
-        raise UsageError(f"--nodes: {profile.slurm.nodes} nodes × {gpn} GPUs = "
-                         f"{profile.world_size:,}; hpctrain plans at most {MAX_WORLD_SIZE:,} GPUs")
-    if gpus is not None and gpus > gpn and gpus % gpn:
-        raise UsageError(f"--gpus: {gpus} is not a whole number of nodes of {gpn} GPUs "
-                         f"(profile {profile.name!r}, slurm.gpus_per_node); use a multiple of {gpn}")
-    target = Target.from_profile(profile, gpus)
-    nodes_used = max(1, target.world_size // gpn)
-    mem = f"{profile.node.gpu_memory_gb:g} GiB" if profile.node.gpu_memory_gb else "memory unknown"
-    peak = f", {profile.node.peak_tflops:g} TFLOP/s" if profile.node.peak_tflops else ""
-    what = "CPU ranks" if target.device == "cpu" else "GPUs"
-    return target, (f"{target.world_size} {what} ({nodes_used} node(s) × {target.gpus_per_node}) "
-                    f"of profile {profile.name!r}: {mem}{peak} per GPU")
-
-
-def _pinned(job, target, as_json, tp, pp, vpp, mbs, sp, recompute) -> None:
-    from ..plan import explain_layout, plan_layouts
-    from ..plan.layouts import PlanResult, Rejected
-    from ..plan.render import assumptions, explain, plan_json
-    vpp_arg = "job" if vpp is None else (vpp or None)
-    rec_arg = "job" if recompute is None else (None if recompute == "none" else recompute)
-    plan, problems = explain_layout(job, target, tp=tp, pp=pp, vpp=vpp_arg, mbs=mbs,
-                                    sequence_parallel=sp, recompute=rec_arg)
-    par = job.parallel
-    name = (f"TP{tp or par.tensor_model_parallel_size}×PP{pp or par.pipeline_model_parallel_size}"
-            + (f"×VPP{vpp_arg if vpp_arg != 'job' else par.virtual_pipeline_model_parallel_size}"
-               if (vpp_arg if vpp_arg != "job" else par.virtual_pipeline_model_parallel_size)
-               else ""))
+def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
+    from ..plan import plan_layouts
+    from ..plan.render import assumptions, explain
+    from ..plan.request import plan_pinned
+    pinned = plan_pinned(job, target, tp=tp, pp=pp, vpp=vpp, mbs=mbs, sp=sp, recompute=recompute)
+    plan = pinned.plan
     if plan is None:
-        reasons = [f"{path}: {msg}" for path, msg in problems]
-        if as_json:
-            empty = PlanResult(target, (), ())
-            echo_json(plan_json(job, empty, [], [Rejected(name, tuple(reasons))]))
-            raise click.exceptions.Exit(2)
-        raise UsageError(f"{name} is not a valid layout on {target.world_size} GPUs:\n"
-                         + "\n".join(f"  - {r}" for r in reasons))
-    if as_json:
-        echo_json(plan_json(job, PlanResult(target, (plan,), ()), [plan], []))
-        return
+        raise UsageError(f"{pinned.name} is not a valid layout on {target.world_size} GPUs:\n"
+                         + "\n".join(f"  - {r}" for r in pinned.reasons))
     for line in explain(plan, target, job):
         click.echo(line)
     if plan.fits is False:
@@ -112,16 +73,22 @@ def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, t
       hpctrain plan examples/llama2-7b.yaml --gpus 64 --json
     """
     from ..plan import plan_layouts
-    from ..plan.render import assumptions, explain, plan_json, reference_parameters, table, unit_for
+    from ..plan.render import assumptions, explain, reference_parameters, table, unit_for
+    from ..plan.request import plan_data, plan_target
     job = load_job(job_file)
-    target, where = _target(profile_name, nodes, gpus)
-    if any(x is not None for x in (tp, pp, vpp, mbs, sp, recompute)):
-        _pinned(job, target, as_json, tp, pp, vpp, mbs, sp, recompute)
+    pinned = any(x is not None for x in (tp, pp, vpp, mbs, sp, recompute))
+    if as_json:
+        data = plan_data(job, profile_name, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
+                         mbs=mbs, sp=sp, recompute=recompute)
+        echo_json(data)
+        if pinned and not data["layouts"]:   # the pinned layout is not valid: a usage error
+            raise click.exceptions.Exit(2)
+        return
+    target, where = plan_target(profile_name, nodes, gpus)
+    if pinned:
+        _pinned(job, target, tp, pp, vpp, mbs, sp, recompute)
         return
     result = plan_layouts(job, target)
-    if as_json:
-        echo_json(plan_json(job, result))
-        return
     params, described = reference_parameters(job, result)
     click.echo(f"{job.name} on {where}")
     click.echo(f"Parameters: {params.total:,} (vocabulary padded to {params.padded_vocab_size:,}); "

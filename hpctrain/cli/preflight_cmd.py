@@ -7,14 +7,12 @@ report is printed when rank 0 has written it; progress lines follow on a termina
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import click
 
-from ..errors import HpcTrainError, UsageError
+from ..errors import HpcTrainError
 from .common import echo_json, interactive, json_option, nodes_option, profile_option, runs_dir_option
 
 
@@ -73,36 +71,20 @@ def _here(profile, as_json: bool) -> dict:
                         duration_s=round(time.monotonic() - t0, 2))
 
 
-def _new_run(profile, runs_dir):
-    from .. import __version__
-    from ..config import yamlio
-    from ..config.schema import to_dict
-    from ..runs import create_run, default_runs_root, now_iso
-    root = Path(runs_dir).expanduser().resolve() if runs_dir else \
-        default_runs_root(profile.storage.runs_root)
-    run = create_run(root, f"preflight-{profile.name}")
-    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
-    run.update_meta(run_id=run.id, name=run.id, kind="preflight", profile=profile.name,
-                    scheduler=profile.scheduler, created=now_iso(), hpctrain_version=__version__,
-                    world_size=profile.world_size, jobs=[])
-    run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there
-    return run
-
-
 def _job(profile, runs_dir, wait_s, as_json: bool) -> dict:
     from ..config import time_limit_seconds
-    run = _new_run(profile, runs_dir)
-    pdir = run.path / "preflight"
-    pdir.mkdir(parents=True, exist_ok=True)
+    from ..follow import wait_for_preflight_report
+    from ..submission import prepare_preflight_run, runs_root_for, submit_preflight
+    run = prepare_preflight_run(profile, runs_root_for(runs_dir, profile))
     watch = interactive() and not as_json
     if watch:
         _say(f"run folder {run.path}")
-    job = _submit(run, profile)
+    job = submit_preflight(run, profile).job
     if watch and getattr(job, "job_id", None):
         _say(f"job {job.job_id} submitted ({profile.slurm.nodes} node(s) x "
              f"{profile.slurm.gpus_per_node} rank(s))")
     limit = wait_s or time_limit_seconds(profile) or 3600
-    report = _wait_for_report(pdir, job, limit, watch)
+    report = wait_for_preflight_report(run, job, limit, on_progress=_say if watch else None)
     if report is None:
         _cancel(job)
         raise HpcTrainError(f"the preflight job wrote no report within {limit} s; its logs are in "
@@ -110,71 +92,8 @@ def _job(profile, runs_dir, wait_s, as_json: bool) -> dict:
     return report
 
 
-def _submit(run, profile):
-    """Slurm and local profiles go through hpctrain.slurm.submit; its job object comes back."""
-    from ..preflight.job import preflight_main
-    try:
-        from ..slurm.submit import submit_function
-    except ImportError:  # an installation without the submit machinery: run ranks here
-        if profile.scheduler != "local":
-            raise UsageError("this installation cannot submit to Slurm (hpctrain.slurm.submit is "
-                             "missing); run `srun python -m hpctrain.preflight.gate RUN_DIR` "
-                             "inside an allocation instead") from None
-        from ..local_launch import start_preflight
-        return start_preflight(run.path, 1, profile.slurm.gpus_per_node)
-    return submit_function(run, profile, preflight_main, (str(run.path),), kind="preflight").job
-
-
-def _job_done(job) -> bool:
-    if hasattr(job, "procs"):  # a local launch
-        return job.procs[0].poll() is not None
-    try:
-        return job.done()
-    except Exception:
-        return False
-
-
-def _wait_for_report(pdir: Path, job, limit: float, watch: bool) -> dict | None:
-    deadline = time.monotonic() + limit
-    shown = 0
-    progress = pdir / "progress.jsonl"
-    seen_done_at = None
-    while time.monotonic() < deadline:
-        if watch and progress.exists():
-            lines = progress.read_text().splitlines()
-            for line in lines[shown:]:
-                try:
-                    _say(json.loads(line)["msg"])
-                except (ValueError, KeyError):
-                    pass
-            shown = len(lines)
-        reports = sorted(pdir.glob("report-*.json"))
-        if reports:
-            try:
-                report = json.loads(reports[-1].read_text())
-            except ValueError:
-                report = None
-            if report is not None:
-                _stop_local(job)
-                return report
-        if _job_done(job):
-            seen_done_at = seen_done_at or time.monotonic()
-            if time.monotonic() - seen_done_at > 5:  # ended without a report
-                return None
-        time.sleep(0.5)
-    return None
-
-
-def _stop_local(job) -> None:
-    if hasattr(job, "procs"):
-        job.wait(timeout=30)
-
-
 def _cancel(job) -> None:
     try:
-        if hasattr(job, "procs"):
-            job.stop()
-        else:
-            job.cancel(check=False)
+        job.cancel(check=False)
     except Exception:  # best effort: the job may be gone already
         print("warning: could not cancel the preflight job", file=sys.stderr)

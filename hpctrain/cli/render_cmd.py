@@ -6,22 +6,17 @@ from pathlib import Path
 
 import click
 
-from ..config import load_job, load_profile, resolve
 from ..errors import UsageError
-from ..runs import default_runs_root
 from .common import (CheckedPath, echo_json, json_option, nodes_option, profile_option,
                      runs_dir_option)
 
 
 def load_resolved(job_file: str, profile_name: str, nodes: int | None):
-    """Job + profile (+ --nodes) checked together; every problem raised at once."""
-    job = load_job(job_file)
-    profile = load_profile(profile_name).with_nodes(nodes)
-    if nodes is not None and profile.scheduler == "local" and nodes != 1:
-        raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
-    resolved = resolve(job, profile, source=job_file)
-    from ..runtime.layers import launch_warnings   # no torch: what the ranks will decide
-    for warning in launch_warnings(resolved.job, resolved.profile):
+    """The job on its profile (``hpctrain.submission``), warnings about its layers printed."""
+    from ..submission import launch_warnings
+    from ..submission import load_resolved as load
+    resolved = load(job_file, profile_name, nodes)
+    for warning in launch_warnings(resolved):
         click.echo(f"warning: {warning}", err=True)
     return resolved
 
@@ -73,12 +68,12 @@ def render(job_file, profile_name, nodes, runs_dir, run_dir):
       sbatch --test-only tiny.sbatch
     """
     from ..runs import Run
-    from ..slurm.render import render_sbatch
-    from ..slurm.submit import script_inputs
+    from ..submission import render_script, runs_root_for, script_inputs
     r = load_resolved(job_file, profile_name, nodes)
     if r.profile.scheduler != "slurm":
         raise UsageError(f"profile {r.profile.name!r} runs without Slurm (scheduler: "
                          f"{r.profile.scheduler}); render a Slurm profile, e.g. --profile dev-slurm")
     if run_dir is None:
-        run_dir = (runs_dir or default_runs_root(r.profile.storage.runs_root)) / r.job.name
-    click.echo(render_sbatch(r, script_inputs(Run(Path(run_dir).resolve()), r.profile)), nl=False)
+        run_dir = runs_root_for(runs_dir, r.profile) / r.job.name
+    run = Run(Path(run_dir).resolve())
+    click.echo(render_script(script_inputs(run, r.profile), resolved=r), nl=False)

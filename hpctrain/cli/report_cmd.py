@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from .common import echo_json, json_option, runs_dir_option
-from .runs_cmd import find, run_argument
+from .common import echo_json, find, json_option, run_argument, runs_dir_option
 
 
 @click.command()

@@ -6,43 +6,10 @@ a unique prefix of one, or a job id the run submitted, and completes in the shel
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from .common import echo_json, json_option, runs_dir_option
-
-
-def runs_root(runs_dir: Path | None) -> Path:
-    """--runs-dir / $HPCTRAIN_RUNS_DIR, else the default profile's storage.runs_root, else ./runs."""
-    from ..runs import default_runs_root
-    if runs_dir:
-        return Path(runs_dir).expanduser().resolve()
-    try:
-        from ..config import load_profile
-        profile_root = load_profile().storage.runs_root
-    except Exception:
-        profile_root = None
-    return default_runs_root(profile_root)
-
-
-def complete_runs(ctx, param, incomplete: str):
-    """Shell completion of RUN: the run ids under the runs folder, newest first."""
-    from click.shell_completion import CompletionItem
-
-    from ..runs import iter_runs
-    root = runs_root(ctx.params.get("runs_dir"))
-    runs = sorted(iter_runs(root), key=lambda r: r.path.stat().st_mtime, reverse=True)
-    return [CompletionItem(r.id) for r in runs if r.id.startswith(incomplete)]
-
-
-def run_argument(f):
-    return click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)(f)
-
-
-def find(run_ref: str, runs_dir):
-    from ..runs import find_run
-    return find_run(run_ref, runs_root(runs_dir))
+from .common import (echo_json, find, follow_in_terminal, json_option, run_argument,
+                     runs_dir_option, runs_root)
 
 
 # ---- runs ------------------------------------------------------------------------------------
@@ -92,11 +59,8 @@ def status(run_ref, runs_dir, as_json):
       hpctrain status tiny-gpt            # a run id or unique prefix
       hpctrain status 4242 --json         # by Slurm job id
     """
-    from ..ops.checkpoints import inspect_checkpoints
-    from ..ops.runview import build_view
-    from ..ops.status import format_status, status_data
-    run = find(run_ref, runs_dir)
-    data = status_data(build_view(run), inspect_checkpoints(run))
+    from ..ops.status import format_status
+    data = find(run_ref, runs_dir).status()
     if as_json:
         echo_json(data)
     else:
@@ -199,8 +163,8 @@ def _after_resubmit(run, res, wait, as_json: bool, verb: str) -> None:
     if wait is None:
         wait = run.meta().get("scheduler") == "local" and not as_json
     if wait:
-        from .submit_cmd import follow_to_end
-        follow_to_end(res.submitted, quiet=as_json, from_attempt=res.next_attempt)
+        follow_in_terminal(run, job=res.submitted.job, quiet=as_json,
+                           from_attempt=res.next_attempt)
 
 
 @click.command()
@@ -243,9 +207,7 @@ def resume(run_ref, profile_name, nodes, force, wait, runs_dir, as_json):
       hpctrain resume tiny-gpt -p h100-ib-pyxis -N 16
     """
     from ..ops.control import resume_run
-    from .submit_cmd import check_fits
     run = find(run_ref, runs_dir)
-    res = resume_run(run, profile_name, nodes, force=force,
-                     check=lambda resolved: check_fits(resolved, force))
+    res = resume_run(run, profile_name, nodes, force=force)
     _after_resubmit(run, res, wait, as_json, "Resumed")
 

@@ -1,54 +1,13 @@
-"""``hpctrain submit``: validate, plan, prepare data, create the run folder, submit, follow."""
+"""``hpctrain submit``: options in, ``hpctrain.submission.submit`` does the work, then print what
+was submitted and (``--wait``) follow it to its end."""
 
 from __future__ import annotations
 
 import click
 
-from ..errors import HpcTrainError, UsageError
-from ..runs import default_runs_root
-from .common import echo_json, json_option, nodes_option, profile_option, runs_dir_option
-from .render_cmd import load_resolved
-
-
-def check_fits(resolved, force: bool) -> None:
-    """Refuse a layout that does not fit the GPUs' memory (the planner says why), unless forced."""
-    try:
-        from ..plan import check_fits as plan_check_fits
-    except ImportError:
-        return
-    fit = plan_check_fits(resolved.job, resolved.profile)
-    if fit.fits is False and not force:
-        raise UsageError(f"{fit.message}\nRefusing to submit a layout that does not fit; "
-                         "pass --force to submit anyway.")
-
-
-def check_data(job) -> None:
-    """Prepare the example corpus on first use; refuse a job whose data is missing."""
-    from pathlib import Path
-    try:
-        from ..data.prepare import ensure_prepared
-    except ImportError:
-        ensure_prepared = None
-    if ensure_prepared is not None:
-        ensure_prepared(job)
-    prefix = Path(job.data.path)
-    missing = [str(p) for p in (prefix.with_name(prefix.name + ".bin"),
-                                prefix.with_name(prefix.name + ".idx")) if not p.exists()]
-    if missing:
-        raise UsageError(f"data.path: {missing[0]} does not exist; prepare it with `hpctrain data "
-                         f"prepare FILES --output {job.data.path}` or set data.prepare_from")
-
-
-def failure_detail(sub) -> str:
-    """What went wrong, from submitit's error pickle (the traceback's last lines) if any."""
-    try:
-        exc = sub.job.exception()
-    except Exception:
-        return ""
-    if exc is None:
-        return ""
-    lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("-" * 10)]
-    return "\n".join(lines[-6:])
+from ..errors import HpcTrainError
+from .common import (echo_json, follow_in_terminal, json_option, nodes_option, profile_option,
+                     runs_dir_option)
 
 
 @click.command()
@@ -86,107 +45,81 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain,
       hpctrain submit job.yaml -p dev-slurm --chain 3          # 3 jobs, one after another
       hpctrain submit job.yaml -p dev-slurm --sweep train.lr=1e-4,3e-4 --max-parallel 1
     """
-    from ..slurm.submit import prepare_run, submit_training
-    resolved = load_resolved(job_file, profile_name, nodes)
-    if sweeps:
-        from .sweep_submit import submit_sweep
-        if chain > 1:
-            raise UsageError("--chain with --sweep: submit the sweep, then extend a run with "
-                             "`hpctrain resume RUN`")
-        return submit_sweep(job_file, resolved.profile, list(sweeps), runs_dir=runs_dir,
-                            max_parallel=max_parallel, dry_run=dry_run, wait=wait, force=force,
-                            as_json=as_json)
-    if max_parallel is not None:
-        raise UsageError("--max-parallel limits a sweep; add --sweep KEY=V1,V2 or drop it")
-    if chain > 1 and resolved.profile.scheduler != "slurm":
-        raise UsageError(f"--chain needs a Slurm profile; {resolved.profile.name!r} runs on this "
-                         "machine, where one job already runs to the end (drop --chain)")
-    check_fits(resolved, force)
-    check_data(resolved.job)
-    root = runs_dir or default_runs_root(resolved.profile.storage.runs_root)
-    run = prepare_run(resolved, root, source=str(job_file))
+    from ..submission import submit as submit_job
+    local_sweep = []
+
+    def follow_local_run(sub) -> str:   # a local sweep's runs, one after another
+        if not local_sweep:
+            local_sweep.append(True)
+            if not as_json:
+                click.echo(f"Sweep {sub.run.meta()['sweep']['id']}: its runs train one after "
+                           "another on this machine.")
+        if not as_json:
+            click.echo(f"--- run {sub.run.id} (job {sub.job_id}): {_values(sub.run)}")
+        follow_in_terminal(sub.run, job=sub.job, quiet=as_json)
+        return "finished"
+    done = submit_job(job_file, profile_name, nodes=nodes, runs_dir=runs_dir, chain=chain,
+                      sweep=list(sweeps), max_parallel=max_parallel, dry_run=dry_run, force=force,
+                      follow_local_run=follow_local_run,
+                      warn=lambda message: click.echo(f"warning: {message}", err=True))
+    if done.sweep_dir is not None:
+        _report_sweep(done, as_json)
+        if done.array_job_id and wait:
+            from ..follow import wait_for_runs
+            wait_for_runs(done.runs, echo=None if as_json else click.echo)
+        return
+    run = done.run
     if dry_run:
-        if resolved.profile.scheduler == "slurm":
-            from ..config import yamlio
-            from ..slurm.render import render_sbatch
-            from ..slurm.submit import script_inputs
-            yamlio.write_atomic(run.script_file,
-                                render_sbatch(resolved, script_inputs(run, resolved.profile)))
-        run.update_meta(dry_run=True)
         if as_json:
             echo_json({"run": run.id, "run_dir": str(run.path), "job_id": None, "dry_run": True,
-                       "script": str(run.script_file) if run.script_file.exists() else None})
+                       "script": str(done.script) if done.script else None})
         else:
             click.echo(f"Dry run: run folder {run.path} prepared; nothing submitted.")
         return
-    if chain > 1:
-        from ..ops.launch import submit_chain
-        subs = submit_chain(resolved, run, chain)
-        sub = subs[0]
-    else:
-        sub = submit_training(resolved, run)
-        subs = [sub]
+    subs = done.submitted
+    resolved = done.resolved
     if wait is None:
         wait = resolved.profile.scheduler == "local" and not as_json
     if as_json:
-        echo_json({"run": run.id, "run_dir": str(run.path), "job_id": sub.job_id,
-                   "job_ids": [s.job_id for s in subs],
-                   "profile": resolved.profile.name, "layout": resolved.layout.describe()})
+        echo_json({"run": run.id, "run_dir": str(run.path), "job_id": subs[0].job_id,
+                   "job_ids": done.job_ids, "profile": resolved.profile.name,
+                   "layout": resolved.layout.describe()})
     else:
-        jobs = (f"job {sub.job_id}" if len(subs) == 1 else
-                f"a chain of {len(subs)} jobs ({', '.join(s.job_id for s in subs)}; each starts "
+        jobs = (f"job {subs[0].job_id}" if len(subs) == 1 else
+                f"a chain of {len(subs)} jobs ({', '.join(done.job_ids)}; each starts "
                 "when the previous one ended)")
         click.echo(f"Submitted {run.id} as {jobs} on {resolved.profile.name} "
                    f"({resolved.layout.describe()}).")
         click.echo(f"Run folder: {run.path}")
     if wait:
-        follow_to_end(sub, quiet=as_json)
+        follow_in_terminal(run, job=subs[0].job, quiet=as_json)
 
 
-def follow_to_end(sub, quiet: bool = False, from_attempt: int | None = None) -> None:
-    """Print the run's progress until its jobs end (attempts before ``from_attempt`` skipped);
-    raise with the reason unless it finished."""
-    from ..follow import follow
-    from ..ops.progress import ProgressLine
-    from ..runs import read_last_jsonl
-    from ..slurm.state import live_jobs
-    from .common import interactive
-    run = sub.run
-    if run.meta().get("scheduler") == "local":
-        def still_running():
-            return not sub.job.done()
+def _values(run) -> str:
+    values = (run.meta().get("sweep") or {}).get("values") or {}
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def _report_sweep(done, as_json: bool) -> None:
+    """The sweep's runs: submitted as one array, prepared (dry run), or how each ended (local)."""
+    sweep_dir, runs = done.sweep_dir, done.sweep_runs
+    local = done.resolved.profile.scheduler != "slurm" and not done.dry_run
+    if as_json:
+        echo_json({"sweep": sweep_dir.name, "sweep_dir": str(sweep_dir),
+                   "array_job_id": done.array_job_id, "dry_run": done.dry_run,
+                   "runs": [{"run": r.run.id, "run_dir": str(r.run.path), "job_id": r.job_id,
+                             "values": r.point.values, "outcome": r.outcome} for r in runs]})
     else:
-        def still_running():
-            return bool(live_jobs(run))
-    try:
-        total = run.resolved_job().train.steps
-    except HpcTrainError:
-        total = None
-    bar = ProgressLine(total, enabled=interactive() and not quiet, echo=click.echo)
-
-    def active():
-        running = still_running()
-        m = read_last_jsonl(run.metrics_file) or {}
-        bar.update(m.get("step"), f"loss {m['loss']:.4g}" if isinstance(m.get("loss"), float) else "")
-        return running
-    echo = (lambda s: None) if quiet else bar.echo
-    try:
-        last = follow(run, active, echo, from_attempt=from_attempt)
-    finally:
-        bar.close()
-    reason = last.get("exit_reason")
-    if reason == "finished":
-        if not quiet:
-            click.echo(f"Run {run.id} finished at step {last.get('end_step')} "
-                       f"(loss {_loss_text(last.get('last_loss'))}).")
-        return
-    detail = failure_detail(sub)
-    msg = (f"run {run.id} did not finish: last attempt ended with {reason or 'no record'}"
-           + (f" ({last['decision']['reason']})" if last.get("decision") else "")
-           + (f"; {last['message']}" if reason == "failed" and last.get("message") else "")
-           + f"; see `hpctrain logs {run.id}`")
-    raise HpcTrainError(msg + (f"\n{detail}" if detail else ""))
-
-
-def _loss_text(loss) -> str:
-    return f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+        if done.dry_run:
+            click.echo(f"Dry run: sweep {sweep_dir.name} prepared ({len(runs)} run folders); "
+                       f"nothing submitted. Script: {sweep_dir / 'sbatch.sh'}")
+        elif done.array_job_id:
+            click.echo(f"Submitted sweep {sweep_dir.name} as job array {done.array_job_id} "
+                       f"({len(runs)} runs): {sweep_dir}")
+        for r in runs:
+            tail = f"  {r.outcome}" if local else ""
+            click.echo(f"  {r.job_id or '-':>8}  {r.run.id}  {r.point.label()}{tail}")
+    failed = [r for r in runs if local and r.outcome != "finished"]
+    if failed:
+        raise HpcTrainError(f"{len(failed)} of {len(runs)} sweep runs did not finish: "
+                            + ", ".join(r.run.id for r in failed))

@@ -162,18 +162,4 @@ def resolve(job: JobConfig, profile: ClusterProfile, source: str = "job") -> Res
         raise ConfigError(f"{source} on profile {profile.name!r} "
                           f"({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node} GPUs)",
                           problems.items)
-    return Resolved(job=with_optimizer_format(job, profile, layout), profile=profile,
-                    layout=layout, source=source)
-
-
-def with_optimizer_format(job: JobConfig, profile: ClusterProfile, layout) -> JobConfig:
-    """``checkpoint.optimizer_format: auto`` replaced by what it resolves to on this layout
-    (the planner's save-memory rule, pure Python), so the run's job.yaml records the format."""
-    if job.checkpoint.optimizer_format != "auto":
-        return job
-    import dataclasses
-
-    from ..plan.layouts import resolve_optimizer_format
-    fmt, _ = resolve_optimizer_format(job, profile, layout)
-    return dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint,
-                                                                   optimizer_format=fmt))
+    return Resolved(job=job, profile=profile, layout=layout, source=source)

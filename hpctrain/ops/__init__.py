@@ -1,5 +1,5 @@
-"""Day-to-day operations on run folders: list, inspect, follow, cancel, requeue, resume, report,
-and the multi-job launches (chains and sweeps).
+"""Day-to-day operations on run folders: list, inspect, cancel, requeue, resume, report, and a
+sweep's values (submitting is ``hpctrain.submission``'s, following ``hpctrain.follow``'s).
 
 Everything here reads the run folder (run.yaml, ledger, events, metrics, checkpoints) and asks
 the scheduler through ``hpctrain.slurm`` only; nothing imports torch, and matplotlib is

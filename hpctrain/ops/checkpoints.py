@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..runs import Run
+if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
+    from ..runs import Run
 
 
 @dataclass

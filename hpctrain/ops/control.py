@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import getpass
 from dataclasses import dataclass
-from typing import Callable
 
 from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
 from ..config.schema import to_dict
@@ -18,7 +17,7 @@ from ..errors import ConfigError, UsageError
 from ..runs import Run, now_iso
 from ..slurm import commands
 from ..slurm.state import cancel_local, live_jobs
-from ..slurm.submit import Submitted, submit_training
+from ..submission import Submitted, check_fits, submit_training
 from .checkpoints import inspect_checkpoints
 from .runview import RunView, build_view
 
@@ -107,10 +106,11 @@ def requeue_run(run: Run) -> Resubmitted:
 
 
 def resume_run(run: Run, profile_name: str | None = None, nodes: int | None = None, *,
-               force: bool = False, check: Callable[[Resolved], None] | None = None) -> Resubmitted:
+               force: bool = False) -> Resubmitted:
     """Resubmit a stopped run from its newest complete checkpoint, on its profile or another
     one (``profile_name``/``nodes``). The runtime reshards the checkpoint to the new layout.
-    ``check`` may refuse the new layout (the planner's memory fit) before anything changes."""
+    A new layout that does not fit the GPUs' memory is refused (as at submit) unless
+    ``force``, before anything changes."""
     view = build_view(run)
     if view.active_jobs and not force:
         job = view.current_job
@@ -129,8 +129,7 @@ def resume_run(run: Run, profile_name: str | None = None, nodes: int | None = No
     if new.scheduler == "local" and new.slurm.nodes != 1:
         raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
     resolved = _resolve_for(run, new)
-    if check is not None:
-        check(resolved)
+    check_fits(resolved, force)
     changed = to_dict(new) != to_dict(old)
     if changed:
         _archive_profile(run, old, new, resolved)

@@ -8,9 +8,12 @@ resume). ``build_views`` asks Slurm once for many runs, so ``hpctrain runs`` sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..runs import Run, read_last_jsonl
 from ..slurm.state import JobState, job_states_of_runs
+
+if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
+    from ..runs import Run
 
 NOT_SUBMITTED = "NOT SUBMITTED"
 FINISHED = "FINISHED"
@@ -129,7 +132,7 @@ class RunView:
 def build_views(runs: list[Run]) -> list[RunView]:
     states = job_states_of_runs(runs, kind="train")
     return [RunView(run=r, meta=r.meta(), jobs=states[r.path], ledger=r.ledger(), events=r.events(),
-                    last_metric=read_last_jsonl(r.metrics_file),
+                    last_metric=r.latest_metrics(),
                     attempts_started=r.attempts_started()) for r in runs]
 
 

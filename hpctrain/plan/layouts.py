@@ -282,6 +282,16 @@ def plan_save(job: JobConfig, layout: Layout, target: Target, states, precision:
     return price(fmt), ""
 
 
+def with_optimizer_format(job: JobConfig, profile: ClusterProfile, layout: Layout) -> JobConfig:
+    """``checkpoint.optimizer_format: auto`` replaced by what it resolves to on this layout (a
+    copy; the job as given when it names a format), so a run's job.yaml records the format."""
+    if job.checkpoint.optimizer_format != "auto":
+        return job
+    fmt, _ = resolve_optimizer_format(job, profile, layout)
+    return dataclasses.replace(job, checkpoint=dataclasses.replace(job.checkpoint,
+                                                                   optimizer_format=fmt))
+
+
 def resolve_optimizer_format(job: JobConfig, profile: ClusterProfile, layout: Layout) -> tuple[str, str]:
     """``checkpoint.optimizer_format`` of ``job`` on ``profile``'s ``layout``: the job's own
     value, or what ``auto`` resolves to there, with the reason."""

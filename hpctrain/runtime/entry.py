@@ -130,7 +130,7 @@ def _train(run, renv, jenv, attempt, state):
 
     job, profile = run.resolved_job(), run.resolved_profile()
     layout = resolve_layout(job, profile, renv.world_size)
-    from ..config.loader import with_optimizer_format
+    from ..plan.layouts import with_optimizer_format
     job = with_optimizer_format(job, profile, layout)   # "auto" in a job.yaml not from submit
     connections_note = distributed.set_device_connections(layout)   # before CUDA starts
     check_megatron_core()

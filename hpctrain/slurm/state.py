@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..runs import Run
 from . import commands
+
+if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
+    from ..runs import Run
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING",
           "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}

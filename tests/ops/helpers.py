@@ -11,7 +11,7 @@ from pathlib import Path
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.runs import Run, read_last_jsonl
 from hpctrain.slurm.state import live_jobs
-from hpctrain.slurm.submit import prepare_run, submit_training
+from hpctrain.submission import prepare_run, submit_training
 from tests.conftest import REPO, wait_until
 
 OPS_JOB = REPO / "tests" / "ops" / "tiny-ops.yaml"

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from hpctrain.ops.launch import submit_chain
+from hpctrain.submission import submit_chain
 from tests.conftest import wait_until
 from tests.ops.helpers import cli, ops_profile, ops_resolved, ops_run, wait_ledger, wait_step, wait_stopped
 

@@ -10,7 +10,7 @@ import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.runs import Run, RunFileError, append_jsonl, create_run, read_jsonl
-from hpctrain.slurm.submit import prepare_run
+from hpctrain.submission import prepare_run
 from tests.conftest import REPO, hpctrain
 
 

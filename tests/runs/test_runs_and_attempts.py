@@ -11,7 +11,7 @@ from hpctrain.attempts import finish_attempt, read_result, write_failure, write_
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.errors import RunNotFoundError
 from hpctrain.runs import append_jsonl, create_run, find_run, read_jsonl
-from hpctrain.slurm.submit import prepare_run
+from hpctrain.submission import prepare_run
 from tests.conftest import REPO
 
 

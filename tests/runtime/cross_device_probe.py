@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     setup(renv.rank)
     job, profile = run.resolved_job(), run.resolved_profile()
     layout = resolve_layout(job, profile, renv.world_size)
-    from hpctrain.config.loader import with_optimizer_format
+    from hpctrain.plan.layouts import with_optimizer_format
     job = with_optimizer_format(job, profile, layout)   # checkpoint.optimizer_format: auto
     distributed.prepare_device("cpu", renv)
     distributed.init_process_group(renv, "cpu", 60)

@@ -9,7 +9,7 @@ import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.slurm.batch_steps import cmd_begin, parse_slurm_time, signal_action
-from hpctrain.slurm.submit import prepare_run
+from hpctrain.submission import prepare_run
 from tests.conftest import REPO
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.slurm.commands import job_info
-from hpctrain.slurm.submit import prepare_run
+from hpctrain.submission import prepare_run
 from tests.conftest import REPO, job_gone, wait_until
 
 pytestmark = pytest.mark.slurm

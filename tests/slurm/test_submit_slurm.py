@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.slurm.submit import prepare_run, submit_function
+from hpctrain.submission import prepare_run, submit_function
 from tests.conftest import REPO, hpctrain, job_gone, wait_until
 from tests.slurm import tasks
 

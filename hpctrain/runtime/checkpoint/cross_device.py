@@ -31,7 +31,7 @@ EXTRA_STATE_SUFFIX = "_extra_state"
 
 
 def _error(message: str):
-    from .manager import CheckpointError   # manager imports this module
+    from .store import CheckpointError
     return CheckpointError(message)
 
 

@@ -28,19 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import __version__
-from ...errors import HpcTrainError
 from .. import collectives, rng
 from ..log import logger
 from . import cross_device
 from . import state as ckstate
 from . import store
 from .results_queue import install_results_queue
+from .store import CheckpointError
 
 SIDECAR = ".crc-rank{rank}.json"
-
-
-class CheckpointError(HpcTrainError):
-    pass
 
 
 @dataclass

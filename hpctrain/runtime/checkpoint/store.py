@@ -36,7 +36,11 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from ...errors import UsageError
+from ...errors import HpcTrainError, UsageError
+
+
+class CheckpointError(HpcTrainError):
+    """A checkpoint that cannot be saved or loaded as asked (the message says why and the fix)."""
 
 MANIFEST = "manifest.json"
 LATEST = "latest"

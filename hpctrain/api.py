@@ -1,0 +1,66 @@
+"""hpctrain from Python: the calls behind ``hpctrain.submit``, ``hpctrain.plan`` and
+``hpctrain.runs`` (``hpctrain.Run`` is :class:`hpctrain.runs.Run`).
+
+Each does what its command does, through the same library functions, and returns objects
+instead of printing: ``submit`` a :class:`Run` (a list of them for a sweep), ``plan`` the data
+``hpctrain plan --json`` prints, ``runs`` the run folders ``hpctrain runs`` lists. Errors are
+the CLI's: :class:`hpctrain.errors.UsageError` (bad input, with the field and the fix),
+:class:`hpctrain.errors.SubmissionError` (sbatch refused), both :class:`HpcTrainError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from .config import DEFAULT_PROFILE, ClusterProfile
+from .runs import Run
+
+
+def submit(job: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
+           nodes: int | None = None, chain: int = 1, sweep: Mapping | list[str] | None = None,
+           max_parallel: int | None = None, dry_run: bool = False, force: bool = False,
+           runs_dir: str | Path | None = None) -> Run | list[Run]:
+    """Submit a training run of ``job`` (a job file) on ``profile`` (a name, a file, or a
+    loaded profile), as ``hpctrain submit`` does, and return its :class:`Run` without waiting
+    (``run.wait()`` follows it).
+
+    ``nodes`` resizes the profile; ``chain`` K submits K jobs of the run, each after the
+    previous one ended (Slurm); ``sweep`` (``{"train.lr": [1e-4, 3e-4]}`` or
+    ``["train.lr=1e-4,3e-4"]``) submits one run per combination and returns their list (one
+    job array on Slurm; on a local profile the runs train one after another before this
+    returns); ``max_parallel`` caps a sweep's runs at once; ``dry_run`` creates the run folder
+    and script and submits nothing; ``force`` submits a layout the planner says does not fit;
+    ``runs_dir`` is where run folders go (default as the CLI's ``--runs-dir``).
+    """
+    from .submission import submit as submit_job
+    done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain, sweep=sweep,
+                      max_parallel=max_parallel, dry_run=dry_run, force=force)
+    return list(done.runs) if done.sweep_dir is not None else done.run
+
+
+def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
+         nodes: int | None = None, gpus: int | None = None, tp: int | None = None,
+         pp: int | None = None, vpp: int | None = None, micro_batch_size: int | None = None,
+         sequence_parallel: bool | None = None, recompute: str | None = None) -> dict:
+    """What ``hpctrain plan JOB --json`` prints: every valid layout of ``job`` on ``profile``
+    (default: the local profile; none with ``gpus`` alone) ranked by estimated step time among
+    those that fit, each with its memory per GPU, and why every other candidate was rejected.
+    Pinning any of ``tp``, ``pp``, ``vpp`` (0: none), ``micro_batch_size``,
+    ``sequence_parallel``, ``recompute`` ("none", "selective", "full") explains that one layout
+    (``layouts`` is then empty and ``rejected`` says why, when it is not valid)."""
+    from .plan.request import plan_data
+    return plan_data(job, profile, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
+                     mbs=micro_batch_size, sp=sequence_parallel, recompute=recompute)
+
+
+def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> list[Run]:
+    """The run folders ``hpctrain runs`` lists, newest first (at most ``limit``), as
+    :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
+    from .ops.listing import sorted_runs
+    from .runs import iter_runs, runs_root
+    found = sorted_runs(list(iter_runs(runs_root(runs_dir))))
+    return found if limit is None else found[:limit]
+
+
+__all__ = ["Run", "plan", "runs", "submit"]

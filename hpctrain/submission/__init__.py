@@ -1,0 +1,179 @@
+"""Submitting a training run: the one home of the submit use case.
+
+``submit()`` is what ``hpctrain submit`` and ``hpctrain.submit()`` do: load the job on its
+profile (``checks``), refuse a layout that does not fit or data that is missing, create the run
+folder (``folders``), render its batch script (``scripts``) and hand the job to the scheduler
+(``jobs``: one job or a chain; ``sweeps``: a job array, or the runs one after another on this
+machine). With ``dry_run`` everything up to the script is done and nothing is submitted: the
+script written is the one a real submission would have handed to sbatch.
+
+Following a submitted run to its end is ``hpctrain.follow``'s; a run folder is
+``hpctrain.runs.Run``. Nothing here imports torch: the ranks import it, in their own processes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..config import DEFAULT_PROFILE, ClusterProfile, Resolved
+from ..errors import UsageError
+from ..runs import Run
+from .checks import (check_data, check_fits, decided, launch_warnings, load_profile_for,
+                     load_resolved, resolve_job)
+from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep, runs_root_for,
+                      write_sweep_file)
+from .jobs import (Submitted, chain_dependency, claim_checkpoints, release_checkpoints,
+                   submit_chain, submit_function, submit_preflight, submit_training)
+from .scripts import render_script, script_inputs, script_path, write_script
+from .sweeps import (SweepSubmission, check_max_parallel, run_sweep_locally, submit_sweep_array,
+                     write_array_script)
+
+__all__ = ["Submission", "SweepRun", "SweepSubmission", "Submitted", "chain_dependency",
+           "check_data", "check_fits", "check_max_parallel", "claim_checkpoints", "decided",
+           "launch_warnings", "load_profile_for", "load_resolved", "prepare_preflight_run",
+           "prepare_run", "prepare_sweep", "release_checkpoints", "render_script",
+           "resolve_job", "run_sweep_locally", "runs_root_for", "script_inputs", "script_path", "submit",
+           "submit_chain", "submit_function", "submit_preflight", "submit_sweep_array",
+           "submit_training", "sweep_specs", "write_array_script", "write_script",
+           "write_sweep_file"]
+
+
+@dataclass
+class Submission:
+    """What one ``submit()`` did: the runs it created (one, or one per sweep combination), the
+    jobs it submitted (none for a dry run), and where the script is."""
+
+    resolved: Resolved                 # the job on its profile (a sweep's first combination)
+    runs: list[Run]
+    submitted: list[Submitted] = field(default_factory=list)   # one job, or a chain's
+    dry_run: bool = False
+    script: Path | None = None         # the batch script written (Slurm profiles)
+    sweep_dir: Path | None = None
+    sweep_runs: list[SweepRun] = field(default_factory=list)
+    array_job_id: str | None = None
+
+    @property
+    def run(self) -> Run:
+        return self.runs[0]
+
+    @property
+    def job_ids(self) -> list[str]:
+        if self.sweep_runs:
+            return [r.job_id for r in self.sweep_runs if r.job_id]
+        return [s.job_id for s in self.submitted]
+
+
+def sweep_specs(sweep: Mapping | list[str] | tuple[str, ...] | None) -> list[str]:
+    """``--sweep`` specs (``KEY=V1,V2``) from specs, or from ``{"train.lr": [1e-4, 3e-4]}``."""
+    if not sweep:
+        return []
+    if isinstance(sweep, str):
+        return [sweep]
+    if not isinstance(sweep, Mapping):
+        return list(sweep)
+    specs = []
+    for key, values in sweep.items():
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            values = [values]
+        texts = []
+        for v in values:
+            text = v if isinstance(v, str) else json.dumps(v)   # YAML reads JSON scalars
+            if "," in text or not text.strip():
+                raise UsageError(f"sweep {key}: {v!r} cannot be a sweep value (empty, or holds "
+                                 "a comma)")
+            texts.append(text)
+        specs.append(f"{key}=" + ",".join(texts))
+    return specs
+
+
+def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
+           nodes: int | None = None, runs_dir: str | Path | None = None, chain: int = 1,
+           sweep: Mapping | list[str] | None = None, max_parallel: int | None = None,
+           dry_run: bool = False, force: bool = False,
+           follow_local_run: Callable[[Submitted], str] | None = None,
+           warn: Callable[[str], None] | None = None) -> Submission:
+    """Validate, plan, prepare the data, create the run folder(s), write the script, submit.
+
+    ``chain`` K > 1 submits K jobs of the run, each after the previous one ended (Slurm).
+    ``sweep`` submits one run per combination of values: one Slurm job array, or on a local
+    profile the runs one after another, each followed by ``follow_local_run`` (default: quietly
+    to its end), so a local sweep returns when its runs ended. ``force`` submits a layout the
+    planner says does not fit. What can be said now about the layers the ranks will pick goes
+    to ``warn`` (default: Python's ``warnings``).
+    """
+    if not isinstance(chain, int) or isinstance(chain, bool) or chain < 1:
+        raise UsageError(f"--chain: expected a number of jobs, at least 1, got {chain!r}")
+    resolved = load_resolved(job_file, profile, nodes)
+    for message in launch_warnings(resolved):
+        (warn or _python_warning)(message)
+    specs = sweep_specs(sweep)
+    if specs:
+        if chain > 1:
+            raise UsageError("--chain with --sweep: submit the sweep, then extend a run with "
+                             "`hpctrain resume RUN`")
+        return _submit_sweep(job_file, resolved.profile, specs, runs_dir=runs_dir,
+                             max_parallel=max_parallel, dry_run=dry_run, force=force,
+                             follow_local_run=follow_local_run)
+    if max_parallel is not None:
+        raise UsageError("--max-parallel limits a sweep; add --sweep KEY=V1,V2 or drop it")
+    if chain > 1 and resolved.profile.scheduler != "slurm":
+        raise UsageError(f"--chain needs a Slurm profile; {resolved.profile.name!r} runs on this "
+                         "machine, where one job already runs to the end (drop --chain)")
+    check_fits(resolved, force)
+    check_data(resolved.job)
+    run = prepare_run(resolved, runs_root_for(runs_dir, resolved.profile), source=str(job_file))
+    if dry_run:
+        script = None
+        if resolved.profile.scheduler == "slurm":
+            write_script(run, script_inputs(run, resolved.profile), resolved=resolved)
+            script = run.script_file
+        run.update_meta(dry_run=True)
+        return Submission(resolved, [run], dry_run=True, script=script)
+    subs = submit_chain(resolved, run, chain)
+    script = run.script_file if resolved.profile.scheduler == "slurm" else None
+    return Submission(resolved, [run], subs, script=script)
+
+
+def _submit_sweep(job_file, profile: ClusterProfile, specs: list[str], *, runs_dir, max_parallel,
+                  dry_run: bool, force: bool,
+                  follow_local_run: Callable[[Submitted], str] | None) -> Submission:
+    from ..ops.sweep import expand
+    check_max_parallel(max_parallel, profile.scheduler)
+    points = expand(str(job_file), profile, specs)
+    for p in points:
+        check_fits(p.resolved, force)
+    for path in sorted({p.resolved.job.data.path for p in points}):
+        check_data(next(p.resolved.job for p in points if p.resolved.job.data.path == path))
+    sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
+                                          source=str(job_file))
+    out = Submission(points[0].resolved, [r.run for r in sweep_runs], dry_run=dry_run,
+                     sweep_dir=sweep_dir, sweep_runs=sweep_runs)
+    if profile.scheduler == "slurm":
+        out.script = sweep_dir / "sbatch.sh"
+    if dry_run:
+        if profile.scheduler == "slurm":
+            write_array_script(sweep_dir, sweep_runs, max_parallel=max_parallel)
+        for r in sweep_runs:
+            r.run.update_meta(dry_run=True)
+        return out
+    if profile.scheduler == "slurm":
+        out.array_job_id = submit_sweep_array(sweep_dir, sweep_runs,
+                                              max_parallel=max_parallel).array_job_id
+        return out
+    run_sweep_locally(sweep_dir, sweep_runs, follow_local_run or _follow_quietly)
+    return out
+
+
+def _python_warning(message: str) -> None:
+    import warnings
+    warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _follow_quietly(sub: Submitted) -> str:
+    from ..follow import follow_to_end
+    follow_to_end(sub.run, job=sub.job)
+    return "finished"

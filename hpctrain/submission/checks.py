@@ -1,0 +1,73 @@
+"""What is checked before anything is created: the job on its profile, the memory fit, the data.
+
+``load_resolved`` is the one way a job file meets a profile for validate, render, plan's fit
+check, submit and sweeps alike; ``check_fits`` and ``check_data`` are the two refusals a
+submission makes before it creates a run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import ClusterProfile, JobConfig, Resolved, load_job, load_profile, resolve
+from ..errors import UsageError
+
+
+def load_profile_for(profile: str | Path | ClusterProfile, nodes: int | None = None) -> ClusterProfile:
+    """A profile by name, by file, or as given, with ``nodes`` applied (a local profile runs on
+    this machine only)."""
+    p = profile if isinstance(profile, ClusterProfile) else load_profile(str(profile))
+    p = p.with_nodes(nodes)
+    if nodes is not None and p.scheduler == "local" and nodes != 1:
+        raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
+    return p
+
+
+def decided(resolved: Resolved) -> Resolved:
+    """What is left to decide once the layout is known, decided: ``checkpoint.optimizer_format:
+    auto`` becomes the format the planner picks for this layout (its save must fit)."""
+    import dataclasses
+
+    from ..plan.layouts import with_optimizer_format
+    job = with_optimizer_format(resolved.job, resolved.profile, resolved.layout)
+    return resolved if job is resolved.job else dataclasses.replace(resolved, job=job)
+
+
+def resolve_job(job: JobConfig, profile: ClusterProfile, source: str = "job") -> Resolved:
+    """``job`` on ``profile``: checked (``hpctrain.config.resolve``: every problem at once),
+    then :func:`decided`."""
+    return decided(resolve(job, profile, source=source))
+
+
+def load_resolved(job_file: str | Path, profile: str | Path | ClusterProfile,
+                  nodes: int | None = None) -> Resolved:
+    """Job file + profile (+ ``nodes``) checked together and decided (:func:`resolve_job`)."""
+    job = load_job(str(job_file))
+    return resolve_job(job, load_profile_for(profile, nodes), source=str(job_file))
+
+
+def launch_warnings(resolved: Resolved) -> list[str]:
+    """What can be said now about the layers the ranks will pick (no torch import)."""
+    from ..runtime.layers import launch_warnings as layer_warnings
+    return layer_warnings(resolved.job, resolved.profile)
+
+
+def check_fits(resolved: Resolved, force: bool = False) -> None:
+    """Refuse a layout that does not fit the GPUs' memory (the planner says why), unless forced."""
+    from ..plan import check_fits as plan_check_fits
+    fit = plan_check_fits(resolved.job, resolved.profile)
+    if fit.fits is False and not force:
+        raise UsageError(f"{fit.message}\nRefusing to submit a layout that does not fit; "
+                         "pass --force to submit anyway.")
+
+
+def check_data(job) -> None:
+    """Prepare the example corpus on first use; refuse a job whose data is missing."""
+    from ..data.prepare import ensure_prepared
+    ensure_prepared(job)
+    prefix = Path(job.data.path)
+    missing = [str(p) for p in (prefix.with_name(prefix.name + ".bin"),
+                                prefix.with_name(prefix.name + ".idx")) if not p.exists()]
+    if missing:
+        raise UsageError(f"data.path: {missing[0]} does not exist; prepare it with `hpctrain data "
+                         f"prepare FILES --output {job.data.path}` or set data.prepare_from")

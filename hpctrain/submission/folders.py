@@ -1,0 +1,105 @@
+"""Run folders a submission creates: a training run's, a preflight job's, a sweep's.
+
+A run folder is created only after every check passed, and holds the resolved job and profile
+every attempt reads (``hpctrain.runs`` describes the layout). Nothing is submitted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..config import ClusterProfile, Resolved, yamlio
+from ..config.schema import to_dict
+from ..ops.sweep import SweepPoint, new_sweep_dir
+from ..runs import Run, checkpoint_location, create_run, default_runs_root, folder_mode, now_iso
+from .checks import decided
+
+
+def runs_root_for(runs_dir: str | Path | None, profile: ClusterProfile) -> Path:
+    """``runs_dir`` if given, else ``$HPCTRAIN_RUNS_DIR``, the profile's ``storage.runs_root``,
+    or ``./runs`` (absolute: the batch script and the ranks read these paths elsewhere)."""
+    if runs_dir:
+        return Path(runs_dir).expanduser().resolve()
+    return default_runs_root(profile.storage.runs_root)
+
+
+def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
+                own_checkpoint_folder: bool = False) -> Run:
+    """A new run folder holding the resolved job and profile (what every attempt reads).
+
+    A ``checkpoint.dir`` that holds another run's checkpoints is refused before anything is
+    created. ``own_checkpoint_folder`` (sweeps): the run keeps its checkpoints in
+    ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder.
+    """
+    from ..runtime.checkpoint import store
+    job, profile = resolved.job, resolved.profile
+    if job.checkpoint.dir and not own_checkpoint_folder:
+        store.check_owner(Path(job.checkpoint.dir), "")
+    run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
+    if job.checkpoint.dir and own_checkpoint_folder:
+        job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)
+    job = decided(resolved).job           # the run records the format every attempt uses
+    yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
+    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
+    run.update_meta(run_id=run.id, name=job.name, profile=profile.name, scheduler=profile.scheduler,
+                    created=now_iso(), hpctrain_version=__version__, job_source=source,
+                    layout=resolved.layout.describe(), world_size=profile.world_size,
+                    checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
+    run.logs_dir.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> Run:
+    """A run folder for one preflight job over ``profile``'s allocation (its report and logs
+    land in ``RUN/preflight``)."""
+    run = create_run(runs_root, f"preflight-{profile.name}")
+    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
+    run.update_meta(run_id=run.id, name=run.id, kind="preflight", profile=profile.name,
+                    scheduler=profile.scheduler, created=now_iso(), hpctrain_version=__version__,
+                    world_size=profile.world_size, jobs=[])
+    run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there
+    (run.path / "preflight").mkdir(parents=True, exist_ok=True)
+    return run
+
+
+# ---- sweeps ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepRun:
+    point: SweepPoint
+    run: Run
+    job_id: str | None = None
+    outcome: str | None = None     # local sweeps: how the run ended
+
+
+def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
+                  source: str) -> tuple[Path, list[SweepRun]]:
+    """The sweep folder and one prepared run folder per combination (nothing submitted)."""
+    profile = points[0].resolved.profile
+    sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name,
+                              folder_mode(profile.storage.group_readable))
+    runs = []
+    for p in points:
+        run = prepare_run(p.resolved, runs_root, source=source, own_checkpoint_folder=True)
+        run.update_meta(sweep={"id": sweep_dir.name, "dir": str(sweep_dir), "index": p.index,
+                               "values": p.values})
+        runs.append(SweepRun(p, run))
+    write_sweep_file(sweep_dir, runs, source=source, profile=profile.name)
+    return sweep_dir, runs
+
+
+def write_sweep_file(sweep_dir: Path, runs: list[SweepRun], **info) -> None:
+    """Read-modify-write ``sweep.yaml`` under the sweep folder's lock (a damaged file is an
+    error, never replaced)."""
+    path = sweep_dir / "sweep.yaml"
+    with Run(sweep_dir).lock():
+        data = yamlio.read_mapping(path, "sweep file") if path.exists() else {
+            "id": sweep_dir.name, "created": now_iso()}
+        data.update(info)
+        data["runs"] = [{"index": r.point.index, "run": r.run.id, "run_dir": str(r.run.path),
+                         "values": r.point.values, "job_id": r.job_id, "outcome": r.outcome}
+                        for r in runs]
+        yamlio.write_atomic(path, yamlio.dump(data))
