@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..exit_codes import REQUEUE_REASONS, ExitReason
 from ..runs import Run
 from .checkpoints import checkpoint_step, inspect_checkpoints
 from .fmt import format_duration, format_number
 
 WIDTH_PX, HEIGHT_PX, DPI = 1200, 900, 100
-STOP_REASONS = ("preempted", "deadline")
 
 
 @dataclass
@@ -59,9 +59,9 @@ def collect(run: Run) -> ReportData:
                       attempts=max([len(ledger)] + run.attempts_started()))
     for i, rec in enumerate(ledger):
         end, reason = rec.get("end_step"), rec.get("exit_reason")
-        if isinstance(end, int) and reason in STOP_REASONS:
+        if isinstance(end, int) and reason in REQUEUE_REASONS:
             data.preemptions.append((end, int(rec.get("attempt") or i + 1)))
-        elif isinstance(end, int) and reason not in ("finished", None):
+        elif isinstance(end, int) and reason not in (ExitReason.FINISHED, None):
             data.other_ends.append((end, str(reason)))
         attempt = int(rec.get("attempt") or i + 1)
         if attempt > 1 and isinstance(rec.get("start_step"), int):

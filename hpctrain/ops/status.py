@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from ..config import time_limit_seconds
+from ..exit_codes import ExitReason
 from ..slurm.commands import parse_duration
 from .checkpoints import CheckpointFolder, checkpoint_step, describe_checkpoint_ref
 from .fmt import format_bytes, format_duration, format_number, format_table, parse_iso
@@ -190,7 +191,7 @@ def format_status(data: dict) -> str:
         lines.append("Attempts")
         lines.append(attempts_table(rows))
         last = rows[-1]
-        if last.get("exit_reason") == "failed" and last.get("message"):
+        if last.get("exit_reason") == ExitReason.FAILED and last.get("message"):
             lines.append(f"  attempt {last.get('attempt')}: {last['message']}")
     else:
         lines.append("Attempts    none yet")
