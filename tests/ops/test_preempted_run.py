@@ -63,7 +63,7 @@ def test_logs_of_a_given_rank_and_attempt(preempted_run):
     run, root = preempted_run["run"], preempted_run["root"]
     stop = run.ledger()[0]["end_step"]
     out = cli(root, "logs", run.id, "--rank", "1", "--attempt", "1").stdout
-    assert "global_rank=1(2)" in out and "rank 0" not in out  # rank 1's own log
+    assert "global_rank=1(2)" in out and " rank 0: " not in out  # rank 1's own log, no rank 0 line
     latest = cli(root, "logs", run.id).stdout
     assert f"rank 0: run {run.id} attempt 2:" in latest and "attempt 1:" not in latest
     assert f"checkpoint: resumed from {run.checkpoint_dir() / f'step-{stop:08d}'}" in latest
