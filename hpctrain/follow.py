@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import HpcTrainError
 from .exit_codes import ExitReason
-from .slurm.state import live_jobs
+from .scheduler.state import live_jobs
 
 if TYPE_CHECKING:   # the run folder's class calls this module (Run.wait): no import cycle
     from .runs import Run

@@ -12,7 +12,7 @@ Three layers protect the rendered sbatch script:
   ``partition: "gpu; rm -rf ~"`` before anything is written. Patterns are deliberately narrow:
   the characters Slurm, environment modules and pyxis actually use, nothing a shell gives
   meaning to;
-* ``slurm/render.py`` checks every value that reaches the template once more (``script_problem``)
+* ``scheduler/slurm/render.py`` checks every value that reaches the template once more (``script_problem``)
   and quotes each one for whoever reads it: bash (``shlex.quote``) or sbatch's own ``#SBATCH``
   parser (double quotes, see ``sbatch_quote``).
 """

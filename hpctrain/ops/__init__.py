@@ -2,6 +2,6 @@
 sweep's values (submitting is ``hpctrain.submission``'s, following ``hpctrain.follow``'s).
 
 Everything here reads the run folder (run.yaml, ledger, events, metrics, checkpoints) and asks
-the scheduler through ``hpctrain.slurm`` only; nothing imports torch, and matplotlib is
+the scheduler through ``hpctrain.scheduler`` only; nothing imports torch, and matplotlib is
 imported by the report alone, when a report is drawn.
 """

@@ -15,8 +15,9 @@ from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
 from ..runs import Run, now_iso
-from ..slurm import commands
-from ..slurm.state import cancel_local, live_jobs
+from ..scheduler.slurm import commands
+from ..scheduler.local.jobs import cancel_local
+from ..scheduler.state import live_jobs
 from ..submission import Submitted, check_fits, submit_training
 from .checkpoints import inspect_checkpoints
 from .runview import RunView, build_view

@@ -54,7 +54,7 @@ def follow_logs(run: Run, *, rank: int | None, attempt: int | None,
     log is shown whole, with the batch shell's ``[hpctrain]`` lines (signals, requeues) between.
     ``shown``: the file already printed and the byte offset its printing stopped at."""
     from ..follow import complete_lines, follow, hpctrain_line
-    from ..slurm.state import live_jobs
+    from ..scheduler.state import live_jobs
     current = attempt or (run.attempts_started() or [1])[-1]
     offsets = {}
     if shown is not None:

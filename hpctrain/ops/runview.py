@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..slurm.state import JobState, job_states_of_runs
+from ..scheduler.state import JobState, job_states_of_runs
 
 if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
     from ..runs import Run

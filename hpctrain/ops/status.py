@@ -10,7 +10,7 @@ import time
 
 from ..config import time_limit_seconds
 from ..exit_codes import ExitReason
-from ..slurm.commands import parse_duration
+from ..scheduler.slurm.commands import parse_duration
 from .checkpoints import CheckpointFolder, checkpoint_step, describe_checkpoint_ref
 from .fmt import format_bytes, format_duration, format_number, format_table, parse_iso
 from .runview import RunView

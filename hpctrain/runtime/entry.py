@@ -1,6 +1,6 @@
 """``train_main(run_dir)``: what every rank runs, under srun, submitit or a test launcher.
 
-The contract with the submit side (``hpctrain.slurm``) and the batch script:
+The contract with the submit side (``hpctrain.scheduler``) and the batch script:
 
 * reads ``RUN/job.yaml`` and ``RUN/profile.yaml``; ranks from the launcher's environment
   (``hpctrain.identity``); ``HPCTRAIN_*`` variables for the attempt, deadline, signal;

@@ -7,12 +7,12 @@ while ``/proc/<pid>/cmdline`` still names submitit's local controller and this r
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import commands
+from .local.jobs import local_alive
+from .slurm import commands
 
 if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
     from ..runs import Run
@@ -39,14 +39,6 @@ class JobState:
         return self.state.split()[0] in ACTIVE
 
 
-def _local_alive(pid: str, run: Run) -> bool:
-    try:
-        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return False
-    return b"submitit.local._local" in cmdline and str(run.submitit_dir).encode() in cmdline
-
-
 def job_states(run: Run, kind: str | None = "train") -> list[JobState]:
     """States of the run's jobs of ``kind`` (None: all), oldest first."""
     return job_states_of_runs([run], kind)[run.path]
@@ -65,7 +57,7 @@ def job_states_of_runs(runs: list[Run], kind: str | None = "train") -> dict[Path
     out: dict[Path, list[JobState]] = {}
     for run in runs:
         out[run.path] = [
-            (JobState(j["job_id"], "RUNNING" if _local_alive(j["job_id"], run) else "ENDED",
+            (JobState(j["job_id"], "RUNNING" if local_alive(j["job_id"], run) else "ENDED",
                       kind=j.get("kind", "train")) if j["scheduler"] == "local" else
              states.get(j["job_id"], JobState(j["job_id"], "UNKNOWN", kind=j.get("kind", "train"))))
             for j in wanted[run.path]]
@@ -93,12 +85,3 @@ def _slurm_states(ids: list[str], kinds: dict[str, str]) -> dict[str, JobState]:
 
 def live_jobs(run: Run, kind: str | None = "train") -> list[JobState]:
     return [s for s in job_states(run, kind) if s.active]
-
-
-def cancel_local(pid: str, run: Run) -> bool:
-    """SIGTERM the local controller (it forwards it to the ranks); False if it was gone."""
-    import signal
-    if not _local_alive(pid, run):
-        return False
-    os.kill(int(pid), signal.SIGTERM)
-    return True

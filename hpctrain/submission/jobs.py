@@ -16,7 +16,8 @@ from typing import Any, Callable
 from ..config import ClusterProfile, Resolved
 from ..errors import HpcTrainError, UsageError
 from ..runs import Run, folder_mode
-from ..slurm.submit import submit_locally, submit_to_slurm
+from ..scheduler.local.submit import submit_locally
+from ..scheduler.slurm.submit import submit_to_slurm
 from .scripts import script_inputs, write_script
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..config import ClusterProfile, Resolved, yamlio
 from ..runs import Run
-from ..slurm.render import ScriptInputs, render_sbatch, render_step_script
-from ..slurm.submit import node_python, step_python
+from ..scheduler.slurm.render import ScriptInputs, render_sbatch, render_step_script
+from ..scheduler.interpreters import node_python, step_python
 
 
 def script_inputs(run: Run, profile: ClusterProfile, *, kind: str = "train",

@@ -22,7 +22,7 @@ from typing import Callable
 from ..config import yamlio
 from ..errors import HpcTrainError, UsageError
 from ..runs import Run
-from ..slurm.submit import submit_array_to_slurm
+from ..scheduler.slurm.submit import submit_array_to_slurm
 from .folders import SweepRun, write_sweep_file
 from .jobs import Submitted, claim_checkpoints, release_checkpoints, submit_training
 from .scripts import script_inputs, write_script

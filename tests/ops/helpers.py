@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.runs import Run, read_last_jsonl
-from hpctrain.slurm.state import live_jobs
+from hpctrain.scheduler.state import live_jobs
 from hpctrain.submission import prepare_run, submit_training
 from tests.conftest import REPO, wait_until
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.slurm.render import ScriptInputs, render_sbatch
+from hpctrain.scheduler.slurm.render import ScriptInputs, render_sbatch
 from tests.conftest import REPO
 
 

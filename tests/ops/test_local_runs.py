@@ -11,7 +11,7 @@ import pytest
 from hpctrain.config import load_profile
 from hpctrain.ops.sweep import expand
 from hpctrain.submission import prepare_sweep, run_sweep_locally
-from hpctrain.slurm.state import live_jobs
+from hpctrain.scheduler.state import live_jobs
 from tests.conftest import wait_until
 from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_resolved, slowed, start_run, wait_step
 

@@ -4,8 +4,8 @@ cancel and a later resume (the contract between `hpctrain cancel/resume` and the
 from __future__ import annotations
 
 from hpctrain.ops.runview import RunView
-from hpctrain.slurm import batch_steps
-from hpctrain.slurm.state import JobState
+from hpctrain.scheduler.slurm import batch_steps
+from hpctrain.scheduler.state import JobState
 from tests.ops.helpers import crafted_run, record
 
 

@@ -12,7 +12,7 @@ from hpctrain.config import yamlio
 from hpctrain.ops.sweep import expand
 from hpctrain.submission import prepare_sweep, submit_sweep_array
 from hpctrain.runtime.checkpoint import store
-from hpctrain.slurm.commands import parse_scontrol_record, sbatch_test_only
+from hpctrain.scheduler.slurm.commands import parse_scontrol_record, sbatch_test_only
 from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_profile, wait_stopped
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]

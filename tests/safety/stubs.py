@@ -20,7 +20,7 @@ exit 0
 """
 
 PYTHON = r"""#!/bin/bash
-# stands in for `python -m hpctrain.slurm.batch_steps CMD ...` on the batch host
+# stands in for `python -m hpctrain.scheduler.slurm.batch_steps CMD ...` on the batch host
 printf '%s\0' "$@" >> "$STUB_LOG.py"
 case "$3" in
   begin)

@@ -16,11 +16,11 @@ import sys
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.slurm.render import render_sbatch
+from hpctrain.scheduler.slurm.render import render_sbatch
 from hpctrain.submission import prepare_run, script_inputs, submit_function
 from tests.conftest import REPO, job_gone, wait_until
 from tests.safety import stubs
-from tests.slurm import tasks
+from tests.scheduler import tasks
 
 
 def plant(folder, canary) -> None:

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from hpctrain.cli import cli
 from hpctrain.config import job_from_mapping, profile_from_mapping, resolve
 from hpctrain.errors import ConfigError, UsageError
-from hpctrain.slurm.render import (ScriptInputs, render_sbatch, render_step_script,
+from hpctrain.scheduler.slurm.render import (ScriptInputs, render_sbatch, render_step_script,
                                    sbatch_directives)
 from tests.conftest import REPO
 from tests.safety import corpus, stubs
@@ -321,7 +321,7 @@ def test_real_sbatch_reads_the_directives_of_a_hostile_run_folder(slurm_cluster,
     import time
 
     from hpctrain.config import load_job, load_profile
-    from hpctrain.slurm.commands import job_info
+    from hpctrain.scheduler.slurm.commands import job_info
     run_dir = tmp_path / "it's a \"run\" #1 $(id) 100%"
     (run_dir / "logs").mkdir(parents=True)
     r = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))

@@ -1,4 +1,4 @@
-"""The steps the batch shell delegates to Python (``python -m hpctrain.slurm.batch_steps``): the
+"""The steps the batch shell delegates to Python (``python -m hpctrain.scheduler.slurm.batch_steps``): the
 begin step's shell assignments, the signal decision, the end step's record."""
 
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.slurm.batch_steps import cmd_begin, parse_slurm_time, signal_action
+from hpctrain.scheduler.slurm.batch_steps import cmd_begin, parse_slurm_time, signal_action
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO
 
@@ -45,7 +45,7 @@ def test_begin_output_is_safe_to_eval(tmp_path):
     r = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
     run = prepare_run(r, tmp_path / "ru$(touch pwned) n's")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    script = ('eval "$(python3 -m hpctrain.slurm.batch_steps begin "$1")"; '
+    script = ('eval "$(python3 -m hpctrain.scheduler.slurm.batch_steps begin "$1")"; '
               'printf "%s\\n%s\\n%s" "$HPCTRAIN_ATTEMPT" "$HPCTRAIN_ATTEMPT_DIR" "$MASTER_PORT"')
     out = subprocess.run(["bash", "-c", script, "x", str(run.path)], capture_output=True, text=True,
                          env=env, cwd=tmp_path, check=True).stdout.splitlines()
@@ -62,7 +62,7 @@ def test_begin_skips_finished_and_cancelled_runs(run):
 def test_end_reports_an_unreadable_ledger_and_does_not_requeue(run):
     run.ledger_file.mkdir()                    # exists, cannot be read as a file
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    end = subprocess.run([sys.executable, "-m", "hpctrain.slurm.batch_steps", "end", str(run.path),
+    end = subprocess.run([sys.executable, "-m", "hpctrain.scheduler.slurm.batch_steps", "end", str(run.path),
                           "--attempt", "1", "--exit-code", "75"], capture_output=True,
                          text=True, env=env, cwd=REPO, timeout=120)
     assert end.returncode == 2 and end.stdout == ""          # no HPCTRAIN_REQUEUE=1 to eval

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.slurm.commands import job_info
+from hpctrain.scheduler.slurm.commands import job_info
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO, job_gone, wait_until
 
@@ -63,7 +63,7 @@ def _gate_failed(tmp_path, job_id: str, path_first: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
     env.update(SLURM_JOB_ID=job_id, PATH=f"{path_first}:{os.environ['PATH']}",
                SLURM_CONF=os.environ["SLURM_CONF"])
-    proc = subprocess.run([sys.executable, "-m", "hpctrain.slurm.batch_steps", "gate-failed",
+    proc = subprocess.run([sys.executable, "-m", "hpctrain.scheduler.slurm.batch_steps", "gate-failed",
                            str(run.path), "--attempt", str(attempt), "--exit-code", "4"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     return run, proc

@@ -11,8 +11,8 @@ import pytest
 
 from hpctrain.config import load_job, load_profile, profile_from_mapping, resolve
 from hpctrain.config.schema import to_dict
-from hpctrain.slurm.commands import sbatch_test_only
-from hpctrain.slurm.render import ScriptInputs, render_sbatch
+from hpctrain.scheduler.slurm.commands import sbatch_test_only
+from hpctrain.scheduler.slurm.render import ScriptInputs, render_sbatch
 from tests.conftest import REPO, hpctrain
 
 GOLDEN = REPO / "tests" / "golden"
@@ -140,7 +140,7 @@ def test_sbatch_test_only_refuses_what_slurm_refuses(slurm_cluster, tmp_path):
 
 
 def test_step_script_of_a_job_that_trains_nothing():
-    from hpctrain.slurm.render import render_step_script
+    from hpctrain.scheduler.slurm.render import render_step_script
     text = render_step_script(load_profile("h100-ib-pyxis"), ScriptInputs(
         run_dir="/runs/pf", python="/usr/bin/python3", step_python="python3",
         submitit_dir="/runs/pf/submitit", kind="preflight"))

@@ -1,7 +1,7 @@
 """Parsers of Slurm's output, on real captured output (tests/fixtures/slurm/README.md)."""
 
-from hpctrain.slurm.commands import parse_sacct, parse_scontrol_record, parse_squeue
-from hpctrain.slurm.state import JobState
+from hpctrain.scheduler.slurm.commands import parse_sacct, parse_scontrol_record, parse_squeue
+from hpctrain.scheduler.state import JobState
 from tests.conftest import REPO
 
 FIX = REPO / "tests" / "fixtures" / "slurm"
@@ -41,7 +41,7 @@ srun: Force Terminated StepId=51.0
 
 
 def test_srun_task_exits_say_which_task_failed_first():
-    from hpctrain.slurm.commands import parse_srun_task_exits, step_exit_code
+    from hpctrain.scheduler.slurm.commands import parse_srun_task_exits, step_exit_code
     exits = parse_srun_task_exits(SRUN_LOG)
     assert exits == [{"node": "n2", "tasks": "2", "exit_code": 1, "signal": None},
                      {"node": "n1", "tasks": "0-1", "exit_code": None, "signal": "Terminated"}]

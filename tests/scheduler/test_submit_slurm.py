@@ -11,7 +11,7 @@ import pytest
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.submission import prepare_run, submit_function
 from tests.conftest import REPO, hpctrain, job_gone, wait_until
-from tests.slurm import tasks
+from tests.scheduler import tasks
 
 pytestmark = pytest.mark.slurm
 

@@ -1,4 +1,4 @@
-"""Steps the batch shell delegates to Python: ``python -m hpctrain.slurm.batch_steps <command>``.
+"""Steps the batch shell delegates to Python: ``python -m hpctrain.scheduler.slurm.batch_steps <command>``.
 
 They run in the batch shell on the first node, outside any container, and print shell
 assignments that the script ``eval``s. Every printed value is ``shlex.quote``d, and only
@@ -33,12 +33,12 @@ import sys
 import time
 from pathlib import Path
 
-from .. import exit_codes
-from ..attempts import finish_attempt
-from ..errors import HpcTrainError
-from ..exit_codes import ExitReason
-from ..identity import free_port
-from ..runs import Run
+from ... import exit_codes
+from ...attempts import finish_attempt
+from ...errors import HpcTrainError
+from ...exit_codes import ExitReason
+from ...identity import free_port
+from ...runs import Run
 from . import commands
 
 
@@ -246,7 +246,7 @@ def _release(job_id: str, pause_s: float) -> tuple[bool, str | None]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpctrain.slurm.batch_steps")
+    ap = argparse.ArgumentParser(prog="python -m hpctrain.scheduler.slurm.batch_steps")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("begin")
     b.add_argument("run_dir")

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from ..errors import HpcTrainError, SubmissionError
+from ...errors import HpcTrainError, SubmissionError
 
 TIMEOUT_S = 60
 

@@ -1,4 +1,4 @@
-"""submitit executors that run hpctrain's tasks.
+"""submitit's Slurm executors, submitting hpctrain's rendered batch scripts.
 
 * ``RenderedSlurmExecutor`` is submitit's Slurm executor with one change: the batch script it
   submits is the one hpctrain rendered from ``sbatch_templates/`` (our directives, signal trap,
@@ -6,23 +6,16 @@
   gets submitit's job object (sacct polling, pickled results and errors) and our script.
 * ``RenderedSlurmArrayExecutor`` submits many calls as one job array through our rendered array
   script (``hpctrain submit --sweep``), each call's pickle in its own run folder.
-* ``DetachedLocalExecutor`` is submitit's local executor, with the task controller started in
-  its own session (a Ctrl-C on ``hpctrain submit --wait`` must not kill the training, exactly as
-  it would not kill a Slurm job) and the rendezvous/run environment the ranks expect.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import submitit
 from submitit.core.utils import JobPaths
-from submitit.local import local as _local
 from submitit.slurm.slurm import SlurmJob
 
 
@@ -75,35 +68,3 @@ class RenderedSlurmArrayExecutor(RenderedSlurmExecutor):
             job.paths.move_temporary_file(pickle, "submitted_pickle")
             jobs.append(job)
         return jobs
-
-
-class DetachedLocalExecutor(submitit.LocalExecutor):
-    """Local executor whose controller survives the submitting process and its Ctrl-C."""
-
-    def __init__(self, folder: Path, env: dict[str, str], python: str | None = None) -> None:
-        super().__init__(folder, python=None if python is None else shlex.quote(python))
-        self._extra_env = dict(env)
-
-    def _submit_command(self, command: str):
-        ntasks = self.parameters.get("tasks_per_node", 1)
-        env = dict(os.environ)
-        env.update(self._extra_env)
-        env.update(
-            SUBMITIT_LOCAL_NTASKS=str(ntasks),
-            SUBMITIT_LOCAL_COMMAND=command,
-            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 60))),
-            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
-            SUBMITIT_LOCAL_NODEID="0",
-            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-            SUBMITIT_STDERR_TO_STDOUT="1",
-            SUBMITIT_EXECUTOR="local",
-            CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""),
-            SUBMITIT_LOCAL_WITH_SHELL="",
-        )
-        log = open(Path(self.folder) / "controller.log", "ab")
-        process = subprocess.Popen([sys.executable, "-m", "submitit.local._local", str(self.folder)],
-                                   env=env, start_new_session=True, stdout=log, stderr=log,
-                                   stdin=subprocess.DEVNULL)
-        log.close()
-        return _local.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
-                               tasks=list(range(ntasks)))

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import jinja2
 
-from .. import __version__, resources
-from ..config import ClusterProfile, Resolved, safety
-from ..config.profile import SIGNALS, time_limit_seconds
-from ..errors import UsageError
+from ... import __version__, resources
+from ...config import ClusterProfile, Resolved, safety
+from ...config.profile import SIGNALS, time_limit_seconds
+from ...errors import UsageError
 
 TRAIN_TEMPLATE = "train.sbatch.j2"
 
@@ -143,7 +143,7 @@ def check_script_values(p: ClusterProfile, inputs: ScriptInputs, job_name: str, 
             raise UsageError(f"cannot write the batch script: {what} is not text ({value!r})")
         why = safety.script_problem(value)
         if why:
-            raise UsageError(f"cannot write the batch script: {what} {safety.short(value)} {why}; "
+            raise UsageError(f"cannot write the batch script: {what} {safety.short(value, 200)} {why}; "
                              "a line break there would end the line in the script (choose a "
                              "value without one)")
     for node in inputs.extra_excludes:
@@ -159,7 +159,7 @@ def check_script_values(p: ClusterProfile, inputs: ScriptInputs, job_name: str, 
                              "a variable name")
     for what, value in named:
         if what.startswith(("#SBATCH", "slurm.extra")) and safety.het_job_word(value):
-            raise UsageError(f"cannot write the batch script: {what} {safety.short(value)} contains "
+            raise UsageError(f"cannot write the batch script: {what} {safety.short(value, 200)} contains "
                              f"{safety.het_job_word(value)!r}, which sbatch reads as the start of "
                              "another heterogeneous-job component; choose another name or folder")
     if "\\" in inputs.run_dir:

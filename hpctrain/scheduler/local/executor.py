@@ -1,0 +1,46 @@
+"""submitit's local executor, with the task controller started in its own session: a Ctrl-C
+on ``hpctrain submit --wait`` must not kill the training, exactly as it would not kill a Slurm
+job; and the rendezvous/run environment the ranks expect."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import submitit
+from submitit.local import local as _local
+
+
+class DetachedLocalExecutor(submitit.LocalExecutor):
+    """Local executor whose controller survives the submitting process and its Ctrl-C."""
+
+    def __init__(self, folder: Path, env: dict[str, str], python: str | None = None) -> None:
+        super().__init__(folder, python=None if python is None else shlex.quote(python))
+        self._extra_env = dict(env)
+
+    def _submit_command(self, command: str):
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        env = dict(os.environ)
+        env.update(self._extra_env)
+        env.update(
+            SUBMITIT_LOCAL_NTASKS=str(ntasks),
+            SUBMITIT_LOCAL_COMMAND=command,
+            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 60))),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+            SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="1",
+            SUBMITIT_EXECUTOR="local",
+            CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""),
+            SUBMITIT_LOCAL_WITH_SHELL="",
+        )
+        log = open(Path(self.folder) / "controller.log", "ab")
+        process = subprocess.Popen([sys.executable, "-m", "submitit.local._local", str(self.folder)],
+                                   env=env, start_new_session=True, stdout=log, stderr=log,
+                                   stdin=subprocess.DEVNULL)
+        log.close()
+        return _local.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
+                               tasks=list(range(ntasks)))

@@ -1,0 +1,28 @@
+"""Jobs of the local executor: the "job id" is the controller's pid, alive while
+``/proc/<pid>/cmdline`` still names submitit's local controller and this run's folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...runs import Run
+
+
+def local_alive(pid: str, run: Run) -> bool:
+    try:
+        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    return b"submitit.local._local" in cmdline and str(run.submitit_dir).encode() in cmdline
+
+
+def cancel_local(pid: str, run: Run) -> bool:
+    """SIGTERM the local controller (it forwards it to the ranks); False if it was gone."""
+    import signal
+    if not local_alive(pid, run):
+        return False
+    os.kill(int(pid), signal.SIGTERM)
+    return True
