@@ -70,7 +70,6 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     return out
 
 
-
 def reference_parameters(job: JobConfig, result: PlanResult) -> tuple[ParameterCount, str]:
     ref = result.job_layout or (result.layouts[0] if result.layouts else None)
     if ref is not None:

@@ -1,0 +1,1 @@
+"""Benchmarks that run real jobs on a cluster (``hpctrain bench``): scaling efficiency."""
