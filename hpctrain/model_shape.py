@@ -17,6 +17,7 @@ the last stage when PP > 1 (megatron keeps the two in sync with an all-reduce). 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -169,6 +170,17 @@ def layer_parameters(shape: ModelShape, tp: int, prefix: str) -> list[ParamSpec]
 
 def chunk_parameters(shape: ModelShape, tp: int, pp: int, chunk: ChunkSpec) -> list[ParamSpec]:
     """Every parameter of one model chunk on one TP rank, in ``named_parameters()`` order."""
+    return list(_chunk_parameters(shape, tp, pp, chunk.num_layers, chunk.pre_process,
+                                  chunk.post_process))
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunk_parameters(shape: ModelShape, tp: int, pp: int, num_layers: int, pre_process: bool,
+                      post_process: bool) -> tuple[ParamSpec, ...]:
+    """Cached: the planner prices thousands of layouts whose chunks repeat (a chunk's
+    parameters depend only on these arguments), so its cost does not grow with every layer
+    of every candidate."""
+    chunk = ChunkSpec(0, 0, 0, num_layers, pre_process, post_process)
     h = shape.hidden_size
     vocab_rows = shape.padded_vocab(tp) // tp
     tied_across_stages = shape.tied_output and pp > 1
@@ -188,7 +200,7 @@ def chunk_parameters(shape: ModelShape, tp: int, pp: int, chunk: ChunkSpec) -> l
         if not (shape.tied_output and chunk.pre_process):
             out.append(ParamSpec("output_layer.weight", vocab_rows * h,
                                  shared_embedding=tied_across_stages))
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)

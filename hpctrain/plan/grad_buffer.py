@@ -14,6 +14,8 @@ This module replays that algorithm (megatron-core 0.16.1, ``param_and_grad_buffe
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from dataclasses import dataclass
 
@@ -34,6 +36,18 @@ class GradBufferLayout:
     buckets: tuple[tuple[int, int], ...]          # (start, end) of each bucket
     param_ranges: tuple[tuple[int, int], ...]     # (start, end) of each parameter
 
+    def params_in_bucket(self, b_start: int, b_end: int) -> list[tuple[int, int]]:
+        """The parameter ranges inside one bucket (a parameter never straddles buckets), found
+        by bisection: the planner's cost stays linear in the parameters, whatever the number
+        of buckets."""
+        starts, ranges = self._sorted_ranges
+        return ranges[bisect.bisect_left(starts, b_start):bisect.bisect_left(starts, b_end)]
+
+    @functools.cached_property
+    def _sorted_ranges(self) -> tuple[list[int], list[tuple[int, int]]]:
+        ranges = sorted(self.param_ranges)
+        return [r[0] for r in ranges], ranges
+
     def owned_per_rank(self, dp: int) -> list[int]:
         """Parameter elements whose optimizer state each DP rank keeps (dist-opt), for every
         rank in one sweep (O(parameters + DP) per bucket)."""
@@ -41,7 +55,7 @@ class GradBufferLayout:
         full = [0] * (dp + 1)     # difference array: ranks whose whole shard one param covers
         for b_start, b_end in self.buckets:
             shard = (b_end - b_start) // dp
-            for p_start, p_end in self.param_ranges:
+            for p_start, p_end in self.params_in_bucket(b_start, b_end):
                 lo, hi = max(p_start, b_start), min(p_end, b_end)
                 if lo >= hi:
                     continue

@@ -78,12 +78,16 @@ def state_bytes_for_parameters(num_params: float, precision: str = "bf16",
 
 @lru_cache(maxsize=4096)
 def _chunk_buffer(shape: ModelShape, tp: int, pp: int, chunk: ChunkSpec, dp: int,
-                  distributed_optimizer: bool, bucket: int | None) -> tuple[int, int, tuple[int, ...]]:
-    """(buffer elements, parameter elements, owned elements per DP rank) of one model chunk."""
+                  distributed_optimizer: bool, bucket: int | None) -> tuple[int, int, object]:
+    """(buffer elements, parameter elements, owned elements per DP rank: a read-only int64
+    array) of one model chunk."""
+    import numpy as np
     layout = grad_buffer_layout(chunk_parameters(shape, tp, pp, chunk), dp,
                                 distributed_optimizer, bucket)
     owned = layout.owned_per_rank(dp) if distributed_optimizer else [layout.numel_unpadded] * dp
-    return layout.numel, layout.numel_unpadded, tuple(owned)
+    owned = np.asarray(owned, dtype=np.int64)
+    owned.flags.writeable = False       # cached: shared by every caller
+    return layout.numel, layout.numel_unpadded, owned
 
 
 @lru_cache(maxsize=1024)
@@ -100,21 +104,33 @@ def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: i
     o_bytes = optimizer_bytes_per_element(precision, grad_reduce_in_fp32).total
     out = []
     for rank, chunks in enumerate(pipeline_chunks(shape.num_layers, pp, vpp)):
-        weights = grads = 0
-        owned = [0] * dp
-        for chunk in chunks:
-            # the layer range does not change the buffer, only where the chunk sits does
-            key = dataclasses.replace(chunk, pipeline_rank=0, virtual_index=0, first_layer=0)
-            bucket = bucket_elements(overlap_grad_reduce, dp, rank == 0 and chunk.virtual_index == 0,
-                                     bucket_size)
-            numel, unpadded, mine = _chunk_buffer(shape, tp, pp, key, dp, distributed_optimizer,
-                                                  bucket)
-            weights += (numel if distributed_optimizer else unpadded) * w_bytes
-            grads += numel * g_bytes
-            owned = [a + b for a, b in zip(owned, mine)]
-        held = max(owned) if dp_rank is None else owned[dp_rank]
-        out.append(StateBytes(weights, grads, held * o_bytes))
+        # the layer range does not change a chunk's buffer, only where the chunk sits does:
+        # middle pipeline ranks are all alike, and are summed once (cost independent of PP)
+        keys = tuple((dataclasses.replace(chunk, pipeline_rank=0, virtual_index=0, first_layer=0),
+                      bucket_elements(overlap_grad_reduce, dp,
+                                      rank == 0 and chunk.virtual_index == 0, bucket_size))
+                     for chunk in chunks)
+        numel, unpadded, held = _rank_buffers(shape, tp, pp, keys, dp, distributed_optimizer,
+                                              dp_rank)
+        weights = (numel if distributed_optimizer else unpadded) * w_bytes
+        out.append(StateBytes(weights, numel * g_bytes, held * o_bytes))
     return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _rank_buffers(shape: ModelShape, tp: int, pp: int, keys: tuple, dp: int,
+                  distributed_optimizer: bool, dp_rank: int | None) -> tuple[int, int, int]:
+    """(padded elements, parameter elements, optimizer elements held by DP rank ``dp_rank``
+    or by the most loaded one) of one pipeline rank's chunks."""
+    import numpy as np          # summing per-DP-rank vectors: cost O(DP) in C, not Python
+    numel = unpadded = 0
+    owned = np.zeros(dp, dtype=np.int64)
+    for key, bucket in keys:
+        n, u, mine = _chunk_buffer(shape, tp, pp, key, dp, distributed_optimizer, bucket)
+        numel += n
+        unpadded += u
+        owned += mine
+    return numel, unpadded, int(owned.max() if dp_rank is None else owned[dp_rank])
 
 
 def allowance_bytes(itemized: int, device: str = "cuda") -> int:

@@ -75,7 +75,7 @@ def buffer_shapes(shape: ModelShape, tp: int, pp: int, vpp: int | None, dp: int,
             lay = grad_buffer_layout(params, dp, True, bucket)
             buckets = []
             for start, end in lay.buckets:
-                last = max((e for s, e in lay.param_ranges if start <= s < end), default=start)
+                last = max((e for _, e in lay.params_in_bucket(start, end)), default=start)
                 buckets.append((end - start, last - start))
             shapes.append(BufferShape(lay.numel, sum(u for _, u in buckets), tuple(buckets),
                                       lay.numel_unpadded, max(p.numel for p in params)))

@@ -1,0 +1,35 @@
+"""The planner's work does not grow with absurd (but valid) sizes: chunks and pipeline ranks
+that are alike are priced once. Counted in cache misses, not seconds, so the verdict does not
+depend on this machine's speed."""
+
+from __future__ import annotations
+
+from hpctrain.config.loader import job_from_mapping
+from hpctrain.model_shape import ModelShape, _chunk_parameters
+from hpctrain.plan.memory import _rank_buffers, state_bytes_per_pipeline_rank
+
+SHAPE = ModelShape.from_job(job_from_mapping({
+    "name": "deep", "model": {"num_layers": 512, "hidden_size": 1024, "num_attention_heads": 16,
+                              "vocab_size": 32000, "seq_length": 2048},
+    "batch": {"micro_batch_size": 1, "global_batch_size": 1024}, "train": {"steps": 1},
+    "data": {"path": "unused"}}, "deep"))
+
+
+def priced(pp: int, vpp: int | None, dp: int) -> tuple[int, int, tuple]:
+    _chunk_parameters.cache_clear()
+    _rank_buffers.cache_clear()
+    states = state_bytes_per_pipeline_rank(SHAPE, tp=1, pp=pp, vpp=vpp, dp=dp, precision="bf16",
+                                           grad_reduce_in_fp32=True, distributed_optimizer=True)
+    return _chunk_parameters.cache_info().misses, _rank_buffers.cache_info().misses, states
+
+
+def test_alike_pipeline_ranks_and_chunks_are_priced_once():
+    chunks_2, ranks_2, states_2 = priced(pp=2, vpp=None, dp=8)
+    chunks_many, ranks_many, states_many = priced(pp=256, vpp=2, dp=8)
+    assert len(states_many) == 256 and len(set(states_many[1:-1])) == 1
+    # first, middle and last stages: at most three kinds of chunk and of pipeline rank
+    assert chunks_2 <= 3 and chunks_many <= 3
+    assert ranks_2 <= 2 and ranks_many <= 3
+    # and the sums are still the exact ones: every middle stage holds 2 × one-layer chunks
+    assert states_many[1].weights == 2 * 2 * sum(
+        p.numel for p in _chunk_parameters(SHAPE, 1, 256, 1, False, False))
