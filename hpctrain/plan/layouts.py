@@ -206,7 +206,9 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
         micro_batch_size=layout.micro_batch_size, num_microbatches=layout.num_microbatches,
         sequence_parallel=sequence_parallel, recompute=recompute, act_bytes=act_bytes,
         grad_buffer_bytes=max(s.gradients for s in states),
-        weight_bytes=max(s.weights for s in states), distributed_optimizer=dist_opt)
+        weight_bytes=max(s.weights for s in states), distributed_optimizer=dist_opt,
+        overlap_grad_reduce=job.parallel.overlap_grad_reduce,
+        overlap_param_gather=job.parallel.overlap_param_gather)
     training_fits = None if target.gpu_memory_bytes is None else \
         stages[worst].total <= target.gpu_memory_bytes
     save, reason = plan_save(job, layout, target, states, run.precision, buckets)

@@ -13,6 +13,16 @@ from .timing import MATMUL_EFFICIENCY
 from ..checkpoint_interval import minutes, percent
 
 
+def _dp_overlap(job: JobConfig) -> str:
+    p = job.parallel
+    hidden = [what for what, on in (("gradient reduction behind the last microbatch's backward",
+                                     p.overlap_grad_reduce),
+                                    ("parameter gather behind the first forward",
+                                     p.overlap_param_gather and p.use_distributed_optimizer))
+              if on]
+    return "overlaps " + " and ".join(hidden) if hidden else "communication not overlapped"
+
+
 def assumptions(job: JobConfig, target: Target) -> list[str]:
     m = job.model
     run = Execution.of(job, target)
@@ -41,7 +51,7 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     hw = target.hardware
     if hw.peak_tflops:
         out.append(f"compute at {MATMUL_EFFICIENCY:.0%} of {hw.peak_tflops:g} TFLOP/s per GPU; "
-                   "communication not overlapped with compute (megatron-core defaults); "
+                   f"TP/PP communication not overlapped; DP {_dp_overlap(job)}; "
                    f"bus bandwidth intra-node {hw.intra_node_busbw_gbs or '?'} GB/s, "
                    f"inter-node {hw.inter_node_busbw_gbs or '?'} GB/s")
     else:
