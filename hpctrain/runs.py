@@ -479,8 +479,9 @@ def new_run_id(name: str) -> str:
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def create_run(root: Path, name: str, mode: int = PRIVATE_MODE) -> Run:
-    """A new, empty run folder under ``root`` with ``mode`` (private by default)."""
+def new_private_folder(root: Path, name: str, mode: int = PRIVATE_MODE) -> Path:
+    """A new, empty folder ``<root>/<name>-<time>-<hex>`` with ``mode`` (private by default):
+    run folders, sweep folders and benchmark results alike."""
     root.mkdir(parents=True, exist_ok=True)
     while True:
         path = root / new_run_id(name)
@@ -489,7 +490,12 @@ def create_run(root: Path, name: str, mode: int = PRIVATE_MODE) -> Run:
         except FileExistsError:
             continue
         os.chmod(path, mode)  # mkdir's mode is masked by the umask
-        return Run(path)
+        return path
+
+
+def create_run(root: Path, name: str, mode: int = PRIVATE_MODE) -> Run:
+    """A new, empty run folder under ``root`` with ``mode`` (private by default)."""
+    return Run(new_private_folder(root, name, mode))
 
 
 def iter_runs(root: Path) -> Iterator[Run]:

@@ -7,12 +7,10 @@ table is all there is, and the result says so.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import time
 from pathlib import Path
 
 from .scaling import TARGET_EFFICIENCY, ScalingResult
+from ..runs import new_private_folder
 
 BENCH_DIR = "bench"
 
@@ -116,16 +114,7 @@ def write_png(result: ScalingResult, path: Path) -> bool:
 def new_result_folder(runs_root: Path, name: str, mode: int = 0o700) -> Path:
     """``<runs root>/bench/<job>-scaling-<time>-<hex>``: the result's JSON and PNG, private like
     a run folder (``mode``); ``hpctrain runs`` does not list it."""
-    root = runs_root / BENCH_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    while True:
-        path = root / f"{name}-scaling-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        try:
-            path.mkdir(mode)
-        except FileExistsError:
-            continue
-        os.chmod(path, mode)   # mkdir's mode is masked by the umask
-        return path
+    return new_private_folder(runs_root / BENCH_DIR, f"{name}-scaling", mode)
 
 
 def save(result: ScalingResult, folder: Path) -> None:

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
 import re
-import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from ..config import ClusterProfile, Resolved, job_from_mapping, load_job, resol
 from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
+from ..runs import new_private_folder
 
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 SWEEP_DIR = "sweeps"
@@ -134,13 +132,4 @@ def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[Swe
 def new_sweep_dir(runs_root: Path, name: str, mode: int = 0o700) -> Path:
     """``<runs root>/sweeps/<name>-<time>-<hex>``: the array's script, submitit pickles and
     batch logs; private like a run folder (``mode``)."""
-    root = runs_root / SWEEP_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    while True:
-        path = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        try:
-            path.mkdir(mode)
-        except FileExistsError:
-            continue
-        os.chmod(path, mode)  # mkdir's mode is masked by the umask
-        return path
+    return new_private_folder(runs_root / SWEEP_DIR, name, mode)
