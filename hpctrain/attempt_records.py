@@ -94,6 +94,7 @@ class AttemptResult(AttemptOutcome):
     verify_seconds: float | None = None
     first_step_after_s: float | None = None
     weights_digest: str | None = None
+    straggler: dict | None = None       # the slow node this attempt stopped to exclude
 
 
 @dataclass(kw_only=True)
@@ -143,8 +144,11 @@ class AttemptRecord(AttemptOutcome):
     first_failure: dict | None = None   # a FailureRecord's dict, for failed attempts
     note: str | None = None
     task_exits: list | None = None      # srun's per-task exits (Slurm)
-    excluded_nodes: list[str] | None = None   # the preflight gate's bad nodes
+    excluded_nodes: list[str] | None = None   # left out of the requeue: the preflight gate's
+                                              # bad nodes, a hung rank's or a straggler node
     preflight_report: str | None = None
+    hang: dict | None = None            # the hang verdict (health.hang.Verdict's dict)
+    straggler: dict | None = None       # the straggler node (health.stragglers.SlowNode's dict)
     decision: Decision | None = None
 
     @classmethod

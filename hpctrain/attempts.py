@@ -77,16 +77,31 @@ def _saved_at_end(result: AttemptResult) -> bool:
     return bool(saved) and isinstance(end, int) and Path(saved).name == step_name(end)
 
 
+def hang_details(verdict) -> dict:
+    """The record fields of a hung attempt, from its verdict (``health.hang.Verdict``): the
+    reason, the rank and node that stopped first (``first_failure``), the node to leave out,
+    and the steps the heartbeats saw (no rank wrote a result)."""
+    return {"reason": ExitReason.HUNG, "hang": verdict.to_dict(),
+            "excluded_nodes": [verdict.node] if verdict.node else [],
+            "first_failure": FailureRecord(rank=verdict.rank, node=verdict.node,
+                                           time=verdict.detected_at,
+                                           message=verdict.message).to_dict(),
+            "steps": (verdict.start_step, verdict.end_step)}
+
+
 def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
                    job_id: str | None = None, restart_count: int = 0,
                    nodes: list[str] | None = None, started_at: float | None = None,
-                   reason: ExitReason | None = None,
+                   reason: ExitReason | None = None, steps: tuple | None = None,
+                   refuse_requeue: str | None = None,
                    **details) -> tuple[AttemptRecord, Decision]:
     """Append the ledger record of ``attempt`` and return it with the requeue decision.
 
     ``exit_code`` is the training step's exit code (srun's, or the rank's own under the local
-    executor). ``reason`` (the batch shell knows the preflight gate failed) wins, then
-    ``result.json``'s exit reason, then one guessed from the code. ``details`` are further
+    executor). ``reason`` (the batch shell knows the preflight gate failed, or a rank hung)
+    wins, then ``result.json``'s exit reason, then one guessed from the code. ``steps``:
+    (start, end) where ``result.json`` has none (a hung attempt's heartbeats);
+    ``refuse_requeue``: why this attempt cannot be requeued whatever the policy says. ``details`` are further
     :class:`AttemptRecord` fields (``task_exits``, ``excluded_nodes``, ...). The run's lock is
     held from reading the ledger to appending the record, so the decision is made on the
     ledger it is appended to.
@@ -94,14 +109,20 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
     with run.lock():
         return _finish_attempt(run, attempt, exit_code, scheduler=scheduler, job_id=job_id,
                                restart_count=restart_count, nodes=nodes, started_at=started_at,
-                               reason=reason, details=details)
+                               reason=reason, steps=steps, refuse_requeue=refuse_requeue,
+                               details=details)
 
 
 def _finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
                     job_id: str | None, restart_count: int, nodes: list[str] | None,
-                    started_at: float | None, reason: ExitReason | None,
-                    details: dict) -> tuple[AttemptRecord, Decision]:
+                    started_at: float | None, reason: ExitReason | None, steps: tuple | None,
+                    refuse_requeue: str | None, details: dict) -> tuple[AttemptRecord, Decision]:
     result = read_result(run, attempt)
+    if steps is not None and result.end_step is None:
+        result.start_step, result.end_step = steps
+    if result.straggler and "straggler" not in details:
+        details = {**details, "straggler": result.straggler,
+                   "excluded_nodes": [result.straggler["node"]]}
     why = result.exit_reason or exit_codes.reason_for(exit_code)
     note = None
     if exit_code not in (None, exit_codes.FINISHED) and why == ExitReason.FINISHED:
@@ -124,11 +145,15 @@ def _finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler:
         record.first_failure = failure.to_dict()
         record.message = (f"rank {failure.rank} on {failure.node or '?'} failed first: "
                           f"{failure.message}")
+    if record.hang:
+        record.message = record.hang.get("message")
     if run.cancelled():
         record.exit_reason = ExitReason.CANCELLED
     profile = run.resolved_profile()
     decision = decide(run.ledger_for_budget(), record, profile.preemption.max_requeues,
                       profile.preemption.requeue_on_failure)
+    if refuse_requeue and decision.requeue:
+        decision = Decision(False, f"{record.exit_reason}; not requeued: {refuse_requeue}")
     record.decision = decision
     run.append_ledger(record.to_dict())
     run.event("attempt_end", attempt=attempt, job_id=job_id, exit_reason=str(reason or why),

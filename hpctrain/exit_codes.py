@@ -14,6 +14,7 @@ FAILED = 1            # a crash; requeued only when preemption.requeue_on_failur
 USAGE = 2             # bad input (CLI)
 UNSTABLE = 3          # the loss-spike/NaN guard stopped the run: a human must look
 PREFLIGHT_FAILED = 4  # preflight gate found bad nodes (they are excluded on requeue)
+HUNG = 5              # a rank made no progress for health.hang_timeout_s (its node is excluded)
 PREEMPTED = 75        # signal or deadline: an emergency checkpoint was saved; requeue me
 LOCAL_REQUEUE = 144   # submitit's local executor restarts the tasks on this code
 
@@ -34,17 +35,23 @@ class ExitReason(enum.StrEnum):
     KILLED = "killed"                  # ended by a signal without a word (SIGKILL, OOM killer)
     CANCELLED = "cancelled"            # a person cancelled the run
     PREFLIGHT_FAILED = "preflight_failed"  # the preflight gate found bad nodes
+    HUNG = "hung"                      # a rank stopped making progress: its node is excluded
+    STRAGGLER = "straggler"            # a node ran slow: checkpoint, requeue without it
     UNKNOWN = "unknown"                # no exit code and no result
 
 
 # Reasons that saved a checkpoint and want the job back.
-REQUEUE_REASONS = (ExitReason.PREEMPTED, ExitReason.DEADLINE)
+REQUEUE_REASONS = (ExitReason.PREEMPTED, ExitReason.DEADLINE, ExitReason.STRAGGLER)
+
+# Reasons whose requeue leaves a node out (the record's ``excluded_nodes``).
+EXCLUDING_REASONS = (ExitReason.PREFLIGHT_FAILED, ExitReason.HUNG, ExitReason.STRAGGLER)
 
 REASONS = {
     FINISHED: ExitReason.FINISHED,
     FAILED: ExitReason.FAILED,
     UNSTABLE: ExitReason.UNSTABLE,
     PREFLIGHT_FAILED: ExitReason.PREFLIGHT_FAILED,
+    HUNG: ExitReason.HUNG,
     PREEMPTED: ExitReason.PREEMPTED,
     LOCAL_REQUEUE: ExitReason.PREEMPTED,
 }

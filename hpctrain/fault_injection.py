@@ -38,6 +38,12 @@ VARIABLES = {
                                       "is published; in the run's first attempt only (a fault "
                                       "to recover from, where a crash at a step repeats in every "
                                       "attempt like a bug would)",
+    "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "=N@R: in step N rank R blocks forever in the next "
+                                        "collective megatron-core issues (the others then wait "
+                                        "for it in that collective); first attempt only",
+    "HPCTRAIN_TEST_SLOW_RANK": "=R:S: rank R's every forward pass does S more CPU-seconds of "
+                               "work (a slow device: the straggler detector should name its "
+                               "node); first attempt only",
     # preflight
     "HPCTRAIN_TEST_NODE_NAME": "=NAME: this process's node name, so tests run several "
                                "\"nodes\" on one host",
@@ -106,6 +112,10 @@ class TestHooks:
     attempt: int | None = None
     hold_steps: set[int] = field(default_factory=set)
     hold_max_s: float = 600.0
+    hang_step: int | None = None
+    hang_rank: int | None = None
+    slow_rank: int | None = None
+    slow_s: float = 0.0
     _kill_armed: bool = True
 
     @classmethod
@@ -129,16 +139,43 @@ class TestHooks:
         if get("HPCTRAIN_TEST_KILL_DURING_SAVE"):
             hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
                                                    "HPCTRAIN_TEST_KILL_DURING_SAVE")
+        if get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"):
+            hooks.hang_step, hooks.hang_rank = _at(get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"),
+                                                   "HPCTRAIN_TEST_HANG_IN_COLLECTIVE")
+        if get("HPCTRAIN_TEST_SLOW_RANK"):
+            text = get("HPCTRAIN_TEST_SLOW_RANK")
+            try:
+                rank, _, secs = text.partition(":")
+                hooks.slow_rank, hooks.slow_s = int(rank), float(secs)
+            except ValueError:
+                raise UsageError(f"HPCTRAIN_TEST_SLOW_RANK={text!r}: expected R:SECONDS") from None
         return hooks
 
     @property
     def active(self) -> bool:
         return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
-                    or self.kill_rank is not None)
+                    or self.kill_rank is not None or self.hang_step is not None
+                    or self.slow_rank is not None)
 
-    def hold_after(self, step: int, released, sleep=time.sleep, clock=time.monotonic) -> bool:
+    def first_attempt(self) -> bool:
+        return self.attempt in (None, 1)
+
+    def forward_delay(self, rank: int) -> float:
+        """Seconds rank ``rank`` adds to every forward pass (HPCTRAIN_TEST_SLOW_RANK)."""
+        return self.slow_s if self.slow_rank == rank and self.first_attempt() else 0.0
+
+    def maybe_hang_in_collective(self, step: int, rank: int, log) -> None:
+        """At the start of step ``step``: arm HPCTRAIN_TEST_HANG_IN_COLLECTIVE on this rank."""
+        if self.hang_step != step or self.hang_rank not in (None, rank) or \
+                not self.first_attempt():
+            return
+        block_next_megatron_collective(log)
+
+    def hold_after(self, step: int, released, sleep=time.sleep, clock=time.monotonic,
+                   waiting=None) -> bool:
         """Wait after ``step`` (once) until ``released()`` is true or the hold times out;
-        True when it was released rather than timed out (or there was nothing to hold)."""
+        True when it was released rather than timed out (or there was nothing to hold).
+        ``waiting()`` is called while it waits (a hold on purpose is not a hang)."""
         if step not in self.hold_steps:
             return True
         self.hold_steps.discard(step)
@@ -146,6 +183,8 @@ class TestHooks:
         while not released():
             if clock() >= deadline:
                 return False
+            if waiting is not None:
+                waiting()
             sleep(0.05)
         return True
 
@@ -164,6 +203,39 @@ class TestHooks:
             return False
         self._kill_armed = False
         return True
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+               "send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+def block_next_megatron_collective(log) -> None:
+    """Replace torch.distributed's collectives (as megatron-core looks them up at call time) so
+    that the next one megatron-core calls on a group of several ranks sleeps forever instead of
+    being issued: this rank hangs inside megatron's collective call, its peers wait for it in
+    theirs."""
+    import sys as _sys
+
+    import torch.distributed as dist
+
+    def blocking(name, original):
+        def call(*args, **kwargs):
+            caller = _sys._getframe(1).f_globals.get("__name__", "")
+            group = kwargs.get("group")
+            alone = group is not None and dist.get_world_size(group) <= 1
+            if caller.startswith("megatron.") and not alone:
+                log(f"HPCTRAIN_TEST_HANG_IN_COLLECTIVE: torch.distributed.{name} called from "
+                    f"{caller} blocks forever on this rank")
+                while True:
+                    time.sleep(3600)
+            return original(*args, **kwargs)
+        return call
+
+    for name in COLLECTIVES:
+        original = getattr(dist, name, None)
+        if original is not None:
+            setattr(dist, name, blocking(name, original))
 
 
 def preflight_delay(rank: int, node: str, env: Mapping[str, str] | None = None) -> float:

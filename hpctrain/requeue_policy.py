@@ -2,7 +2,8 @@
 
 Requeue loops that never make progress burn allocations, so a requeue needs all of:
   * a reason to come back: preempted (signal or deadline), a preflight gate that excluded bad
-    nodes, or a crash when the profile asks for ``requeue_on_failure``;
+    nodes, a hung rank or a straggler node (excluded), or a crash when the profile asks for
+    ``requeue_on_failure``;
   * budget: fewer requeues so far than ``preemption.max_requeues``;
   * progress: the step advanced in this attempt (end step > the previous attempt's end step).
     A preflight-gate requeue is exempt (no training ran) but still spends budget.
@@ -12,7 +13,7 @@ The batch shell (Slurm) and rank 0 (local executor) both call this, so the two b
 from __future__ import annotations
 
 from .attempt_records import AttemptRecord, Decision
-from .exit_codes import REQUEUE_REASONS, ExitReason
+from .exit_codes import EXCLUDING_REASONS, REQUEUE_REASONS, ExitReason
 
 
 def requeues_so_far(ledger: list[AttemptRecord]) -> int:
@@ -29,7 +30,7 @@ def decide(ledger: list[AttemptRecord], current: AttemptRecord, max_requeues: in
         return Decision(False, "cancelled by the user")
     if why == ExitReason.UNSTABLE:
         return Decision(False, "stopped by the stability guard (see the log); not requeued")
-    wanted = why in REQUEUE_REASONS or why == ExitReason.PREFLIGHT_FAILED or (
+    wanted = why in REQUEUE_REASONS or why in EXCLUDING_REASONS or (
         requeue_on_failure and why in (ExitReason.FAILED, ExitReason.KILLED))
     if not wanted:
         hint = "" if requeue_on_failure else " (preemption.requeue_on_failure is off)"

@@ -193,6 +193,29 @@ class CheckpointSection:
 
 
 @dataclass(kw_only=True)
+class HealthSection:
+    hang_timeout_s: int | None = doc("A rank that makes no progress (no step finished, no "
+                                     "save/load phase advanced) for this long is hung: every "
+                                     "rank's stacks are dumped, the attempt ends and the requeue "
+                                     "excludes its node (null: 20 × the slowest step, at least "
+                                     "5 minutes on GPU and 1 minute on the CPU rehearsal; at "
+                                     "least train.init_timeout_s until the first step is done).",
+                                     default=None, at_least=10, at_most=7 * 86400)
+    dump_stacks: bool = doc("On a hang, write every rank's Python stacks (and native frames with "
+                            "py-spy, when installed) to logs/attempt-N/stacks-rank-R.txt.",
+                            default=True)
+    straggler_factor: float = doc("A node is a straggler when one of its ranks' compute time "
+                                  "per step is above this × the median of all ranks.",
+                                  default=1.3, above=1, at_most=1000)
+    straggler_window: int = doc("Log intervals (train.log_interval) in a row a node must be "
+                                "that slow to be named a straggler.",
+                                default=3, at_least=1, at_most=10**6)
+    exclude_stragglers: bool = doc("Save, requeue and exclude a straggler node (once per node, "
+                                   "within preemption.max_requeues); false: only name it.",
+                                   default=False)
+
+
+@dataclass(kw_only=True)
 class JobConfig:
     name: str = doc("Run name: letters, digits and _.+- (becomes the Slurm job name).")
     model: ModelSection = doc("The GPT model.")
@@ -201,6 +224,8 @@ class JobConfig:
     train: TrainSection = doc("Optimization.")
     data: DataSection = doc("Training data.")
     checkpoint: CheckpointSection = doc("Checkpointing.", default_factory=CheckpointSection)
+    health: HealthSection = doc("Hung ranks and stragglers, watched while training runs.",
+                                default_factory=HealthSection)
 
 
 def check_job(j: JobConfig, problems: Problems) -> None:

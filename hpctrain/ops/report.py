@@ -31,6 +31,7 @@ class ReportData:
     resumes: list[tuple[int, int]] = field(default_factory=list)       # (step, attempt)
     other_ends: list[tuple[int, str]] = field(default_factory=list)    # (step, exit reason)
     checkpoints: list[int] = field(default_factory=list)
+    stragglers: list[tuple[int, str]] = field(default_factory=list)    # (step, node) named
     ledger: list[dict] = field(default_factory=list)
     total_steps: int | None = None
     attempts: int = 0                  # started, recorded or not
@@ -57,6 +58,8 @@ def collect(run: Run) -> ReportData:
                       tokens_per_s=[_num(m.get("tokens_per_s")) for m in records],
                       mfu=[_num(m.get("mfu")) for m in records], ledger=ledger,
                       attempts=max([len(ledger)] + run.attempts_started()))
+    data.stragglers = [(m["step"], n.get("node")) for m in records
+                       for n in (m.get("stragglers") or []) if isinstance(n, dict)]
     for i, rec in enumerate(ledger):
         end, reason = rec.get("end_step"), rec.get("exit_reason")
         if isinstance(end, int) and reason in REQUEUE_REASONS:
@@ -112,6 +115,16 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
         for i, (step, reason) in enumerate(data.other_ends):
             ax.axvline(step, color="black", linestyle="-.", linewidth=1,
                        label="attempt ended" if i == 0 else None, gid=f"ended-{reason}")
+    speed_ax, at_step = axes[1], dict(zip(data.steps, data.tokens_per_s))
+    for node in sorted({n for _, n in data.stragglers}):
+        pts = [(s, at_step.get(s) or 0.0) for s, n in data.stragglers if n == node]
+        xs, ys = zip(*pts)
+        speed_ax.plot(xs, ys, linestyle="none", marker="x", markersize=9, color="tab:red",
+                      label=f"straggler {node}", gid=f"straggler-{node}")
+        speed_ax.annotate(f"straggler {node}", (xs[0], ys[0]), textcoords="offset points",
+                          xytext=(4, 6), fontsize=8, color="tab:red")
+    if data.stragglers:
+        speed_ax.legend(loc="lower right", fontsize=8)
     loss_ax = axes[0]
     if data.checkpoints:
         at = dict(zip(data.steps, data.loss))
@@ -154,6 +167,8 @@ def summarize(data: ReportData) -> dict:
         "min_loss": best[1] if best else None, "min_loss_step": best[0] if best else None,
         "mean_tokens_per_s": mean(data.tokens_per_s), "mean_mfu": mean(data.mfu),
         "training_time_s": sum(r.get("duration_s") or 0 for r in data.ledger) or None,
+        "stragglers": {node: min(s for s, n in data.stragglers if n == node)
+                       for node in sorted({n for _, n in data.stragglers})},
     }
 
 
@@ -175,4 +190,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"Throughput  {format_number(s['mean_tokens_per_s'])} tokens/s (mean)")
     if s["mean_mfu"] is not None:
         lines.append(f"MFU         {100 * s['mean_mfu']:.1f}% (mean)")
+    if s.get("stragglers"):
+        lines.append("Stragglers  " + ", ".join(f"{node} (named at step {step})"
+                                                for node, step in s["stragglers"].items()))
     return "\n".join(lines)

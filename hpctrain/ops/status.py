@@ -75,6 +75,21 @@ def _expected_start(view: RunView, attempt: int) -> int | None:
     return saved if saved is not None and saved == last.get("end_step") else None
 
 
+def stragglers(view: RunView) -> list[dict]:
+    """The straggler nodes the runtime named in this run (its ``straggler`` events), each with
+    whether a requeue then left it out."""
+    excluded = {n: int(r.get("attempt") or 0) for r in view.ledger
+                if r.get("exit_reason") == ExitReason.STRAGGLER for n in r.get("excluded_nodes") or []}
+    out = []
+    for e in view.events:
+        if e.get("event") == "straggler":
+            row = {k: e.get(k) for k in ("node", "ranks", "ratio", "seconds", "median_s",
+                                         "intervals", "step", "attempt")}
+            row["excluded_after_attempt"] = excluded.get(row["node"])
+            out.append(row)
+    return out
+
+
 def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
     job = view.current_job
     metric = view.last_metric or {}
@@ -97,6 +112,7 @@ def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
         "checkpoint": newest.to_dict() if newest else None,
         "checkpoints": checkpoints.to_dict() if checkpoints else None,
         "sweep": view.meta.get("sweep"),
+        "stragglers": stragglers(view),
         "last_event": view.last_event,
     }
 
@@ -181,6 +197,14 @@ def format_status(data: dict) -> str:
     if folder.get("partial") or folder.get("quarantined"):
         lines.append(f"            {folder.get('partial', 0)} partial, {folder.get('quarantined', 0)} "
                      "quarantined (kept, never deleted)")
+    for i, s in enumerate(data.get("stragglers") or []):
+        ranks = ", ".join(str(r) for r in s.get("ranks") or [])
+        left = (f"; excluded after attempt {s['excluded_after_attempt']}"
+                if s.get("excluded_after_attempt") else "")
+        lines.append(f"{'Stragglers' if i == 0 else '':<12}{s.get('node')}: rank {ranks} at "
+                     f"{format_number(s.get('ratio'))}× the median compute time for "
+                     f"{s.get('intervals')} intervals (step {s.get('step')}, attempt "
+                     f"{s.get('attempt')}){left}")
     if data.get("sweep"):
         sw = data["sweep"]
         values = ", ".join(f"{k}={v}" for k, v in (sw.get("values") or {}).items())
@@ -191,6 +215,10 @@ def format_status(data: dict) -> str:
         lines.append("Attempts")
         lines.append(attempts_table(rows))
         last = rows[-1]
+        for row in rows:
+            if row.get("exit_reason") in (ExitReason.HUNG, ExitReason.STRAGGLER) and \
+                    row.get("message"):
+                lines.append(f"  attempt {row.get('attempt')}: {row['message']}")
         if last.get("exit_reason") == ExitReason.FAILED and last.get("message"):
             lines.append(f"  attempt {last.get('attempt')}: {last['message']}")
     else:

@@ -83,6 +83,7 @@ class BatchFeeder:
         self._it = None
         self._next_consumed: int | None = None
         self.microbatches_read = 0
+        self.timer = None       # straggler_timing.ComputeTimer: times every forward pass
 
     def _reader(self, consumed: int):
         from torch.utils.data import DataLoader
@@ -138,7 +139,12 @@ class BatchFeeder:
             rows = self._next_rows(data_iterator) if embeds or scores else None
             tokens = rows[:, :-1].contiguous() if embeds else None
             labels = rows[:, 1:].contiguous() if scores else None
+            timer = self.timer
+            if timer is not None:
+                timer.start()
             output = model(tokens, positions if embeds else None, None, labels=labels)
+            if timer is not None:
+                timer.stop()
             return output, partial(loss_func, mask, poison)
 
         return step

@@ -49,3 +49,18 @@ def barrier() -> None:
     import torch.distributed as dist
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def all_gather_floats(values: list[float], device: str = "cpu") -> list[list[float]]:
+    """Every rank's ``values`` (the same length on every rank), as one small float64
+    all-gather on the world group: rank r's list is element r."""
+    import torch
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [list(values)]
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else "cpu"
+    mine = torch.tensor(values, dtype=torch.float64, device=where)
+    out = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64, device=where)
+    dist.all_gather_into_tensor(out, mine)
+    flat = out.tolist()
+    return [flat[i:i + len(values)] for i in range(0, len(flat), len(values))]

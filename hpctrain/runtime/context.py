@@ -19,6 +19,12 @@ class RankContext:
     attempt: int
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    watchdog: object = None    # runtime.watchdog.Watchdog, once started
+
+    def progress(self, phase: str) -> None:
+        """A save or load phase began: progress, for the hang watchdog."""
+        if self.watchdog is not None:
+            self.watchdog.progress(phase=phase)
 
     @property
     def rank(self) -> int:

@@ -154,6 +154,7 @@ def _train(run, renv, jenv, attempt, state):
         mark_ready(run, attempt)
     ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=renv, job_env=jenv,
                       attempt=attempt, device=device)
+    ctx.watchdog = _start_watchdog(run, renv, jenv, job, device, attempt, state)
     if ctx.is_rank0:
         _log_start(ctx, hooks)
         if connections_note:
@@ -172,6 +173,7 @@ def _train(run, renv, jenv, attempt, state):
     samples = GPTSamples(IndexedDataset(job.data.path), job.model.seq_length, job.train.seed,
                          vocab_size=job.model.vocab_size)
     feeder = BatchFeeder(samples, layout, device, job.data.num_workers)
+    stragglers = _straggler_watch(ctx, feeder, hooks)
     ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
     loaded = ckpt.resume()
     if loaded is not None:
@@ -181,15 +183,19 @@ def _train(run, renv, jenv, attempt, state):
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
     metrics = MetricsWriter(ctx, job.train.steps)
-    trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics)
+    trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
+                      watchdog=ctx.watchdog, stragglers=stragglers)
     state["start_step"] = trainer.step
     state["end_step"] = trainer.step
+    ctx.watchdog.progress(step=trainer.step, phase="step")
+    ctx.watchdog.start_step = trainer.step
     try:
         outcome = trainer.run()
         flag.stand_down()
     finally:
         state["end_step"] = trainer.step
         state["last_loss"] = trainer.last_loss
+        state["straggler"] = trainer.straggler
         metrics.close()
         feeder.close()
         logger.info(f"data: {feeder.microbatches_read} microbatches read by this rank "
@@ -288,8 +294,58 @@ def _record_failure(run, attempt: int, renv, at: float, message: str) -> None:
         logger.info(f"could not record this rank's failure: {e}")
 
 
+_WATCHDOG = []   # the rank's watchdog, stopped however the attempt ends
+
+
+def _start_watchdog(run, renv, jenv, job, device, attempt, state):
+    """The hang watchdog (``runtime.watchdog``). Under the local executor no batch shell
+    outlives the ranks: rank 0's watchdog records a hang itself (no requeue: there is no other
+    node to move to)."""
+    from .log import logger
+    from .watchdog import Watchdog
+
+    def record_locally(verdict) -> None:
+        from ..attempts import finish_attempt, hang_details
+        finish_attempt(run, attempt, exit_codes.HUNG, scheduler="local",
+                       job_id=jenv.local_job_id, refuse_requeue="a hang under the local "
+                       "executor: there is no other node to move to", **hang_details(verdict))
+
+    on_verdict = record_locally if (renv.rank == 0 and jenv.local_executor) else None
+    dog = Watchdog(run.attempt_dir(attempt), renv.rank, renv.node,
+                   hang_timeout_s=job.health.hang_timeout_s, dump_stacks=job.health.dump_stacks,
+                   device=device, init_timeout_s=job.train.init_timeout_s,
+                   on_verdict=on_verdict, log=logger.info)
+    _WATCHDOG.append(dog)
+    return dog.start()
+
+
+def _straggler_watch(ctx, feeder, hooks):
+    """Times every forward pass and gathers the times at log steps (``straggler_timing``).
+    Exclusion needs the batch shell, which requeues without the node."""
+    import os
+    from ..flops import model_flops_per_step
+    from ..model_shape import ModelShape
+    from .straggler_timing import ComputeTimer, StragglerWatch
+    from .watchdog import WATCHER_ENV
+    feeder.timer = ComputeTimer(ctx.device, hooks.forward_delay(ctx.rank))
+    health = ctx.job.health
+    may_exclude = health.exclude_stragglers and os.environ.get(WATCHER_ENV) == "batch"
+    if health.exclude_stragglers and not may_exclude and ctx.is_rank0:
+        from .log import logger
+        logger.info("note: health.exclude_stragglers: only a Slurm batch script can requeue "
+                    "without a node; stragglers are named only")
+    before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"
+              for n in (r.get("excluded_nodes") or [])}
+    flops = model_flops_per_step(ModelShape.from_model(ctx.job.model),
+                                 ctx.job.batch.global_batch_size,
+                                 ctx.layout.tensor_model_parallel_size)
+    return StragglerWatch(ctx, feeder.timer, may_exclude, before, flops)
+
+
 def _cleanup() -> None:
     import sys
+    while _WATCHDOG:
+        _WATCHDOG.pop().stop()
     if "hpctrain.runtime.checkpoint.results_queue" in sys.modules:
         sys.modules["hpctrain.runtime.checkpoint.results_queue"].remove_results_queue()
 

@@ -74,7 +74,7 @@ def checkpoint_bytes_guess(mo) -> int:
 
 class Trainer:
     def __init__(self, ctx, mo, feeder, checkpointer, hooks, flag, loaded=None, metrics=None,
-                 clock=time.time) -> None:
+                 clock=time.time, watchdog=None, stragglers=None) -> None:
         self.ctx, self.mo, self.feeder = ctx, mo, feeder
         self.ckpt, self.hooks, self.flag = checkpointer, hooks, flag
         job = ctx.job
@@ -106,6 +106,9 @@ class Trainer:
         self.auto_interval = AutoInterval.for_trainer(ctx, self.periodic, self.estimate) \
             if auto and ctx.is_rank0 else None
         self.metrics = metrics
+        self.watchdog = watchdog          # runtime.watchdog.Watchdog: progress for the hang check
+        self.stragglers = stragglers      # runtime.straggler_timing.StragglerWatch
+        self.straggler: dict | None = None   # the node this attempt stopped to exclude
         from megatron.core import parallel_state as ps
         # one rank per loss value: TP rank 0 of the last stage, in every DP replica
         self.reports_loss = ps.is_pipeline_last_stage(ignore_virtual=True) and \
@@ -127,8 +130,9 @@ class Trainer:
 
         ctx, lay, mo = self.ctx, self.ctx.layout, self.mo
         number = self.step + 1
-        self.hooks.hold_after(self.step, self._hold_released)
+        self.hooks.hold_after(self.step, self._hold_released, waiting=self._held)
         self.hooks.maybe_crash(number, ctx.rank)
+        self.hooks.maybe_hang_in_collective(number, ctx.rank, logger.info)
         if self.hooks.step_sleep_s:
             time.sleep(self.hooks.step_sleep_s)
         lr = self.schedule.lr_at(self.step)
@@ -191,6 +195,10 @@ class Trainer:
             flags[0] += loss
         return collectives.start_sum(flags)
 
+    def _held(self) -> None:
+        if self.watchdog is not None:   # a test's hold on purpose is not a hang
+            self.watchdog.progress(phase="held by a test hook")
+
     def _hold_released(self) -> bool:
         """A test's hold (HPCTRAIN_TEST_HOLD_AFTER_STEP) ends when this rank is told to stop,
         or when the test drops ``hold-release`` into the run folder."""
@@ -221,12 +229,26 @@ class Trainer:
             started = time.time()
             if self.first_step_started is None:
                 self.first_step_started = started
+            timer = self.stragglers.timer if self.stragglers is not None else None
+            if timer is not None:
+                timer.step_begin()
             info = self.train_step()
+            if timer is not None:
+                timer.step_end()
             elapsed = time.time() - started
             self.step_time = elapsed if self.step_time is None else 0.8 * self.step_time + 0.2 * elapsed
+            if self.watchdog is not None:
+                self.watchdog.step_done(self.step, elapsed)
+            named = exclude = None
+            if self.stragglers is not None:
+                self.stragglers.step_done()
+                if self.metrics is not None and self.metrics.due(self.step, info["skipped"]):
+                    named, exclude = self.stragglers.at_log_step(self.step)
             if self.metrics is not None:
                 self.metrics.record(self.step, info["loss"], info["grad_norm"], info["lr"], elapsed,
-                                    info["skipped"], self.consumed, self.guard.skipped_total)
+                                    info["skipped"], self.consumed, self.guard.skipped_total,
+                                    stragglers=named,
+                                    compute=self.stragglers.last if named is not None else None)
             self.gc.after_step(self.step)
             if info["skipped"] and self.ctx.is_rank0:
                 logger.info(f"step {self.step}: update skipped ({info['skipped']}); "
@@ -251,6 +273,8 @@ class Trainer:
                 saved = self._save("final", sync=True)
                 return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
                                      f"finished {self.total_steps} steps", saved)
+            if exclude is not None:
+                return self._stop_for_straggler(exclude)
             if info["save_due"]:
                 self._save("periodic", sync=not ck.async_save)
                 self.periodic.saved(self.step)
@@ -262,6 +286,18 @@ class Trainer:
         self.ckpt.wait()
         return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
                              f"finished {self.total_steps} steps", None)
+
+    def _stop_for_straggler(self, node) -> Outcome:
+        """health.exclude_stragglers: every rank reached the same decision from the same
+        gathered times; save now and exit to be requeued without the node."""
+        if self.ctx.is_rank0:
+            logger.info(f"step {self.step}: straggler {node.describe()}; saving a checkpoint to "
+                        f"requeue without {node.node}")
+        saved = self._save("straggler", sync=True)
+        self.straggler = node.to_dict()
+        return self._outcome(ExitReason.STRAGGLER, exit_codes.PREEMPTED,
+                             f"straggler {node.describe()}: saved step {self.step}, exiting to "
+                             f"be requeued without {node.node}", saved)
 
     def _save(self, reason: str, sync: bool) -> str | None:
         self.param_gather.sync()    # overlap_param_gather: the parameters must be current

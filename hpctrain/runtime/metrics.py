@@ -2,7 +2,8 @@
 
 Every ``train.log_interval`` steps (and at every skipped step, so a skip is never hidden)
 one JSON record: step, loss, grad_norm, lr, tokens_per_s, step_time_s (mean over the
-interval), mfu (model FLOPs from ``hpctrain.flops`` over world size × the profile's
+interval), the straggler nodes named (``stragglers``) and the median and largest rank compute
+time (``runtime.straggler_timing``), mfu (model FLOPs from ``hpctrain.flops`` over world size × the profile's
 ``node.peak_tflops``; null when the peak is unknown), skipped and the skip reason.
 TensorBoard event files go to ``RUN/tensorboard/`` when the ``tensorboard`` package is
 installed (it is optional).
@@ -11,6 +12,7 @@ installed (it is optional).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import json
@@ -51,12 +53,19 @@ class MetricsWriter:
         except OSError:
             return None
 
+    def due(self, step: int, skipped: str | None) -> bool:
+        """Whether step ``step`` is logged (the same answer on every rank)."""
+        return step % self.interval == 0 or skipped is not None or step == self.total_steps
+
     def record(self, step: int, loss: float, grad_norm: float | None, lr: float,
                step_time_s: float, skipped: str | None, consumed_samples: int,
-               skipped_total: int) -> dict | None:
-        """Step ``step`` (1-based) just finished; rank 0 logs it when due."""
+               skipped_total: int, stragglers: list | None = None,
+               compute: dict | None = None) -> dict | None:
+        """Step ``step`` (1-based) just finished; rank 0 logs it when due. ``stragglers``: the
+        nodes named at this log step (``SlowNode``s; None when not measured), ``compute``:
+        every rank's forward time per step over the interval."""
         self._times.append(step_time_s)
-        due = step % self.interval == 0 or skipped is not None or step == self.total_steps
+        due = self.due(step, skipped)
         if not (self.ctx.is_rank0 and due):
             if due:
                 self._times.clear()
@@ -70,6 +79,14 @@ class MetricsWriter:
                "skipped": skipped is not None, "skip_reason": skipped,
                "skipped_total": skipped_total, "consumed_samples": consumed_samples,
                "attempt": self.ctx.attempt, "time": round(time.time(), 3)}
+        if stragglers is not None:
+            rec["stragglers"] = [n.to_dict() for n in stragglers]
+        if compute:
+            seconds = compute["compute_s"]
+            rec["compute_s_median"] = round(statistics.median(seconds), 6)
+            rec["compute_s_max"] = max(seconds)
+            if "tflops" in compute:
+                rec["rank_tflops_min"] = min((t for t in compute["tflops"] if t), default=None)
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
         if self.tb is not None:
@@ -94,6 +111,8 @@ class MetricsWriter:
         line = " | ".join(parts)
         if rec["skipped"]:
             line += f" | SKIPPED: {rec['skip_reason']}"
+        if rec.get("stragglers"):
+            line += " | straggler " + ", ".join(n["node"] for n in rec["stragglers"])
         return line
 
     def close(self) -> None:

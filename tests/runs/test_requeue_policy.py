@@ -53,3 +53,13 @@ def test_preflight_gate_requeue_needs_no_progress_but_spends_budget():
     assert decide([], rec("preflight_failed", None, None), max_requeues=1).requeue
     ledger = [rec("preflight_failed", None, None, True)]
     assert not decide(ledger, rec("preflight_failed", None, None), max_requeues=1).requeue
+
+
+def test_a_hung_or_straggler_attempt_is_requeued_without_requeue_on_failure_while_it_advances():
+    assert decide([], rec("hung", 0, 10), max_requeues=3).requeue
+    assert decide([], rec("straggler", 0, 4), max_requeues=3).requeue
+    # a hang at the same step every attempt is a bug, not a node: stop instead of excluding
+    # one node after the other
+    ledger = [rec("hung", 0, 10, True)]
+    d = decide(ledger, rec("hung", 8, 10), max_requeues=5)
+    assert not d.requeue and d.reason.startswith("no progress")

@@ -1,6 +1,7 @@
 """Parsers of Slurm's output, on real captured output (tests/fixtures/slurm/README.md)."""
 
-from hpctrain.scheduler.slurm.commands import parse_sacct, parse_scontrol_record, parse_squeue
+from hpctrain.scheduler.slurm.commands import (parse_sacct, parse_scontrol_record, parse_squeue,
+                                               parse_step_ids)
 from hpctrain.scheduler.state import JobState
 from tests.conftest import REPO
 
@@ -48,3 +49,8 @@ def test_srun_task_exits_say_which_task_failed_first():
     assert step_exit_code(143, exits) == 1          # srun's 143 hides the real failure
     assert step_exit_code(0, []) == 0 and step_exit_code(137, []) == 137
     assert step_exit_code(75, exits) == 75          # a real code is kept
+
+
+def test_parse_step_ids_keeps_the_task_steps():
+    # the hang watcher kills the training step, never the batch shell's own step
+    assert parse_step_ids((FIX / "squeue_steps.txt").read_text()) == ["192.0"]

@@ -134,6 +134,7 @@ class Checkpointer:
         if self.pending:
             self.wait()  # one background save at a time
         started = time.monotonic()
+        self.ctx.progress(f"save: step {step} ({reason})")
         install_results_queue()
         partial = store.partial_dir(self.root, step, self.ctx.attempt)
         if self.ctx.is_rank0:
@@ -184,6 +185,7 @@ class Checkpointer:
     def _publish(self, info: dict, common: dict) -> None:
         """Finalize step (all ranks, after every writer finished): manifest last, then rename."""
         step, partial = info["step"], info["partial"]
+        self.ctx.progress(f"save: publishing step {step}")
         error = None
         if self.ctx.is_rank0:
             try:
@@ -289,6 +291,7 @@ class Checkpointer:
 
     def resume(self) -> Loaded | None:
         started = time.monotonic()
+        self.ctx.progress("load: verifying checkpoints")
         found = self.find_resumable()
         self.verify_seconds = time.monotonic() - started
         if found is None:
@@ -299,6 +302,7 @@ class Checkpointer:
     def load(self, folder: Path, manifest: dict) -> Loaded:
         import torch
         from megatron.core import dist_checkpointing
+        self.ctx.progress(f"load: {folder.name}")
 
         started = time.monotonic()
         saved = manifest.get("layout", {})

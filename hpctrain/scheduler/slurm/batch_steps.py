@@ -8,8 +8,12 @@ names chosen here are assigned, so nothing from a profile or the environment can
   node's NodeAddr, checked to resolve: node names often do not), a free port, the job's end
   time (the runtime's deadline), the signal flag file. Prints ``HPCTRAIN_SKIP=1`` when the run
   has finished or was cancelled (a chained or requeued job then exits at once).
+* ``watch RUN --attempt N --srun-pid PID`` — beside the training step: the hang watcher
+  (``hang_watch``): on a hang, the verdict, every rank's stacks, the step ended.
 * ``end RUN --attempt N --exit-code RC`` — write the ledger record and print
-  ``HPCTRAIN_REQUEUE=0|1`` from the requeue policy (budget and progress).
+  ``HPCTRAIN_REQUEUE=0|1`` from the requeue policy (budget and progress). An attempt that hung,
+  or stopped for a straggler node, is requeued here without that node (hold, exclude,
+  release: ``requeue_excluding``), and ``HPCTRAIN_REQUEUE=0`` is printed.
 * ``gate-failed RUN --attempt N --exit-code RC`` — the preflight gate failed: record it, add the
   bad nodes to the job's exclude list and requeue it (within the budget).
 * ``signal RUN --signal SIG`` — the batch shell got SIG: pass it on now, or defer it (print
@@ -34,9 +38,10 @@ import time
 from pathlib import Path
 
 from ... import exit_codes
-from ...attempts import finish_attempt
+from ...attempts import finish_attempt, hang_details
 from ...errors import HpcTrainError
 from ...exit_codes import ExitReason
+from ...health.hang import read_verdict
 from ...identity import free_port
 from ...runs import Run
 from . import commands
@@ -159,11 +164,29 @@ def cmd_end(run: Run, attempt: int, exit_code: int, started: float | None) -> st
         batch_log = ""
     task_exits = commands.parse_srun_task_exits(batch_log)
     code = commands.step_exit_code(exit_code, task_exits)
+    verdict = read_verdict(run.attempt_dir(attempt))
+    facts = _scheduler_facts()
+    more = hang_details(verdict) if verdict is not None else {}
     record, decision = finish_attempt(run, attempt, code, started_at=started,
-                                      task_exits=task_exits[:8] or None, **_scheduler_facts())
+                                      task_exits=task_exits[:8] or None, **facts, **more)
     print(f"[hpctrain] attempt {attempt}: {record.exit_reason} at step {record.end_step}; "
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
+    if record.message and record.exit_reason in (ExitReason.HUNG, ExitReason.STRAGGLER):
+        print(f"[hpctrain] {record.message}", file=sys.stderr)
+    leave_out = record.excluded_nodes if record.exit_reason in (
+        ExitReason.HUNG, ExitReason.STRAGGLER) else None
+    if decision.requeue and leave_out:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # see cmd_gate_failed
+        why = "hung rank" if record.exit_reason == ExitReason.HUNG else "straggler node"
+        requeue_excluding(run, attempt, facts["job_id"], leave_out, reason=why)
+        return _assign(HPCTRAIN_REQUEUE=0)
     return _assign(HPCTRAIN_REQUEUE=int(decision.requeue))
+
+
+def cmd_watch(run: Run, attempt: int, srun_pid: int) -> int:
+    from .hang_watch import watch
+    watch(run, attempt, job_id_of_run(), srun_pid)
+    return 0
 
 
 def cmd_gate_failed(run: Run, attempt: int, exit_code: int, started: float | None) -> int:
@@ -185,7 +208,7 @@ def cmd_gate_failed(run: Run, attempt: int, exit_code: int, started: float | Non
     # Requeueing kills this shell's processes with SIGTERM; ignore it so the hold -> exclude ->
     # release sequence completes (a running job's exclude list cannot be changed).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return requeue_excluding(run, attempt, facts["job_id"], bad)
+    return requeue_excluding(run, attempt, facts["job_id"], bad, reason="preflight gate")
 
 
 RELEASE_TRIES = 5
@@ -193,7 +216,7 @@ RELEASE_PAUSE_S = 2.0
 
 
 def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
-                      pause_s: float = RELEASE_PAUSE_S) -> int:
+                      pause_s: float = RELEASE_PAUSE_S, reason: str = "preflight gate") -> int:
     """Hold-requeue the job, add ``bad`` to its exclude list, release it. Once the hold is in
     place the release happens whatever else fails (a failing ``scontrol update`` would leave
     the job held forever): the job then comes back without the exclusion, and the event says
@@ -203,7 +226,7 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
     except Exception as e:  # noqa: BLE001 - nothing is held: say so and stop
         print(f"[hpctrain] scontrol requeuehold {job_id} failed: {e}; the job is not requeued",
               file=sys.stderr)
-        run.event("requeue_failed", attempt=attempt, job_id=job_id, reason="preflight gate",
+        run.event("requeue_failed", attempt=attempt, job_id=job_id, reason=reason,
                   error=str(e))
         return 1
     excluded, problem = [], None
@@ -218,8 +241,7 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
         print(f"[hpctrain] {problem}; releasing the job without the exclusion", file=sys.stderr)
     finally:
         released, release_error = _release(job_id, pause_s)
-    data = {"attempt": attempt, "job_id": job_id, "excluded": excluded,
-            "reason": "preflight gate"}
+    data = {"attempt": attempt, "job_id": job_id, "excluded": excluded, "reason": reason}
     if problem:
         data["problem"] = problem
     if not released:
@@ -256,6 +278,10 @@ def main(argv=None) -> int:
         e.add_argument("--attempt", type=int, required=True)
         e.add_argument("--exit-code", type=int, required=True)
         e.add_argument("--started", type=float, default=None)
+    w = sub.add_parser("watch")
+    w.add_argument("run_dir")
+    w.add_argument("--attempt", type=int, required=True)
+    w.add_argument("--srun-pid", type=int, required=True)
     sg = sub.add_parser("signal")
     sg.add_argument("run_dir")
     sg.add_argument("--signal", required=True)
@@ -272,6 +298,8 @@ def main(argv=None) -> int:
             sys.stdout.write(cmd_signal(run, args.signal.upper().removeprefix("SIG")))
         elif args.cmd == "end":
             sys.stdout.write(cmd_end(run, args.attempt, args.exit_code, args.started))
+        elif args.cmd == "watch":
+            return cmd_watch(run, args.attempt, args.srun_pid)
         else:
             return cmd_gate_failed(run, args.attempt, args.exit_code, args.started)
     except HpcTrainError as e:   # e.g. a damaged run.yaml: say which file, no traceback

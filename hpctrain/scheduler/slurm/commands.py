@@ -211,3 +211,20 @@ def cancel(job_ids: list[str], *, signal: str | None = None, full: bool = False)
     if full:
         argv.append("--full")
     run(argv + job_ids)
+
+
+def parse_step_ids(text: str) -> list[str]:
+    """``squeue --steps -h -o %i`` -> the job steps that run tasks (``177.0``), not the batch
+    or extern step."""
+    out = []
+    for line in text.split():
+        job, _, step = line.partition(".")
+        if step.isdigit():
+            out.append(line)
+    return out
+
+
+def job_steps(job_id: str) -> list[str]:
+    """The job's running task steps (``JOBID.N``)."""
+    proc = run(["squeue", "--steps", "-h", "-o", "%i", "-j", job_id], check=False)
+    return parse_step_ids(proc.stdout)

@@ -1,0 +1,104 @@
+"""Who stopped first: the hang verdict from heartbeats, as the batch shell's watcher and the
+ranks' own watchdogs decide it (pure: beats and a clock, no processes)."""
+
+from __future__ import annotations
+
+from hpctrain.health.hang import HangMonitor, claim_verdict, read_verdict
+from hpctrain.health.heartbeat import Beat, read_beats, write_beat
+from hpctrain.runtime.watchdog import hang_limit
+
+
+def beat(rank, step, progress_at, beat_at, node=None, limit=30.0, **kw) -> Beat:
+    return Beat(rank=rank, node=node or f"n{1 + rank // 2}", pid=1000 + rank, step=step,
+                start_step=0, phase="step", progress_at=progress_at, beat_at=beat_at,
+                limit_s=limit, **kw)
+
+
+def test_no_verdict_while_any_rank_still_progresses():
+    m = HangMonitor(beat_s=5)
+    # rank 3 idle for 40 s, rank 0 progressed a second ago: someone works, not a hang
+    m.update({0: beat(0, 12, 99.0, 100.0), 3: beat(3, 11, 60.0, 100.0)}, now=1000.0)
+    assert m.check(1000.0) is None
+
+
+def test_a_stopped_rank_is_blamed_before_the_ranks_waiting_for_it():
+    """SIGSTOP: rank 3's beats stop; ranks 0-2 keep beating while they wait in a collective."""
+    m = HangMonitor(beat_s=5)
+    beats = {r: beat(r, 10, 100.0, 101.0) for r in range(4)}
+    m.update(beats, now=1000.0)
+    for t in range(5, 41, 5):       # ranks 0-2 beat every 5 s without progress, rank 3 is silent
+        beats = {**beats, **{r: beat(r, 10, 100.0, 101.0 + t) for r in range(3)}}
+        m.update(beats, now=1000.0 + t)
+    verdict = m.check(1040.0)
+    assert verdict is not None and verdict.rank == 3 and verdict.node == "n2"
+    assert verdict.silent_s == 40.0 and "heartbeat stopped 40 s ago" in verdict.why
+    assert verdict.step == 10 and verdict.end_step == 10 and verdict.start_step == 0
+    assert verdict.message.startswith("rank 3 on n2 made no progress for 41 s; last step 10")
+
+
+def test_a_rank_that_never_issued_the_collective_its_peers_wait_in_is_blamed():
+    m = HangMonitor(beat_s=5)
+    seqs = {0: 58, 1: 58, 2: 57, 3: 58}          # rank 2 never issued the 58th collective
+    beats = {r: beat(r, 10, 100.0, 140.0, collectives={"3": seqs[r], "0": 4}) for r in range(4)}
+    m.update(beats, now=500.0)
+    verdict = m.check(500.0)
+    assert verdict is not None and verdict.rank == 2
+    assert "group 3 wait in a collective it never issued (57 of their 58" in verdict.why
+    assert verdict.ranks["2"]["behind"] == ["3", 57, 58]
+
+
+def test_the_rank_at_the_lowest_step_is_blamed():
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 10, 100.0, 140.0), 1: beat(1, 9, 101.0, 140.0)}, now=0.0)
+    verdict = m.check(0.0)
+    assert verdict.rank == 1 and "at step 9, the others at up to 10" in verdict.why
+
+
+def test_the_limit_is_the_largest_a_rank_reports():
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 5, 100.0, 140.0, limit=30.0), 1: beat(1, 5, 100.0, 140.0, limit=60.0)},
+             now=0.0)
+    assert m.check(0.0) is None                 # 40 s idle: under rank 1's 60 s
+    assert m.check(25.0).limit_s == 60.0        # 65 s
+
+
+def test_the_first_verdict_stands(tmp_path):
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 5, 0.0, 100.0), 1: beat(1, 4, 0.0, 100.0)}, now=0.0)
+    first = m.check(0.0, decided_by="batch shell")
+    second = m.check(0.0, decided_by="rank 0")
+    assert claim_verdict(tmp_path, first).decided_by == "batch shell"
+    assert claim_verdict(tmp_path, second).decided_by == "batch shell"
+    assert read_verdict(tmp_path).rank == 1
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_heartbeat_files_round_trip(tmp_path):
+    b = beat(3, 7, 1.0, 2.0, collectives={"0": 3}, members={"0": [0, 1, 2, 3]}, where="f (x.py:1)")
+    write_beat(tmp_path, b)
+    (tmp_path / "heartbeat" / "rank-9.json").write_text("{half a beat")
+    assert read_beats(tmp_path) == {3: b}
+
+
+def test_derived_hang_limit():
+    # 20 × the slowest step, with a floor: 5 minutes on GPUs, 1 on the CPU rehearsal
+    assert hang_limit(None, "cuda", 2.0, True, 300) == 300.0
+    assert hang_limit(None, "cuda", 30.0, True, 300) == 600.0
+    assert hang_limit(None, "cpu", 0.5, True, 300) == 60.0
+    # before the first step is done: at least train.init_timeout_s
+    assert hang_limit(None, "cpu", None, False, 300) == 300.0
+    assert hang_limit(45, "cuda", 30.0, True, 300) == 45.0      # the job's own value wins
+    assert hang_limit(45, "cuda", None, False, 300) == 300.0
+
+
+def test_a_silent_ranks_stale_limit_does_not_count():
+    """Rank 1 was stopped before its first beat after the first step: its file still carries
+    the start-up limit (the rendezvous timeout); the ranks that still beat say 30 s."""
+    m = HangMonitor(beat_s=5)
+    beats = {0: beat(0, 10, 100.0, 101.0), 1: beat(1, None, 50.0, 60.0, limit=300.0)}
+    m.update(beats, now=0.0)
+    for t in range(5, 36, 5):
+        beats[0] = beat(0, 10, 100.0, 101.0 + t)
+        m.update(beats, now=float(t))
+    verdict = m.check(35.0)
+    assert verdict is not None and verdict.rank == 1 and verdict.limit_s == 30.0

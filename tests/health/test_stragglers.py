@@ -1,0 +1,33 @@
+"""Straggler nodes from the ranks' gathered compute times (pure)."""
+
+from hpctrain.health.stragglers import StragglerTracker
+
+NODES = ["n1", "n1", "n2", "n2"]
+
+
+def test_a_node_is_named_after_the_window_of_slow_intervals_in_a_row():
+    t = StragglerTracker(factor=1.3, window=3)
+    slow, named = t.assess([1.0, 1.1, 1.0, 2.0], NODES)
+    assert [(s.node, s.ranks, s.ratio, s.intervals) for s in slow] == [("n2", [3], 1.905, 1)]
+    assert named == []
+    t.assess([1.0, 1.1, 1.0, 2.0], NODES)
+    slow, named = t.assess([1.0, 1.1, 1.0, 2.0], NODES)
+    assert [(n.node, n.intervals) for n in named] == [("n2", 3)]
+    assert named[0].describe().startswith("n2 (rank 3: 1.91× the median compute time, 2000.0 vs "
+                                          "1050.0 ms per step, 3 intervals in a row)")
+
+
+def test_a_normal_interval_resets_the_count():
+    t = StragglerTracker(factor=1.3, window=2)
+    t.assess([1.0, 1.0, 1.0, 2.0], NODES)
+    t.assess([1.0, 1.0, 1.0, 1.2], NODES)            # 1.2 < 1.3 × 1.0
+    _, named = t.assess([1.0, 1.0, 1.0, 2.0], NODES)
+    assert named == []
+
+
+def test_within_factor_is_not_slow_and_one_rank_cannot_be_compared():
+    t = StragglerTracker(factor=1.3, window=1)
+    assert t.assess([1.0, 1.25, 1.0, 1.29], NODES) == ([], [])
+    assert t.assess([5.0], ["n1"]) == ([], [])
+    slow, _ = t.assess([1.0, 3.0, 1.0, 2.0], NODES)
+    assert [s.node for s in slow] == ["n1", "n2"]    # slowest first
