@@ -45,6 +45,8 @@ GPU_FLOOR_S = 300.0                 # derived limits: never below 5 minutes on G
 CPU_FLOOR_S = 60.0                  # a minute on the CPU rehearsal
 STEPS_OF_SLACK = 20                 # derived limit: 20 × the slowest step so far
 WATCHER_GRACE_S = 60.0
+PEERS_WAIT_S = 20.0                 # on a hang: wait this long at most for the others' stacks
+END_OF_STACKS = "-- end of the stacks of rank"
 WATCHER_ENV = "HPCTRAIN_HEALTH_WATCHER"   # "batch": the batch shell watches, excludes nodes
 
 
@@ -230,7 +232,9 @@ class Watchdog:
                 self._stacks.flush()
                 faulthandler.dump_traceback(file=self._stacks, all_threads=True)
             self._py_spy()
+            self._stacks.write(f"{END_OF_STACKS} {self.rank}\n")
             self._stacks.flush()
+            self._wait_for_peers_stacks(verdict)
         if self.on_verdict is not None:
             try:
                 self.on_verdict(verdict)
@@ -239,6 +243,20 @@ class Watchdog:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_codes.HUNG)
+
+    def _wait_for_peers_stacks(self, verdict: hangs.Verdict) -> None:
+        """The first rank to exit makes srun end the others: wait (a while) until every rank
+        has finished writing its stacks."""
+        deadline = time.monotonic() + PEERS_WAIT_S
+        for rank in verdict.ranks:
+            path = hangs.stacks_path(self.dir, int(rank))
+            while time.monotonic() < deadline:
+                try:
+                    if f"{END_OF_STACKS} {rank}\n" in path.read_text(errors="replace"):
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.5)
 
     def _py_spy(self) -> None:
         """Native frames too (C++, CUDA, NCCL), when py-spy is installed."""

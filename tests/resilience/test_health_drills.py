@@ -166,6 +166,7 @@ def test_a_stopped_rank_is_named_its_node_excluded_and_the_run_resumes(reference
     assert sorted(dumps) == [0, 1, 2, 3], sorted(dumps)
     assert "hold_after" in dumps[3]             # where SIGSTOP caught it
     assert all("most recent call first" in d for d in dumps.values())
+    assert all("py-spy dump --native" in d and "libpython" in d for d in dumps.values())
 
 
 def test_a_rank_blocked_inside_a_megatron_collective_is_named_and_its_node_excluded(reference,

@@ -34,6 +34,9 @@ def test_a_rank_blocked_in_a_megatron_collective_is_named_and_every_rank_dumps_a
     assert "block_next_megatron_collective" in stacks[1] or "fault_injection.py" in stacks[1]
     assert "megatron/core" in stacks[1] and "megatron/core" in stacks[0], stacks[0]
     assert all("most recent call first" in text for text in stacks.values())
+    # native frames too: py-spy is installed with the test dependencies
+    assert all("py-spy dump --native" in text and "libpython" in text
+               for text in stacks.values()), stacks[0][-2000:]
     beats = {r: json.loads((folder / "heartbeat" / f"rank-{r}.json").read_text()) for r in (0, 1)}
     assert beats[0]["step"] == beats[1]["step"] == 4
 
