@@ -184,10 +184,12 @@ class CheckpointSection:
                                 "the whole TP×PP shard's optimizer state in host memory on every "
                                 "DP rank, through the GPU), dp_reshardable (Megatron-LM's default: "
                                 "every rank writes its own shard, nothing gathered, but only the DP "
-                                "size may change on resume), or auto: fully_reshardable when its "
-                                "save fits the GPU and half the node's host memory, else "
-                                "dp_reshardable (resolved at submit, recorded in the run's job.yaml; "
-                                "`hpctrain plan` shows the choice and the save's memory).",
+                                "size may change on resume), or auto: dp_reshardable on GPUs "
+                                "(fully_reshardable's save blocked training ~6x longer on an "
+                                "H200), on the CPU rehearsal fully_reshardable when its save fits "
+                                "half the node's host memory (resolved at submit, recorded in the "
+                                "run's job.yaml; `hpctrain plan` shows the choice and the save's "
+                                "memory and time).",
                                 choices=("auto", "fully_reshardable", "dp_reshardable"),
                                 default="auto")
 

@@ -279,7 +279,7 @@ def plan_save(job: JobConfig, layout: Layout, target: Target, states, precision:
     fmt = job.checkpoint.optimizer_format
     if fmt == "auto":
         fully = price("fully_reshardable")
-        fmt, reason = choose_format(fully, dist_opt)
+        fmt, reason = choose_format(fully, dist_opt, target.device)
         return (fully if fmt == "fully_reshardable" else price(fmt)), reason
     return price(fmt), ""
 

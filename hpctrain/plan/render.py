@@ -63,7 +63,8 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     host = (f"{target.host_memory_bytes / GiB:g} GiB per node" if target.host_memory_bytes else
             f"unknown (slurm.mem / node.host_memory_gb; auto assumes {UNKNOWN_HOST_BYTES / GiB:g} GiB)")
     out.append(f"checkpoint save: optimizer_format {fmt}"
-               + (" (per layout: fully_reshardable when its save fits, else dp_reshardable)"
+               + ((" (dp_reshardable on GPUs, Megatron-LM's default)" if target.device == "cuda"
+                   else " (per layout: fully_reshardable when its save fits, else dp_reshardable)")
                   if fmt == "auto" else "")
                + "; at save the activations are freed and the save's own buffers are counted; "
                f"host memory {host}, a save may use {HOST_SAVE_FRACTION:.0%} of it; "

@@ -6,13 +6,18 @@ the planner's bytes (``save_memory``: what each rank hands the writer) and the p
 * every save pays ``SAVE_OVERHEAD_S`` (planning, barriers, manifest, rename: the runtime's own
   guess, ``SaveEstimate.GUESS_OVERHEAD_S``) and, with ``fully_reshardable``, the rebuild of the
   optimizer state: an all-gather over the DP group at the profile's bus bandwidth (not counted
-  when the profile gives none), whose result is copied to host memory;
+  when the profile gives none), and its re-assembly in host memory at ``REBUILD_GBS``;
 * a synchronous save then writes the node's share (its ranks' bytes together) at
   ``storage.write_bandwidth_gbs`` per node (``DEFAULT_WRITE_GBS`` when the profile says
   nothing: a conservative figure for a shared parallel file system seen from one node);
 * a background save (``checkpoint.async_save``, the default) blocks only while each rank
-  copies its share to host memory, at ``HOST_COPY_GBS`` (a pageable device-to-host copy over
-  PCIe; every GPU of a node copies over its own link); the write then overlaps training.
+  copies its share to host memory, at ``HOST_COPY_GBS`` (every GPU of a node copies over its
+  own link); the write then overlaps training.
+
+``HOST_COPY_GBS`` and ``REBUILD_GBS`` are measured, not datasheet figures: on one H200
+(``tools/gpu_check``, README "GPU check"), a dp_reshardable background save of 13.3 GB blocked
+training 9.8 s (≈ 3 s + 13.3 GB at 2 GB/s), and fully_reshardable's rebuild of 11.4 GB of
+optimizer state added about 52 s more (≈ 0.22 GB/s).
 
 δ is the background save's blocking time when ``async_save`` is on, else the synchronous save's.
 The interval follows from :mod:`hpctrain.checkpoint_interval` with the profile's
@@ -28,7 +33,8 @@ from .save_memory import SaveMemory
 
 SAVE_OVERHEAD_S = 3.0
 DEFAULT_WRITE_GBS = 2.0
-HOST_COPY_GBS = 10.0
+HOST_COPY_GBS = 2.0
+REBUILD_GBS = 0.22
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def save_time(save: SaveMemory, *, dp: int, dp_link_gbs: float | None,
     per_node = per_rank * (ranks_per_node or save.ranks_per_node)
     bandwidth = write_gbs or DEFAULT_WRITE_GBS
     gathered = save.gathered_per_rank
-    gather = gathered / (HOST_COPY_GBS * 1e9)
+    gather = gathered / (REBUILD_GBS * 1e9)
     if gathered and dp > 1 and dp_link_gbs:
         gather += gathered * (dp - 1) / dp / (dp_link_gbs * 1e9)
     return SaveTime(per_rank, per_node, bandwidth, write_gbs is None, gather,

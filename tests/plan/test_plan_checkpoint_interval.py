@@ -15,8 +15,8 @@ from hpctrain.config.schema import to_dict
 from hpctrain.errors import ConfigError
 from hpctrain.plan import Target, explain_layout
 from hpctrain.plan.save_memory import SaveMemory
-from hpctrain.plan.save_time import (DEFAULT_WRITE_GBS, HOST_COPY_GBS, SAVE_OVERHEAD_S,
-                                     job_interval_s, save_time)
+from hpctrain.plan.save_time import (DEFAULT_WRITE_GBS, HOST_COPY_GBS, REBUILD_GBS,
+                                     SAVE_OVERHEAD_S, job_interval_s, save_time)
 from tests.conftest import REPO
 
 LLAMA = str(REPO / "examples" / "llama2-7b.yaml")
@@ -33,19 +33,19 @@ def test_save_time_by_hand():
     assert st.bytes_per_node == 8 * 10**9 and not st.write_assumed
     assert st.write_s == pytest.approx(2.0)                         # 8 GB / 4 GB/s
     assert st.copy_s == pytest.approx(1 / HOST_COPY_GBS)
-    assert st.blocking_s == pytest.approx(SAVE_OVERHEAD_S + 0.1)    # only the host copy blocks
+    assert st.blocking_s == pytest.approx(SAVE_OVERHEAD_S + 1 / HOST_COPY_GBS)  # only the copy
     assert st.sync_s == pytest.approx(SAVE_OVERHEAD_S + 2.0)
     sync = save_time(saved(), dp=16, dp_link_gbs=None, write_gbs=None, background=False)
     assert sync.write_assumed and sync.write_gbs == DEFAULT_WRITE_GBS
     assert sync.blocking_s == sync.sync_s == pytest.approx(SAVE_OVERHEAD_S + 8 / DEFAULT_WRITE_GBS)
-    # fully_reshardable: 20 GB rebuilt per rank, all-gathered over DP 4 at 50 GB/s, then copied
+    # fully_reshardable: 20 GB rebuilt per rank, all-gathered over DP 4 at 50 GB/s, re-assembled
     full = save_time(saved(gathered=20 * 10**9), dp=4, dp_link_gbs=50.0, write_gbs=4.0,
                      background=True)
-    assert full.gather_s == pytest.approx(20 * 3 / 4 / 50 + 20 / HOST_COPY_GBS)
+    assert full.gather_s == pytest.approx(20 * 3 / 4 / 50 + 20 / REBUILD_GBS)
     assert full.gather_link_known
     unknown = save_time(saved(gathered=20 * 10**9), dp=4, dp_link_gbs=None, write_gbs=4.0,
                         background=True)
-    assert unknown.gather_s == pytest.approx(20 / HOST_COPY_GBS) and not unknown.gather_link_known
+    assert unknown.gather_s == pytest.approx(20 / REBUILD_GBS) and not unknown.gather_link_known
 
 
 def test_job_interval_is_the_shorter_of_minutes_and_steps():
