@@ -22,7 +22,8 @@ from . import exit_codes
 from .attempt_records import AttemptRecord, AttemptResult, Decision, FailureRecord
 from .exit_codes import ExitReason
 from .requeue_policy import decide
-from .runs import Run, now_iso
+from .run_files import now_iso
+from .runs import Run
 
 RESULT_FILE = "result.json"
 FAILURE_GLOB = "failure-rank-*.json"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
-from ..runs import Run, now_iso
+from ..run_files import now_iso
+from ..runs import Run
 from ..scheduler.slurm import commands
 from ..scheduler.local.jobs import cancel_local
 from ..scheduler.state import live_jobs

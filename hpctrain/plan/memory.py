@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -78,16 +80,12 @@ def state_bytes_for_parameters(num_params: float, precision: str = "bf16",
 
 @lru_cache(maxsize=4096)
 def _chunk_buffer(shape: ModelShape, tp: int, pp: int, chunk: ChunkSpec, dp: int,
-                  distributed_optimizer: bool, bucket: int | None) -> tuple[int, int, object]:
-    """(buffer elements, parameter elements, owned elements per DP rank: a read-only int64
-    array) of one model chunk."""
-    import numpy as np
+                  distributed_optimizer: bool, bucket: int | None) -> tuple[int, int, tuple[int, ...]]:
+    """(buffer elements, parameter elements, owned elements per DP rank) of one model chunk."""
     layout = grad_buffer_layout(chunk_parameters(shape, tp, pp, chunk), dp,
                                 distributed_optimizer, bucket)
     owned = layout.owned_per_rank(dp) if distributed_optimizer else [layout.numel_unpadded] * dp
-    owned = np.asarray(owned, dtype=np.int64)
-    owned.flags.writeable = False       # cached: shared by every caller
-    return layout.numel, layout.numel_unpadded, owned
+    return layout.numel, layout.numel_unpadded, tuple(owned)
 
 
 @lru_cache(maxsize=1024)
@@ -122,15 +120,16 @@ def _rank_buffers(shape: ModelShape, tp: int, pp: int, keys: tuple, dp: int,
                   distributed_optimizer: bool, dp_rank: int | None) -> tuple[int, int, int]:
     """(padded elements, parameter elements, optimizer elements held by DP rank ``dp_rank``
     or by the most loaded one) of one pipeline rank's chunks."""
-    import numpy as np          # summing per-DP-rank vectors: cost O(DP) in C, not Python
     numel = unpadded = 0
-    owned = np.zeros(dp, dtype=np.int64)
-    for key, bucket in keys:
+    owned: list[int] | tuple[int, ...] = (0,) * dp
+    for (key, bucket), times in Counter(keys).items():    # a rank's chunks are mostly alike
         n, u, mine = _chunk_buffer(shape, tp, pp, key, dp, distributed_optimizer, bucket)
-        numel += n
-        unpadded += u
-        owned += mine
-    return numel, unpadded, int(owned.max() if dp_rank is None else owned[dp_rank])
+        numel += times * n
+        unpadded += times * u
+        if times > 1:
+            mine = [times * m for m in mine]
+        owned = list(map(operator.add, owned, mine))   # element-wise in C, no numpy on the CLI
+    return numel, unpadded, (max(owned) if dp_rank is None else owned[dp_rank])
 
 
 def allowance_bytes(itemized: int, device: str = "cuda") -> int:

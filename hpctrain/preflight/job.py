@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from ..identity import LaunchError, RankEnv, rank_env
-from ..runs import Run, now_iso
+from ..run_files import now_iso
+from ..runs import Run
 from . import nccl_log, software
 from .bandwidth import default_sizes_mb
 from .node import run_node_checks

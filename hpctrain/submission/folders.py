@@ -13,7 +13,8 @@ from .. import __version__
 from ..config import ClusterProfile, Resolved, yamlio
 from ..config.schema import to_dict
 from ..ops.sweep import SweepPoint, new_sweep_dir
-from ..runs import Run, checkpoint_location, create_run, default_runs_root, folder_mode, now_iso
+from ..run_files import now_iso
+from ..runs import Run, checkpoint_location, create_run, default_runs_root, folder_mode
 from .checks import decided
 
 

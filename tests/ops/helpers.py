@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.runs import Run, read_last_jsonl
+from hpctrain.run_files import read_last_jsonl
+from hpctrain.runs import Run
 from hpctrain.scheduler.state import live_jobs
 from hpctrain.submission import prepare_run, submit_training
 from tests.conftest import REPO, wait_until
@@ -101,7 +102,7 @@ def record(attempt: int, start: int, end: int, reason: str, requeue: bool, *, jo
 
 def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(), steps=30) -> Run:
     """A run folder written by hand (no job): what a run looks like after its attempts."""
-    from hpctrain.runs import append_jsonl
+    from hpctrain.run_files import append_jsonl
     run = ops_run(root, ops_resolved(ops_profile(ranks_per_node=2), steps=steps))
     for r in ledger:
         run.append_ledger(r)

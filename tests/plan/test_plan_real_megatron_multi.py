@@ -117,6 +117,11 @@ def test_checkpoint_save_memory_equals_what_the_save_allocates(measured, case):
         buffers = buffer_shapes(shape, case["tp"], case["pp"], case.get("vpp"), r["dp"])
         peak, gpu, held = gather_replay(buffers[r["pp_rank"]], r["dp"], device="cpu")
         full = r["save"]["fully_reshardable"]
-        assert (full["held_bytes"], full["peak_bytes"]) == (held, peak), where
+        assert full["held_bytes"] == held, where
+        # the peak is exact except when gloo's worker thread still holds one collective's
+        # buffers as the next op is sampled (a race between threads, about one run in three):
+        # at most a bucket's fp32 and 16-bit copies more
+        largest = max(size for b in buffers[r["pp_rank"]] for size, _ in b.buckets)
+        assert peak <= full["peak_bytes"] <= peak + 8 * largest, where
         assert held == 12 * sum(b.numel for b in buffers[r["pp_rank"]])     # 3 fp32 per element
         assert r["save"]["dp_reshardable"] == {"held_bytes": 0, "peak_bytes": 0}, where

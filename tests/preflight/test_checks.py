@@ -192,7 +192,7 @@ def test_storage_local_disk_on_multi_node_fails(tmp_path):
 
 
 def test_storage_free_space_and_emergency_checkpoint(tmp_path):
-    profile = make_profile(storage={"min_free_gb": 1e9}, preemption={"lead_time_s": 1})
+    profile = make_profile(storage={"min_free_gb": 1e7}, preemption={"lead_time_s": 1})  # 10 PB
     rows = by_check(check_storage(str(tmp_path), profile, 1, "n1", probe_mb=4,
                                   checkpoint_bytes=int(500e9), mounts_text=""))
     assert rows["storage.free"].status == "fail"

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.runs import Run, RunFileError, append_jsonl, create_run, read_jsonl
+from hpctrain.run_files import RunFileError, append_jsonl, read_jsonl
+from hpctrain.runs import Run, create_run
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO, hpctrain
 
@@ -79,12 +80,13 @@ def _probe_lock(path: str, out) -> None:
     import importlib
 
     runs = importlib.import_module("hpctrain.runs")   # hpctrain.runs is the API's function
+    from hpctrain import run_files
     fd = os.open(os.path.join(path, runs.LOCK_FILE), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        out.put(("acquired", len(runs._held)))
+        out.put(("acquired", len(run_files._held)))
     except BlockingIOError:
-        out.put(("busy", len(runs._held)))
+        out.put(("busy", len(run_files._held)))
     finally:
         os.close(fd)
 

@@ -10,7 +10,8 @@ from hpctrain.attempt_records import AttemptRecord, AttemptResult
 from hpctrain.attempts import finish_attempt, read_result, write_failure, write_result
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.errors import RunNotFoundError
-from hpctrain.runs import append_jsonl, create_run, find_run, read_jsonl
+from hpctrain.run_files import append_jsonl, read_jsonl
+from hpctrain.runs import create_run, find_run
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO
 

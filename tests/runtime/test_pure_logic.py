@@ -260,7 +260,8 @@ def test_test_variables_do_nothing_without_the_switch():
              "HPCTRAIN_TEST_HOLD_MAX_S": "9", "HPCTRAIN_TEST_KILL_DURING_SAVE": "0",
              "HPCTRAIN_TEST_NODE_NAME": "fake-node", "HPCTRAIN_TEST_PREFLIGHT_DELAY": "0:600",
              "HPCTRAIN_TEST_SYSFS_IB": "/x", "HPCTRAIN_TEST_SYSFS_NET": "/x",
-             "HPCTRAIN_TEST_PROC_MOUNTS": "/x", "HPCTRAIN_TEST_SITE_PACKAGES": "/x"}
+             "HPCTRAIN_TEST_PROC_MOUNTS": "/x", "HPCTRAIN_TEST_SITE_PACKAGES": "/x",
+             "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "2@1", "HPCTRAIN_TEST_SLOW_RANK": "1:0.5"}
     assert set(stray) == set(fault_injection.VARIABLES)      # every registered variable
     for switch in ({}, {"HPCTRAIN_TEST_HOOKS": "0"}, {"HPCTRAIN_TEST_HOOKS": "yes"}):
         env = {**stray, **switch}
