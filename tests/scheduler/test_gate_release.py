@@ -1,6 +1,7 @@
 """The preflight gate's requeue (hold -> exclude the bad nodes -> release) on the real dev
 cluster, with a `scontrol` on PATH that fails one subcommand the way a busy or restricted
-slurmctld does: the job is released in every outcome, and the run's events say what happened."""
+slurmctld does: the job is released in every outcome, and the run's events say what happened.
+A bad node the job cannot do without (it needs every node of the partition) stays in."""
 
 from __future__ import annotations
 
@@ -37,8 +38,18 @@ def _scontrol_failing(tmp_path, subcommand: str) -> str:
 
 @pytest.fixture
 def running_job(slurm_cluster, tmp_path):
-    """A real, requeueable batch job, running."""
-    out = subprocess.run(["sbatch", "--parsable", "--requeue", "-N1", "-J", "gate-release",
+    """A real, requeueable one-node batch job, running."""
+    yield from _running_job(tmp_path, nodes=1)
+
+
+@pytest.fixture
+def running_job_on_every_node(slurm_cluster, tmp_path):
+    """A real, requeueable batch job that needs all 3 nodes of the dev cluster, running."""
+    yield from _running_job(tmp_path, nodes=3)
+
+
+def _running_job(tmp_path, nodes: int):
+    out = subprocess.run(["sbatch", "--parsable", "--requeue", f"-N{nodes}", "-J", "gate-release",
                           "-o", str(tmp_path / "job.out"), "--wrap", "sleep 600"],
                          capture_output=True, text=True, check=True, timeout=60)
     job_id = out.stdout.strip().split(";")[0]
@@ -52,7 +63,7 @@ def running_job(slurm_cluster, tmp_path):
         wait_until(lambda: job_gone(job_id), 120, what=f"job {job_id} to leave the queue")
 
 
-def _gate_failed(tmp_path, job_id: str, path_first: str):
+def _gate_failed(tmp_path, job_id: str, path_first: str | None = None):
     """`batch_steps gate-failed` as the batch script runs it, after preflight blamed node n3."""
     resolved = resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile("dev-slurm"))
     run = prepare_run(resolved, tmp_path / "runs")
@@ -61,7 +72,8 @@ def _gate_failed(tmp_path, job_id: str, path_first: str):
     report.parent.mkdir()
     report.write_text(json.dumps({"passed": False, "bad_nodes": ["n3"]}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
-    env.update(SLURM_JOB_ID=job_id, PATH=f"{path_first}:{os.environ['PATH']}",
+    path = f"{path_first}:{os.environ['PATH']}" if path_first else os.environ["PATH"]
+    env.update(SLURM_JOB_ID=job_id, PATH=path,
                SLURM_CONF=os.environ["SLURM_CONF"])
     proc = subprocess.run([sys.executable, "-m", "hpctrain.scheduler.slurm.batch_steps", "gate-failed",
                            str(run.path), "--attempt", str(attempt), "--exit-code", "4"],
@@ -98,3 +110,18 @@ def test_a_failing_release_is_retried_then_reported_not_hidden(running_job, tmp_
     assert event["event"] == "requeue_failed" and event["excluded"] == ["n3"]
     assert "release failed" in event["error"]
     assert "n3" in job_info(running_job).get("ExcNodeList", "")
+
+
+def test_a_node_is_not_excluded_when_the_job_could_no_longer_start(running_job_on_every_node,
+                                                                   tmp_path):
+    job_id = running_job_on_every_node
+    run, proc = _gate_failed(tmp_path, job_id)
+    assert proc.returncode == 0, proc.stderr
+    why = "not excluding n3: the partition debug would have 2 usable nodes and the job needs 3"
+    assert why in proc.stderr
+    info = job_info(job_id)
+    assert info.get("Restarts") == "1" and not _held(job_id), info     # requeued and released
+    assert info.get("ExcNodeList") == "(null)", info                   # ...without the exclusion
+    event = run.events()[-1]
+    assert event["event"] == "requeue" and event["excluded"] == []
+    assert event["not_excluded"] == ["n3"] and event["note"] == why

@@ -45,6 +45,7 @@ from ...health.hang import read_verdict
 from ...identity import free_port
 from ...runs import Run
 from . import commands
+from .node_exclusion import ExclusionPlan, exclusion_that_fits
 
 
 def _assign(**values) -> str:
@@ -217,10 +218,14 @@ RELEASE_PAUSE_S = 2.0
 
 def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
                       pause_s: float = RELEASE_PAUSE_S, reason: str = "preflight gate") -> int:
-    """Hold-requeue the job, add ``bad`` to its exclude list, release it. Once the hold is in
+    """Hold-requeue the job, add ``bad`` to its exclude list, release it. Only as many bad
+    nodes are excluded as the partition can spare for the job's node count (``node_exclusion``):
+    the event's ``not_excluded`` and ``note`` say which stayed in and why. Once the hold is in
     place the release happens whatever else fails (a failing ``scontrol update`` would leave
     the job held forever): the job then comes back without the exclusion, and the event says
     so. Returns 0 when the job was requeued and released, 1 otherwise."""
+    # Read before the hold: a requeued job's NumNodes counts only its nodes still completing.
+    info = _job_info_or_none(job_id) if bad else None
     try:
         commands.run(["scontrol", "requeuehold", job_id])
     except Exception as e:  # noqa: BLE001 - nothing is held: say so and stop
@@ -229,19 +234,28 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
         run.event("requeue_failed", attempt=attempt, job_id=job_id, reason=reason,
                   error=str(e))
         return 1
-    excluded, problem = [], None
+    excluded, problem, plan = [], None, None
     try:
         if bad:
-            info = commands.job_info(job_id)
-            current = [n for n in info.get("ExcNodeList", "").split(",") if n and n != "(null)"]
-            commands.exclude_nodes(job_id, sorted(set(current + bad)))
-            excluded = bad
+            info = info or commands.job_info(job_id)
+            listed = info.get("ExcNodeList", "")
+            current = commands.expand_hostlist(listed) if listed not in ("", "(null)") else []
+            plan = _exclusion_plan(info, bad, current)
+            if plan.note:
+                print(f"[hpctrain] {plan.note}", file=sys.stderr)
+            if plan.exclude:
+                commands.exclude_nodes(job_id, sorted(set(current + plan.exclude)))
+            excluded = plan.exclude
     except Exception as e:  # noqa: BLE001 - recorded; the release below still happens
         problem = f"excluding {', '.join(bad)} failed: {e}"
         print(f"[hpctrain] {problem}; releasing the job without the exclusion", file=sys.stderr)
     finally:
         released, release_error = _release(job_id, pause_s)
     data = {"attempt": attempt, "job_id": job_id, "excluded": excluded, "reason": reason}
+    if plan is not None and plan.not_excluded and not problem:
+        data["not_excluded"] = plan.not_excluded
+    if plan is not None and plan.note:
+        data["note"] = plan.note
     if problem:
         data["problem"] = problem
     if not released:
@@ -252,6 +266,24 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
         return 1
     run.event("requeue", **data)
     return 0
+
+
+def _job_info_or_none(job_id: str) -> dict | None:
+    try:
+        return commands.job_info(job_id) or None
+    except Exception:  # noqa: BLE001 - read again after the hold
+        return None
+
+
+def _exclusion_plan(info: dict, bad: list[str], current: list[str]) -> ExclusionPlan:
+    """Which of ``bad`` to exclude so that the job can still start (``node_exclusion``). When
+    the partition cannot be read, all of them, as asked, and the note says the count was not
+    checked."""
+    try:
+        return exclusion_that_fits(info, bad, current)
+    except Exception as e:  # noqa: BLE001 - the exclusion and the release go on
+        return ExclusionPlan(list(bad), note=f"excluding {', '.join(bad)} without checking that "
+                             f"the partition keeps enough usable nodes: {e}")
 
 
 def _release(job_id: str, pause_s: float) -> tuple[bool, str | None]:

@@ -186,6 +186,37 @@ def expand_hostlist(hostlist: str) -> list[str]:
     return [h for h in proc.stdout.split() if h]
 
 
+def parse_node_states(text: str) -> dict[str, str]:
+    """``scontrol show node [LIST]`` (one record per node) -> {node name: State}."""
+    states: dict[str, str] = {}
+    name = None
+    for token in text.split():
+        key, _, value = token.partition("=")
+        if key == "NodeName":
+            name = value
+        elif key == "State" and name is not None and name not in states:
+            states[name] = value
+    return states
+
+
+def parse_partition_nodes(text: str) -> str:
+    """``scontrol show partition P`` -> its ``Nodes=`` hostlist ("" when it has none)."""
+    nodes = parse_scontrol_record(text).get("Nodes", "")
+    return "" if nodes in ("(null)", "") else nodes
+
+
+def partition_hostlist(partition: str) -> str:
+    """The partition's nodes as a hostlist (``n[1-3]``; raises when Slurm does not know it)."""
+    return parse_partition_nodes(run(["scontrol", "show", "partition", partition]).stdout)
+
+
+def node_states(hostlist: str) -> dict[str, str]:
+    """{node: State} of the nodes of ``hostlist``, in one ``scontrol show node`` call."""
+    if not hostlist:
+        return {}
+    return parse_node_states(run(["scontrol", "show", "node", hostlist]).stdout)
+
+
 def job_info(job_id: str) -> dict:
     proc = run(["scontrol", "show", "job", job_id], check=False)
     if proc.returncode != 0:
