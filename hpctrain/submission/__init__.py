@@ -24,8 +24,8 @@ from ..errors import UsageError
 from ..runs import Run
 from .checks import (check_data, check_fits, decided, launch_warnings, load_profile_for,
                      load_resolved, resolve_job)
-from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep, runs_root_for,
-                      write_sweep_file)
+from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep,
+                      remove_refused_run, runs_root_for, write_sweep_file)
 from .jobs import (Submitted, chain_dependency, claim_checkpoints, release_checkpoints,
                    submit_chain, submit_function, submit_preflight, submit_training)
 from .scripts import render_script, script_inputs, script_path, write_script
@@ -133,7 +133,14 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
             script = run.script_file
         run.update_meta(dry_run=True)
         return Submission(resolved, [run], dry_run=True, script=script)
-    subs = submit_chain(resolved, run, chain)
+    from ..runtime.checkpoint.store import ForeignCheckpointsError
+    try:
+        subs = submit_chain(resolved, run, chain)
+    except ForeignCheckpointsError:
+        # Another submission claimed checkpoint.dir after prepare_run checked it (two racing
+        # on one folder): remove the run folder this call created, and nothing else.
+        remove_refused_run(run)
+        raise
     script = run.script_file if resolved.profile.scheduler == "slurm" else None
     return Submission(resolved, [run], subs, script=script)
 

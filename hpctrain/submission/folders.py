@@ -6,12 +6,14 @@ every attempt reads (``hpctrain.runs`` describes the layout). Nothing is submitt
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..config import ClusterProfile, Resolved, yamlio
 from ..config.schema import to_dict
+from ..errors import HpcTrainError
 from ..ops.sweep import SweepPoint, new_sweep_dir
 from ..run_files import now_iso
 from ..runs import Run, checkpoint_location, create_run, default_runs_root, folder_mode
@@ -50,6 +52,22 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
                     checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
     run.logs_dir.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def remove_refused_run(run: Run) -> None:
+    """Remove the run folder that ``prepare_run`` created in this same submission, whose first
+    job was then refused before it was queued (another submission claimed ``checkpoint.dir``
+    between this one's check and its claim): a refused submission leaves nothing behind.
+
+    Only for a folder this call created; one that records a job is kept. The folder holds only
+    what ``prepare_run`` wrote (nothing ran in it), so removing it loses nothing; if that
+    fails, the refusal is what the user sees, and the empty run can be removed by hand."""
+    try:
+        if run.job_ids(kind=None):
+            return
+        shutil.rmtree(run.path)
+    except (OSError, HpcTrainError):
+        pass
 
 
 def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> Run:

@@ -1,7 +1,8 @@
 """A checkpoint folder belongs to one run, at submission: a second run of the same job file
 with `checkpoint.dir` set is refused before anything is created or queued, while the first
-run's own cancel and resume go on using the folder; a sweep gives every run a folder of its
-own, and its relative paths are relative to the job file, as in the job file."""
+run's own cancel and resume go on using the folder; submissions racing on one empty folder get
+one owner and the refused ones leave no run folder behind; a sweep gives every run a folder of
+its own, and its relative paths are relative to the job file, as in the job file."""
 
 from __future__ import annotations
 
@@ -88,6 +89,68 @@ def test_the_first_run_cancels_and_resumes_in_its_own_folder(owned):
     assert second["checkpoint_loaded"] == cancelled["checkpoint_saved"]
     assert all(store.read_manifest(d)["run"] == first.id
                for _, d in store.complete_checkpoints(ckpt))
+
+
+def test_a_submission_that_loses_the_folder_after_its_check_leaves_no_run_folder(tmp_path,
+                                                                                monkeypatch):
+    """The race's narrow window, made to happen every time: another run claims the folder
+    after this submission checked it and created its run folder, before its own claim."""
+    import hpctrain.submission as submission
+    ckpt, root = tmp_path / "ckpt", tmp_path / "runs"
+    job_file = _job_file(tmp_path / "jobs", dir=str(ckpt))
+    (root / "earlier-run").mkdir(parents=True)            # not this call's: must stay
+    created = []
+
+    def prepare_then_lose_the_folder(*args, **kwargs):
+        run = real_prepare_run(*args, **kwargs)
+        created.append(run.path)
+        store.claim(ckpt, "rival-run")                     # the other submission wins
+        return run
+
+    real_prepare_run = submission.prepare_run
+    monkeypatch.setattr(submission, "prepare_run", prepare_then_lose_the_folder)
+    with pytest.raises(store.ForeignCheckpointsError, match="owner.json names run rival-run"):
+        submission.submit(job_file, "dev-slurm")
+    assert created and not created[0].exists()             # the run folder it made is gone
+    assert sorted(p.name for p in root.iterdir()) == ["earlier-run"]
+    assert store.read_owner(ckpt)["run"] == "rival-run"    # the winner's claim is untouched
+    assert sorted(p.name for p in ckpt.iterdir()) == ["owner.json"]
+
+
+def _submit_in_process(job_file, root, go, out):
+    from hpctrain.submission import submit
+    go.wait()
+    try:
+        out.put(("ok", submit(job_file, "dev-slurm", runs_dir=root).run.id))
+    except store.ForeignCheckpointsError:
+        out.put(("refused", None))
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        out.put(("error", f"{type(e).__name__}: {e}"))
+
+
+@pytest.mark.slurm
+def test_submissions_racing_on_one_empty_folder_leave_one_run_and_one_owner(slurm_cluster,
+                                                                           tmp_path):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    ckpt, root = tmp_path / "ckpt", tmp_path / "runs"
+    job_file = _job_file(tmp_path / "jobs", dir=str(ckpt))
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_submit_in_process, args=(job_file, root, go, out))
+             for _ in range(4)]
+    [p.start() for p in procs]
+    go.set()
+    results = [out.get(timeout=300) for _ in procs]
+    [p.join(60) for p in procs]
+    winners = [run_id for how, run_id in results if how == "ok"]
+    try:
+        assert sorted(how for how, _ in results) == ["ok", "refused", "refused", "refused"], \
+            results
+        assert [p.name for p in root.iterdir()] == winners        # no refused run's folder
+        assert store.read_owner(ckpt)["run"] == winners[0]
+    finally:
+        for run_id in winners:
+            cli(root, "cancel", run_id, check=False)
 
 
 def test_sweep_paths_are_relative_to_the_job_file_and_each_run_has_its_own_folder(tmp_path,
