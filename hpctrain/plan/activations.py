@@ -48,13 +48,21 @@ class Kernels:
     """Which implementation runs decides what it keeps for backward."""
 
     fused_swiglu: bool = True          # bias_swiglu fusion keeps only fc1's output
-    fused_rmsnorm: bool = True         # torch's composite RMSNorm also keeps x·(1/rms)
+    fused_rmsnorm: bool = True         # torch's composite RMSNorm keeps x and x·(1/rms) in fp32
     dropout_mask_bytes: int | None = BOOL  # CUDA keeps a bool mask; CPU a noise tensor (None:
                                            # the activation dtype)
+    norm_statistics_bytes: int | None = FP32   # LayerNorm's mean and 1/std: fp32 on CUDA, the
+                                               # input's dtype on the CPU (None)
+    # A softmax kernel (Transformer Engine's, apex's) keeps 16-bit probabilities; megatron's
+    # torch fallback (the local spec without apex) computes them in fp32
+    # (attention_softmax_in_fp32) and keeps that fp32 tensor *and* its 16-bit cast.
+    fused_softmax: bool = True
 
 
 GPU_KERNELS = Kernels()
-CPU_KERNELS = Kernels(fused_swiglu=False, fused_rmsnorm=False, dropout_mask_bytes=None)
+GPU_LOCAL_SPEC_KERNELS = Kernels(fused_softmax=False)
+CPU_KERNELS = Kernels(fused_swiglu=False, fused_rmsnorm=False, dropout_mask_bytes=None,
+                      norm_statistics_bytes=None, fused_softmax=False)
 
 
 def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence_parallel: bool,
@@ -74,13 +82,8 @@ def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence
     terms = []
 
     def norm(name: str) -> None:
-        terms.append((f"{name} input", hidden * act_bytes))
-        if shape.norm_has_bias:
-            terms.append((f"{name} statistics (fp32 mean, 1/std)", 2 * (sb // sp_split) * FP32))
-        else:
-            terms.append((f"{name} statistics (fp32 1/rms)", (sb // sp_split) * FP32))
-            if not kernels.fused_rmsnorm:
-                terms.append((f"{name} normalized input (composite RMSNorm)", hidden * act_bytes))
+        terms.extend((f"{name} {what}", n) for what, n in
+                     norm_terms(shape, sb // sp_split, hidden, act_bytes, kernels))
 
     norm("input_layernorm")
     terms.append(("linear_qkv input", hidden * act_bytes))
@@ -99,7 +102,14 @@ def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence
                   ("value repeated to all heads", sb * ad // tp * act_bytes)]
     if scores_stored:
         scores = b * a * s * s // tp
-        terms.append(("attention softmax output", scores * act_bytes))
+        if kernels.fused_softmax:
+            terms.append(("attention softmax output", scores * act_bytes))
+        else:
+            terms.append(("attention softmax output (fp32)", scores * FP32))
+            # the runtime passes no mask: each layer builds the s×s causal mask it fills with
+            terms.append(("causal mask (bool, built by each layer)", s * s * BOOL))
+            if act_bytes < FP32 and shape.attention_dropout <= 0:
+                terms.append(("attention probabilities (16-bit cast)", scores * act_bytes))
         if shape.attention_dropout > 0:
             terms += [("attention dropout mask", scores * mask),
                       ("attention dropout output", scores * act_bytes)]
@@ -124,6 +134,22 @@ def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence
     return terms
 
 
+def norm_terms(shape: ModelShape, tokens: int, hidden: int, act_bytes: int,
+               kernels: Kernels) -> list[tuple[str, int]]:
+    """What one norm keeps for ``tokens`` tokens of ``hidden`` elements: LayerNorm its input
+    and per-token mean and 1/std; fused RMSNorm its input and fp32 1/rms; torch's composite
+    RMSNorm (the CPU) computes in fp32 and keeps the upcast input and the normalized input."""
+    if shape.norm_has_bias:
+        stats = kernels.norm_statistics_bytes or act_bytes
+        return [("input", hidden * act_bytes),
+                (f"statistics (mean, 1/std, {8 * stats}-bit)", 2 * tokens * stats)]
+    if kernels.fused_rmsnorm:
+        return [("input", hidden * act_bytes), ("statistics (fp32 1/rms)", tokens * FP32)]
+    return [("input (fp32, composite RMSNorm)", hidden * FP32),
+            ("statistics (fp32 1/rms)", tokens * FP32),
+            ("normalized input (fp32, composite RMSNorm)", hidden * FP32)]
+
+
 def activation_bytes_per_layer(shape: ModelShape, micro_batch_size: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str | None = None,
                                act_bytes: int = 2, kernels: Kernels = GPU_KERNELS) -> int:
@@ -143,9 +169,8 @@ def output_layer_bytes(shape: ModelShape, micro_batch_size: int, tp: int,
     sb = shape.seq_length * micro_batch_size
     sp_split = tp if sequence_parallel else 1
     hidden = sb * shape.hidden_size // sp_split * act_bytes
-    norm = hidden + (sb // sp_split) * FP32 * (2 if shape.norm_has_bias else 1)
-    if not shape.norm_has_bias and not kernels.fused_rmsnorm:
-        norm += hidden
+    norm = sum(n for _, n in norm_terms(shape, sb // sp_split, hidden // act_bytes, act_bytes,
+                                        kernels))
     return norm + hidden + sb * shape.padded_vocab(tp) // tp * FP32 + sb * (INT64 + BOOL)
 
 
@@ -192,6 +217,15 @@ class StageActivations:
     @property
     def total(self) -> int:
         return self.stored + self.backward_working_set
+
+    def to_json(self) -> dict:
+        """The activations' parts on the most loaded rank, to compare with a measurement."""
+        return {"per_layer_per_microbatch": self.per_layer,
+                "layers_per_chunk": self.layers_per_chunk,
+                "chunk_microbatch": self.chunk_microbatch, "in_flight": self.in_flight,
+                "embedding": self.embedding, "output_layer": self.output_layer,
+                "stored": self.stored, "backward_working_set": self.backward_working_set,
+                "total": self.total}
 
 
 def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, pp_rank: int,

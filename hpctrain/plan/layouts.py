@@ -19,7 +19,8 @@ from ..config.profile import ClusterProfile, host_memory_bytes
 from ..config.schema import Problems
 from ..flops import mfu, model_flops_per_step
 from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
-from .activations import CPU_KERNELS, GPU_KERNELS, Kernels, StageActivations, stage_activations
+from .activations import (CPU_KERNELS, GPU_KERNELS, GPU_LOCAL_SPEC_KERNELS, Kernels,
+                          StageActivations, stage_activations)
 from .memory import allowance_bytes, optimizer_bytes_per_element, state_bytes_per_pipeline_rank
 from .save_memory import SaveMemory, choose_format, save_memory
 from .save_time import Checkpointing, checkpointing
@@ -90,6 +91,7 @@ class LayoutPlan:
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute,
             "memory_bytes_per_gpu": self.memory.to_json(),
+            "activation_bytes": self.activations.to_json(),
             "checkpoint_save": None if self.save is None else {
                 **self.save.to_json(), "format_reason": self.format_reason},
             "training_fits": self.training_fits,
@@ -161,7 +163,9 @@ class Execution:
         if target.device == "cpu":
             return cls(dataclasses.replace(shape, attention_stores_scores=True), "fp32", True,
                        CPU_KERNELS, False)
-        return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, GPU_KERNELS, True)
+        # the local spec's softmax is megatron's torch fallback unless apex is there: assume not
+        kernels = GPU_LOCAL_SPEC_KERNELS if job.model.transformer_impl == "local" else GPU_KERNELS
+        return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, kernels, True)
 
 
 def _recompute_knobs(job: JobConfig, recompute: str | None) -> tuple[str, int]:

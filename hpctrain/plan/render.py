@@ -32,6 +32,9 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     backend = "local" if local_layers else m.attention_backend
     attention = ("keeps the a·s² softmax scores" if shape.attention_stores_scores
                  else "stores no attention scores (flash/fused; auto is taken to resolve to them)")
+    if shape.attention_stores_scores and not run.kernels.fused_softmax and precision != "fp32":
+        attention += (" in fp32 beside their 16-bit cast (megatron's torch softmax: the local "
+                      "spec without apex's kernels)")
     out = []
     if target.device == "cpu":
         out.append("CPU profile: the rehearsal runs fp32 with torch's kernels, local attention and "

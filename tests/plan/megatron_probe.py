@@ -166,8 +166,7 @@ def _inputs(job, micro_batch_size: int):
     torch.manual_seed(0)
     tokens = torch.randint(0, job.model.vocab_size, (micro_batch_size, s))
     position_ids = torch.arange(s).unsqueeze(0).expand(micro_batch_size, -1)
-    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
-    return tokens, position_ids, mask
+    return tokens, position_ids, None   # no mask, as the runtime: megatron builds the causal one
 
 
 def measure_activations(chunks, job, micro_batch_size: int) -> dict:
@@ -176,7 +175,7 @@ def measure_activations(chunks, job, micro_batch_size: int) -> dict:
     tokens, position_ids, mask = _inputs(job, micro_batch_size)
     exclude = {_storage(p)[0] for p in model.parameters()}
     exclude |= {_storage(b.grad_data)[0] for b in model.buffers}
-    exclude |= {_storage(x)[0] for x in (tokens, position_ids, mask)}
+    exclude |= {_storage(x)[0] for x in (tokens, position_ids)}
     saved = SavedActivations(exclude)
     model.zero_grad_buffer()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):

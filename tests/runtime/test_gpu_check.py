@@ -45,6 +45,12 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert resume["start_step"] == 24 and resume["end_step"] == 26
     assert resume["loaded"].endswith("step-00000024")
     assert parts["plan"]["predicted_peak_bytes"] > 0
+    # what the reference loop's first microbatch kept for backward, measured through autograd's
+    # saved-tensor hooks, is the planner's activation count to the byte
+    act = parts["plan"]["activation_bytes"]
+    saved = bare["memory"]["saved_first_microbatch"]
+    assert saved["bytes"] == act["chunk_microbatch"] + act["output_layer"] + act["embedding"]
+    assert "decoder.layers.*.mlp" in saved["by_module"]
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
     assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
     assert [r[1] for r in report["table"] if r[0] == "part"] == \
