@@ -57,10 +57,13 @@ class Kernels:
     # torch fallback (the local spec without apex) computes them in fp32
     # (attention_softmax_in_fp32) and keeps that fp32 tensor *and* its 16-bit cast.
     fused_softmax: bool = True
+    # Adam: Transformer Engine's FusedAdam (megatron-core's first choice) updates in place;
+    # torch's foreach AdamW (no TE nor apex, on CUDA) allocates a copy at optimizer.step()
+    foreach_adam: bool = False
 
 
 GPU_KERNELS = Kernels()
-GPU_LOCAL_SPEC_KERNELS = Kernels(fused_softmax=False)
+GPU_LOCAL_SPEC_KERNELS = Kernels(fused_softmax=False, foreach_adam=True)
 CPU_KERNELS = Kernels(fused_swiglu=False, fused_rmsnorm=False, dropout_mask_bytes=None,
                       norm_statistics_bytes=None, fused_softmax=False)
 

@@ -21,7 +21,8 @@ from ..flops import mfu, model_flops_per_step
 from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
 from .activations import (CPU_KERNELS, GPU_KERNELS, GPU_LOCAL_SPEC_KERNELS, Kernels,
                           StageActivations, stage_activations)
-from .memory import allowance_bytes, optimizer_bytes_per_element, state_bytes_per_pipeline_rank
+from .memory import (allowance_bytes, optimizer_bytes_per_element, optimizer_step_bytes,
+                     state_bytes_per_pipeline_rank)
 from .save_memory import SaveMemory, choose_format, save_memory
 from .save_time import Checkpointing, checkpointing
 from .timing import Hardware, StepTime, estimate_step_time
@@ -39,14 +40,17 @@ class MemoryBreakdown:
     optimizer: int
     activations: int
     allowance: int
+    optimizer_step: int = 0   # transient of optimizer.step(); activations are freed by then
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.allowance
+        return (self.weights + self.gradients + self.optimizer
+                + max(self.activations, self.optimizer_step) + self.allowance)
 
     def to_json(self) -> dict:
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                "activations": self.activations, "allowance": self.allowance, "total": self.total}
+                "activations": self.activations, "optimizer_step": self.optimizer_step,
+                "allowance": self.allowance, "total": self.total}
 
 
 @dataclass(frozen=True)
@@ -198,9 +202,10 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 recompute_method=method, recompute_num_layers=num_layers,
                                 act_bytes=act_bytes, kernels=run.kernels)
-        itemized = st.total + act.total
+        step_bytes = optimizer_step_bytes(st.optimizer_elements, run.kernels)
+        itemized = st.total + max(act.total, step_bytes)
         stages.append(MemoryBreakdown(rank, st.weights, st.gradients, st.optimizer, act.total,
-                                      allowance_bytes(itemized, target.device)))
+                                      allowance_bytes(itemized, target.device), step_bytes))
         acts.append(act)
     worst = max(range(pp), key=lambda r: stages[r].total)
     flops = model_flops_per_step(shape, layout.global_batch_size, tp)

@@ -61,6 +61,7 @@ class StateBytes:
     weights: int
     gradients: int
     optimizer: int
+    optimizer_elements: int = 0   # parameter elements this rank's optimizer updates
 
     @property
     def total(self) -> int:
@@ -111,7 +112,7 @@ def state_bytes_per_pipeline_rank(shape: ModelShape, *, tp: int, pp: int, vpp: i
         numel, unpadded, held = _rank_buffers(shape, tp, pp, keys, dp, distributed_optimizer,
                                               dp_rank)
         weights = (numel if distributed_optimizer else unpadded) * w_bytes
-        out.append(StateBytes(weights, numel * g_bytes, held * o_bytes))
+        out.append(StateBytes(weights, numel * g_bytes, held * o_bytes, held))
     return tuple(out)
 
 
@@ -130,6 +131,15 @@ def _rank_buffers(shape: ModelShape, tp: int, pp: int, keys: tuple, dp: int,
             mine = [times * m for m in mine]
         owned = list(map(operator.add, owned, mine))   # element-wise in C, no numpy on the CLI
     return numel, unpadded, (max(owned) if dp_rank is None else owned[dp_rank])
+
+
+def optimizer_step_bytes(optimizer_elements: int, kernels) -> int:
+    """The transient of ``optimizer.step()``: torch's multi-tensor (foreach) Adam, which
+    megatron-core falls back to on CUDA without Transformer Engine or apex, allocates
+    ``sqrt(exp_avg_sq)`` for every element it updates at once (4 bytes each; measured on an
+    H100: the first step's peak was the two new moments plus exactly this copy). TE's and apex's
+    fused Adam work in place, and the CPU's single-tensor Adam holds one parameter's copy."""
+    return optimizer_elements * 4 if kernels.foreach_adam else 0
 
 
 def allowance_bytes(itemized: int, device: str = "cuda") -> int:

@@ -182,6 +182,13 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
         f"[{form}]"
         + (f" + output layer/loss {act.output_layer / 2**20:.0f} MiB" if act.output_layer else "")
         + f" + backward working set {act.backward_working_set / 2**20:.0f} MiB)",
+    ]
+    if m.optimizer_step:
+        lines.append(
+            f"    opt. step    {_g(m.optimizer_step, u)} {un}  (optimizer.step() in torch's "
+            f"foreach Adam: an fp32 copy of the elements it updates, while the activations are "
+            f"freed; the larger of the two counts)")
+    lines += [
         f"    allowance    {_g(m.allowance, u)} {un}",
         f"    total        {_g(m.total, u)} {un}{limit}",
     ]
