@@ -45,7 +45,12 @@ def link_kind(link: str) -> str:
     return "NV" if link.startswith("NV") else link
 
 
+# nvidia-smi underlines the header even into a pipe (ESC[4m ... ESC[0m)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def parse_topo_matrix(text: str) -> Topology:
+    text = _ANSI.sub("", text)
     lines = [ln.rstrip() for ln in text.replace("\t", "    ").splitlines()]
     header = next((ln for ln in lines if re.match(r"^\s+GPU0\b", ln)), None)
     if header is None:

@@ -241,3 +241,20 @@ def test_summary_names_bad_nodes():
     rows = list(rows.values())
     assert not passed(rows) and bad_nodes(rows) == ["gpu-017"]
     assert summary(rows).startswith("FAILED") and "gpu-017" in summary(rows)
+
+
+def test_a_real_one_gpu_h100_node_passes_its_gpu_and_topology_checks():
+    """Captured on an H100 80GB HBM3 (driver 580.159.04) with the query hpctrain sends: nvidia-smi
+    answers clocks_event_reasons for the older name, underlines the topology header with ANSI
+    escapes even into a pipe, and a one-GPU matrix has no GPU pair."""
+    profile = make_profile(slurm={"gpus_per_node": 1}, node={"gpus": 1, "gpu_model": "H100",
+                                                             "device": "cuda"})
+    rows = by_check(check_gpus(parse_gpu_query(fixture_text("query_gpu/h100x1-real.csv")), "",
+                               profile, "n1"))
+    assert {c: r.status for c, r in rows.items()} == {
+        "gpu.count": "pass", "gpu.model": "pass", "gpu.ecc": "pass", "gpu.memory_pages": "pass",
+        "gpu.clocks": "pass", "gpu.persistence": "pass"}
+    topo = parse_topo_matrix(fixture_text("topo/h100-1gpu-real.txt"))
+    assert topo.gpus == ["GPU0"] and topo.cpu_affinity == {"GPU0": "0-15"}
+    checks = by_check(check_topology(topo, "", profile, "n1"))
+    assert checks["topology.nvlink"].status == "skip"

@@ -29,3 +29,7 @@ def fail_on_rank(rank: int) -> str:
 
 
 cloudpickle.register_pickle_by_value(__import__(__name__))
+
+
+def cuda_visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -34,9 +34,11 @@ class DetachedLocalExecutor(submitit.LocalExecutor):
             SUBMITIT_LOCAL_JOB_NUM_NODES="1",
             SUBMITIT_STDERR_TO_STDOUT="1",
             SUBMITIT_EXECUTOR="local",
-            CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""),
             SUBMITIT_LOCAL_WITH_SHELL="",
         )
+        # CUDA_VISIBLE_DEVICES is left as the machine has it: submitit's own executor sets it
+        # from gpus_per_node (0, or unset: "", every GPU hidden), but each rank picks its GPU
+        # by local rank (torch.cuda.set_device), as under Slurm
         log = open(Path(self.folder) / "controller.log", "ab")
         process = subprocess.Popen([sys.executable, "-m", "submitit.local._local", str(self.folder)],
                                    env=env, start_new_session=True, stdout=log, stderr=log,
