@@ -145,7 +145,11 @@ class AttemptRecord(AttemptOutcome):
     note: str | None = None
     task_exits: list | None = None      # srun's per-task exits (Slurm)
     excluded_nodes: list[str] | None = None   # left out of the requeue: the preflight gate's
-                                              # bad nodes, a hung rank's or a straggler node
+                                              # bad nodes, a hung rank's or a straggler node;
+                                              # once requeued, only those really excluded
+    not_excluded_nodes: list[str] | None = None   # bad nodes the requeue kept in, and why:
+    exclusion_note: str | None = None             # the job could not start without them, or
+                                                  # excluding failed (``requeue_excluding``)
     preflight_report: str | None = None
     hang: dict | None = None            # the hang verdict (health.hang.Verdict's dict)
     straggler: dict | None = None       # the straggler node (health.stragglers.SlowNode's dict)

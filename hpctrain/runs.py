@@ -28,6 +28,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -191,7 +192,30 @@ class Run:
         return read_jsonl(self.ledger_file)
 
     def append_ledger(self, record: dict) -> None:
-        append_jsonl(self.ledger_file, record)
+        with self.lock():   # update_ledger_record replaces the file: never append beside it
+            append_jsonl(self.ledger_file, record)
+
+    def update_ledger_record(self, attempt: int, **changes: Any) -> bool:
+        """Set ``changes`` on the newest record of ``attempt`` (a value None removes the key),
+        keeping every other record and key; False when the ledger has no such record. The
+        ledger is read and replaced atomically (``write_atomic``) under the run's lock, which
+        every ledger write holds; a line torn by a killed writer, skipped on reading, is
+        dropped."""
+        with self.lock():
+            ledger = self.ledger()
+            index = next((i for i in range(len(ledger) - 1, -1, -1)
+                          if ledger[i].get("attempt") == attempt), None)
+            if index is None:
+                return False
+            record = {**ledger[index], **changes}
+            ledger[index] = {k: v for k, v in record.items()
+                             if not (k in changes and v is None)}
+            try:
+                yamlio.write_atomic(self.ledger_file,
+                                    "".join(json.dumps(r) + "\n" for r in ledger))
+            except OSError as e:
+                raise RunFileError(f"cannot write {self.ledger_file}: {e.strerror}") from None
+            return True
 
     def events(self) -> list[dict]:
         return read_jsonl(self.events_file)

@@ -77,15 +77,19 @@ def _expected_start(view: RunView, attempt: int) -> int | None:
 
 def stragglers(view: RunView) -> list[dict]:
     """The straggler nodes the runtime named in this run (its ``straggler`` events), each with
-    whether a requeue then left it out."""
-    excluded = {n: int(r.get("attempt") or 0) for r in view.ledger
-                if r.get("exit_reason") == ExitReason.STRAGGLER for n in r.get("excluded_nodes") or []}
+    whether a requeue then left it out or kept it in (the record's ``exclusion_note`` says why)."""
+    def after(key: str) -> dict[str, int]:
+        return {n: int(r.get("attempt") or 0) for r in view.ledger
+                if r.get("exit_reason") == ExitReason.STRAGGLER for n in r.get(key) or []}
+    excluded, kept = after("excluded_nodes"), after("not_excluded_nodes")
     out = []
     for e in view.events:
         if e.get("event") == "straggler":
             row = {k: e.get(k) for k in ("node", "ranks", "ratio", "seconds", "median_s",
                                          "intervals", "step", "attempt")}
             row["excluded_after_attempt"] = excluded.get(row["node"])
+            if row["node"] in kept:
+                row["not_excluded_after_attempt"] = kept[row["node"]]
             out.append(row)
     return out
 
@@ -200,7 +204,9 @@ def format_status(data: dict) -> str:
     for i, s in enumerate(data.get("stragglers") or []):
         ranks = ", ".join(str(r) for r in s.get("ranks") or [])
         left = (f"; excluded after attempt {s['excluded_after_attempt']}"
-                if s.get("excluded_after_attempt") else "")
+                if s.get("excluded_after_attempt") else
+                f"; kept in after attempt {s['not_excluded_after_attempt']}"
+                if s.get("not_excluded_after_attempt") else "")
         lines.append(f"{'Stragglers' if i == 0 else '':<12}{s.get('node')}: rank {ranks} at "
                      f"{format_number(s.get('ratio'))}× the median compute time for "
                      f"{s.get('intervals')} intervals (step {s.get('step')}, attempt "
@@ -219,6 +225,10 @@ def format_status(data: dict) -> str:
             if row.get("exit_reason") in (ExitReason.HUNG, ExitReason.STRAGGLER) and \
                     row.get("message"):
                 lines.append(f"  attempt {row.get('attempt')}: {row['message']}")
+            if row.get("exclusion_note") or row.get("not_excluded_nodes"):
+                lines.append(f"  attempt {row.get('attempt')}: " + (
+                    row.get("exclusion_note")
+                    or f"not excluded: {_nodes(row['not_excluded_nodes'])}"))
         if last.get("exit_reason") == ExitReason.FAILED and last.get("message"):
             lines.append(f"  attempt {last.get('attempt')}: {last['message']}")
     else:

@@ -334,8 +334,9 @@ def _straggler_watch(ctx, feeder, hooks):
         from .log import logger
         logger.info("note: health.exclude_stragglers: only a Slurm batch script can requeue "
                     "without a node; stragglers are named only")
+    # a node already stopped for once: excluded, or kept in (the job cannot start without it)
     before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"
-              for n in (r.get("excluded_nodes") or [])}
+              for n in (r.get("excluded_nodes") or []) + (r.get("not_excluded_nodes") or [])}
     flops = model_flops_per_step(ModelShape.from_model(ctx.job.model),
                                  ctx.job.batch.global_batch_size,
                                  ctx.layout.tensor_model_parallel_size)

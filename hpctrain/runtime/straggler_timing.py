@@ -93,8 +93,9 @@ def burn_cpu(seconds: float) -> None:
 
 class StragglerWatch:
     """The log-step gather and decision. ``may_exclude``: the job can requeue without a node
-    (Slurm, ``health.exclude_stragglers``); ``excluded_before``: nodes this run already left
-    out for being slow (each node is excluded once)."""
+    (Slurm, ``health.exclude_stragglers``); ``excluded_before``: nodes this run already stopped
+    for being slow, whether the requeue left them out or kept them in (the job could not start
+    without them): each node costs one stop."""
 
     def __init__(self, ctx, timer: ComputeTimer, may_exclude: bool, excluded_before: set[str],
                  flops_per_step: float | None = None) -> None:

@@ -87,3 +87,22 @@ def test_report_command_writes_a_png_of_the_asked_size(tmp_path):
     assert json.loads(proc.stdout)["report"] == str(out) and png_size(out) == (640, 480)
     bad = hpctrain("report", str(run.path), "--size", "big")
     assert bad.returncode == 2 and "--size 'big': expected WIDTHxHEIGHT" in bad.stderr
+
+
+def test_status_says_which_straggler_node_a_requeue_kept_in_and_why(tmp_path):
+    why = "not excluding n2: the partition debug would have 1 usable node and the job needs 2"
+    slow = {**record(1, 0, 4, "straggler", True, saved=4, why="straggler; requeue 1 of 5"),
+            "excluded_nodes": [], "not_excluded_nodes": ["n2"], "exclusion_note": why}
+    event = {"event": "straggler", "node": "n2", "ranks": [1], "ratio": 2.0, "intervals": 2,
+             "step": 4, "attempt": 1}
+    run = crafted_run(tmp_path, ledger=[slow], events=[event])
+    view = RunView(run=run, meta=run.meta(), jobs=[JobState("41", "PENDING")],
+                   ledger=run.ledger(), events=run.events(), last_metric=None)
+    data = status_data(view, inspect_checkpoints(run))
+    (row,) = data["stragglers"]
+    assert row["excluded_after_attempt"] is None and row["not_excluded_after_attempt"] == 1
+    assert data["attempts"][0]["not_excluded_nodes"] == ["n2"]
+    lines = format_status(data).splitlines()
+    assert any(ln.startswith("Stragglers  n2: rank 1 at 2× ") and
+               ln.endswith("; kept in after attempt 1") for ln in lines), lines
+    assert f"  attempt 1: {why}" in lines

@@ -1,7 +1,8 @@
 """The preflight gate's requeue (hold -> exclude the bad nodes -> release) on the real dev
 cluster, with a `scontrol` on PATH that fails one subcommand the way a busy or restricted
 slurmctld does: the job is released in every outcome, and the run's events say what happened.
-A bad node the job cannot do without (it needs every node of the partition) stays in."""
+A bad node the job cannot do without (it needs every node of the partition) stays in, and the
+attempt's ledger record and `hpctrain status` say which and why."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.scheduler.slurm.commands import job_info
 from hpctrain.submission import prepare_run
-from tests.conftest import REPO, job_gone, wait_until
+from tests.conftest import REPO, hpctrain, job_gone, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -98,6 +99,9 @@ def test_a_failing_exclude_still_releases_the_held_job(running_job, tmp_path):
     assert "excluding n3 failed" in event["problem"]
     (record,) = run.ledger()
     assert record["exit_reason"] == "preflight_failed" and record["decision"]["requeue"]
+    assert record["excluded_nodes"] == [] and record["not_excluded_nodes"] == ["n3"]
+    assert record["exclusion_note"].startswith("excluding n3 failed")
+    assert "released without the exclusion" in record["exclusion_note"]
 
 
 def test_a_failing_release_is_retried_then_reported_not_hidden(running_job, tmp_path):
@@ -110,6 +114,8 @@ def test_a_failing_release_is_retried_then_reported_not_hidden(running_job, tmp_
     assert event["event"] == "requeue_failed" and event["excluded"] == ["n3"]
     assert "release failed" in event["error"]
     assert "n3" in job_info(running_job).get("ExcNodeList", "")
+    (record,) = run.ledger()                               # excluded, though still held
+    assert record["excluded_nodes"] == ["n3"] and "not_excluded_nodes" not in record
 
 
 def test_a_node_is_not_excluded_when_the_job_could_no_longer_start(running_job_on_every_node,
@@ -125,3 +131,15 @@ def test_a_node_is_not_excluded_when_the_job_could_no_longer_start(running_job_o
     event = run.events()[-1]
     assert event["event"] == "requeue" and event["excluded"] == []
     assert event["not_excluded"] == ["n3"] and event["note"] == why
+    # the attempt's record says what happened, not what the gate asked for
+    (record,) = run.ledger()
+    assert record["exit_reason"] == "preflight_failed" and record["decision"]["requeue"]
+    assert record["excluded_nodes"] == [] and record["not_excluded_nodes"] == ["n3"]
+    assert record["exclusion_note"] == why
+    env = {"HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")}
+    data = json.loads(hpctrain("status", run.id, "--json", env=env, check=True).stdout)
+    (row,) = data["attempts"]
+    assert (row["excluded_nodes"], row["not_excluded_nodes"], row["exclusion_note"]) == \
+        ([], ["n3"], why)
+    text = hpctrain("status", run.id, env=env, check=True).stdout
+    assert f"  attempt 1: {why}" in text, text

@@ -223,7 +223,9 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
     the event's ``not_excluded`` and ``note`` say which stayed in and why. Once the hold is in
     place the release happens whatever else fails (a failing ``scontrol update`` would leave
     the job held forever): the job then comes back without the exclusion, and the event says
-    so. Returns 0 when the job was requeued and released, 1 otherwise."""
+    so. The attempt's ledger record, written before with the nodes asked for, is then made to
+    say what happened (``_record_exclusion``). Returns 0 when the job was requeued and
+    released, 1 otherwise."""
     # Read before the hold: a requeued job's NumNodes counts only its nodes still completing.
     info = _job_info_or_none(job_id) if bad else None
     try:
@@ -233,6 +235,9 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
               file=sys.stderr)
         run.event("requeue_failed", attempt=attempt, job_id=job_id, reason=reason,
                   error=str(e))
+        if bad:
+            _record_exclusion(run, attempt, [], bad, f"not excluding {', '.join(bad)}: the job "
+                              f"was not requeued (scontrol requeuehold failed: {e})")
         return 1
     excluded, problem, plan = [], None, None
     try:
@@ -258,6 +263,13 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
         data["note"] = plan.note
     if problem:
         data["problem"] = problem
+        _record_exclusion(run, attempt, [], bad, "; ".join(
+            filter(None, [plan.note if plan else None,
+                          problem + ("; the job was released without the exclusion"
+                                     if released else "")])))
+    elif bad:
+        _record_exclusion(run, attempt, excluded, plan.not_excluded if plan else [],
+                          plan.note if plan else None)
     if not released:
         print(f"[hpctrain] scontrol release {job_id} failed {RELEASE_TRIES} times: "
               f"{release_error}; the job stays held: `scontrol release {job_id}` or "
@@ -266,6 +278,21 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
         return 1
     run.event("requeue", **data)
     return 0
+
+
+def _record_exclusion(run: Run, attempt: int, excluded: list[str], kept: list[str],
+                      note: str | None) -> None:
+    """Make the attempt's record say which bad nodes were really left out
+    (``excluded_nodes``) and which stayed in and why (``not_excluded_nodes``,
+    ``exclusion_note``): ``hpctrain status``, and the straggler watch of later attempts, read
+    them. The requeue has happened by now: a record that cannot be written is only reported."""
+    try:
+        run.update_ledger_record(attempt, excluded_nodes=list(excluded),
+                                 not_excluded_nodes=list(dict.fromkeys(kept)) or None,
+                                 exclusion_note=note)
+    except Exception as e:  # noqa: BLE001 - the job is requeued either way
+        print(f"[hpctrain] could not record the exclusion in {run.ledger_file}: {e}",
+              file=sys.stderr)
 
 
 def _job_info_or_none(job_id: str) -> dict | None:
