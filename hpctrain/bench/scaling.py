@@ -261,8 +261,12 @@ def wait_for(submitted, poll_s: float = 2.0) -> str:
 
 
 def submit_size(size: Size, runs_root: Path, source: str):
-    """One size through the library ``hpctrain submit`` uses: fit check, data, run folder, job."""
-    from ..submission import check_data, check_fits, prepare_run, submit_training
+    """One size through the library ``hpctrain submit`` uses: fit check, data, run folder, job.
+    A job refused because its checkpoint folder is another run's (claimed between the run
+    folder's creation and its own claim) leaves no run folder behind, as with ``submit``."""
+    from ..runtime.checkpoint.store import ForeignCheckpointsError
+    from ..submission import (check_data, check_fits, prepare_run, remove_refused_run,
+                              submit_training)
     r = size.resolved
     try:
         check_fits(r)
@@ -270,7 +274,11 @@ def submit_size(size: Size, runs_root: Path, source: str):
         raise UsageError(f"{size.nodes} node(s): {e}") from None
     check_data(r.job)
     run = prepare_run(r, runs_root, source=f"{source} [bench scaling, {size.nodes} node(s)]")
-    return submit_training(r, run)
+    try:
+        return submit_training(r, run)
+    except ForeignCheckpointsError:
+        remove_refused_run(run)
+        raise
 
 
 def run_scaling(job: JobConfig, profile: ClusterProfile, nodes: list[int], *, runs_root: Path,

@@ -1,4 +1,5 @@
-"""bench scaling's arithmetic without a cluster: sizes, batches, throughput, efficiency, plot."""
+"""bench scaling's arithmetic without a cluster: sizes, batches, throughput, efficiency, plot;
+and a size whose checkpoint folder is refused leaves no run folder."""
 
 from __future__ import annotations
 
@@ -123,3 +124,35 @@ def test_table_and_plot_show_both_curves_and_the_target():
         [1.0, 0.9, 0.75])
     assert list(lines_by_gid["target"].get_ydata()) == [0.85, 0.85]
     assert len(lines_by_gid["planned-efficiency"].get_xdata()) == 3
+
+
+def test_a_refused_size_leaves_no_run_folder(tmp_path, monkeypatch):
+    """Another run claims a size's checkpoint folder (``<storage.checkpoint_root>/<run id>``,
+    which every runs folder shares) after the size's run folder was made and before its own
+    claim: the bench stops with the refusal, and the run folder it made is gone."""
+    import dataclasses
+
+    import hpctrain.submission as submission
+    from hpctrain.runtime.checkpoint import store
+    profile = load_profile("dev-slurm")
+    profile = dataclasses.replace(profile, storage=dataclasses.replace(
+        profile.storage, checkpoint_root=str(tmp_path / "ckpt")))
+    root = tmp_path / "runs"
+    (root / "earlier-run").mkdir(parents=True)            # not the bench's: must stay
+    created = []
+
+    def prepare_then_lose_the_folder(*args, **kwargs):
+        run = real_prepare_run(*args, **kwargs)
+        created.append((run.path, run.checkpoint_dir()))
+        store.claim(run.checkpoint_dir(), "rival-run")     # the other run wins
+        return run
+
+    real_prepare_run = submission.prepare_run
+    monkeypatch.setattr(submission, "prepare_run", prepare_then_lose_the_folder)
+    with pytest.raises(store.ForeignCheckpointsError, match="owner.json names run rival-run"):
+        sc.run_scaling(load_job(REPO / "examples" / "tiny.yaml"), profile, [2], runs_root=root,
+                       steps=8, warmup=3)
+    ((run_dir, ckpt),) = created
+    assert not run_dir.exists()                            # the size's run folder is gone
+    assert sorted(p.name for p in root.iterdir()) == ["earlier-run"]
+    assert store.read_owner(ckpt)["run"] == "rival-run"    # the winner's claim is untouched
