@@ -51,10 +51,18 @@ def complete_lines(path: Path) -> tuple[list[str], int]:
     return data[:end].decode(errors="replace").splitlines(), end
 
 
-def rank0_progress(line: str) -> bool:
-    """Lines worth showing from rank 0's log: hpctrain's own, not library warnings."""
-    return bool(line.strip()) and not any(n in line for n in NOISE) \
-        and not line.startswith("submitit ")
+class Rank0Progress:
+    """Lines worth showing from rank 0's log: hpctrain's own, not library warnings, nor the
+    indented source line Python prints under a warning (``  return func(*args, **kwargs)``)."""
+
+    def __init__(self) -> None:
+        self.after_warning = False
+
+    def __call__(self, line: str) -> bool:
+        if self.after_warning and line.startswith((" ", "\t")):
+            return False
+        self.after_warning = any(n in line for n in NOISE)
+        return bool(line.strip()) and not self.after_warning and not line.startswith("submitit ")
 
 
 def hpctrain_line(line: str) -> bool:
@@ -63,7 +71,7 @@ def hpctrain_line(line: str) -> bool:
 
 def follow(run: Run, is_active: Callable[[], bool], echo: Callable[[str], None], *,
            poll_s: float = 1.0, rank: int | None = 0, attempt: int | None = None,
-           line_filter: Callable[[str], bool] = rank0_progress, timeout_s: float | None = None,
+           line_filter: Callable[[str], bool] | None = None, timeout_s: float | None = None,
            from_attempt: int | None = None,
            batch_filter: Callable[[str], bool] = hpctrain_line,
            start_offsets: dict[Path, int] | None = None) -> dict:
@@ -75,6 +83,7 @@ def follow(run: Run, is_active: Callable[[], bool], echo: Callable[[str], None],
     ``start_offsets`` skips what was already shown of some files (path -> bytes).
     """
     offsets = start_offsets or {}
+    line_filter = line_filter or Rank0Progress()
 
     def tail(path: Path) -> Tail:
         return Tail(path, offsets.get(path, 0))

@@ -50,7 +50,8 @@ def check_transport(summary: dict | None, profile, node: str, nodes: int) -> Che
     ib = profile.interconnect.kind in ("infiniband", "roce")
     via = summary["via"]
     net = ", ".join(summary["networks"]) or "-"
-    measured = f"network {net}; channels " + ", ".join(f"{k} x{v}" for k, v in sorted(via.items()))
+    measured = f"network {net}; channels " + (", ".join(f"{k} x{v}" for k, v in sorted(via.items()))
+                                                or "none")
     if ib and (via.get("NET/Socket") or "Socket" in summary["networks"]):
         why = " (NCCL found no IB device)" if summary["no_ib_device"] else ""
         return Check(node, "nccl.transport", FAIL, measured + why, "NET/IB",

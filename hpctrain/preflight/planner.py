@@ -53,7 +53,7 @@ class Planner:
             return None
         if label == "world":
             self.sweep = stats[0]["rows"]
-            row = sweep.world_row(stats[0], self.profile, len(self.nodes))
+            row = sweep.world_row(stats[0], self.profile, len(self.nodes), len(self.roster))
             self.rows.append(row)
             self._world_ok = row.status != "fail"
             if len(self.nodes) > 1 and max(len(r) for r in self.ranks_of.values()) > 1:

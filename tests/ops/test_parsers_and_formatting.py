@@ -104,3 +104,20 @@ def test_following_a_log_loses_no_line_and_waits_for_a_line_cut_mid_character(tm
     with open(log, "ab") as f:
         f.write(b"\n")
     assert tail.lines() == ["step 3"]
+
+
+def test_followed_progress_drops_a_warning_and_the_source_line_under_it():
+    """A torch warning in rank 0's log, as Python's warnings module writes it (the second line is
+    the source line, indented), between two progress lines."""
+    from hpctrain.follow import Rank0Progress
+    log = [
+        "10:40:36 rank 0: step 24/24 | loss 5.1707",
+        "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py:83: "
+        "UserWarning: barrier(): using the device under current context.",
+        "  return func(*args, **kwargs)",
+        "submitit INFO (2026-11-26 10:40:20,725) - Starting with JobEnvironment(job_id=529)",
+        "10:40:36 rank 0: checkpoint: saved step 20",
+        "    an indented hpctrain line is shown when no warning precedes it",
+    ]
+    keep = Rank0Progress()
+    assert [line for line in log if keep(line)] == [log[0], log[4], log[5]]

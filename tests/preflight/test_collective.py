@@ -96,3 +96,15 @@ def test_pairs_locate_a_node_that_is_only_slow_with_others(tmp_path):
     stages = [r["stage"] for r in locate["detail"]["rounds"]]
     assert stages == ["pairs", "cross"]
     assert not _rows(report, "collective.intra_node")  # one rank per node: nothing to run alone
+
+
+def test_one_rank_forms_its_group_and_says_there_is_no_bandwidth_to_measure(tmp_path):
+    """A one-GPU machine (seen on an H100): busbw is 0 by definition at world size 1; the row
+    says the group formed and the all-reduce completed, instead of passing at 0.00 GB/s."""
+    run = _run_folder(tmp_path, nodes=1, ranks=1)
+    code = start_preflight(run, 1, 1, attempt=1).wait(timeout=150)[0]
+    report = _report(run)
+    (row,) = _rows(report, "collective.allreduce")
+    assert code == 0 and report["passed"], report["checks"]
+    assert row["status"] == "pass" and row["measured"].startswith("1 rank: the process group formed")
+    assert [s["busbw"] for s in report["sweep"]] == [0.0, 0.0, 0.0]
