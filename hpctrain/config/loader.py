@@ -42,7 +42,8 @@ def list_profiles() -> dict[str, Path]:
     return found
 
 
-def find_profile(name_or_path: str) -> Path:
+def find_profile(name_or_path: str | os.PathLike) -> Path:
+    name_or_path = os.fspath(name_or_path)   # the Python API takes Paths too
     why = safety.text_problem(name_or_path, safety.PATH_MAX) or safety.path_problem(name_or_path)
     if why:
         raise UsageError(f"--profile: {safety.short(name_or_path)} {why}")
@@ -83,7 +84,7 @@ def profile_from_mapping(data: dict, source: str, default_name: str = "") -> Clu
     return profile
 
 
-def load_profile(name_or_path: str | None = None) -> ClusterProfile:
+def load_profile(name_or_path: str | os.PathLike | None = None) -> ClusterProfile:
     path = find_profile(name_or_path or DEFAULT_PROFILE)
     return profile_from_mapping(yamlio.read_mapping(path, "profile"), str(path), path.stem)
 

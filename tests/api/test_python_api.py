@@ -141,3 +141,9 @@ def test_plan_gives_the_data_plan_json_prints():
             for p in pinned["layouts"]] == [(4, 2)]
     invalid = hpctrain.plan(job, profile="h100-ib-pyxis", nodes=2, tp=3)
     assert invalid["layouts"] == [] and invalid["rejected"][0]["layout"].startswith("TP3")
+
+
+def test_a_profile_file_may_be_given_as_a_path(one_rank):
+    assert hpctrain.plan(JOB, one_rank) == hpctrain.plan(JOB, str(one_rank))
+    run = hpctrain.submit(JOB, one_rank, dry_run=True, runs_dir=one_rank.parent / "runs")
+    assert run.resolved_profile().name == "one-rank"

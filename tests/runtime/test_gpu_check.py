@@ -54,7 +54,16 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
     assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
     assert [r[1] for r in report["table"] if r[0] == "part"] == \
-        ["versions", "plan", "train", "bare", "resume"]
+        ["versions", "plan", "train", "bare", "resume", "preflight", "preemption"]
+    # preflight through the local executor: the process group formed and the all-reduce ran
+    assert parts["preflight"]["backend"] == "gloo"
+    assert parts["preflight"]["allreduce"].startswith("1 rank: the process group formed")
+    # the signalled run saved, was requeued and resumed where it saved, and on the CPU ends with
+    # the uninterrupted run's weights bit for bit
+    drill = parts["preemption"]
+    assert drill["attempts"] == ["preempted", "finished"] and drill["signalled_ranks"] == 1
+    assert drill["resumed_from"] == drill["saved_at"] >= 20 and drill["end_step"] == 40
+    assert drill["same_weights"] and drill["loss"] == drill["straight_loss"]
 
 
 def test_a_failed_part_is_a_row_and_the_others_still_run():
