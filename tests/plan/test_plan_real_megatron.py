@@ -90,31 +90,20 @@ def planned_activations(job, micro_batch_size):
                              act_bytes=act_bytes, kernels=CPU_KERNELS)
 
 
-@pytest.mark.parametrize("recompute", list(RECOMPUTE))
+# 16-bit training, as on GPUs: megatron's torch softmax keeps fp32 probabilities beside their
+# 16-bit cast, and torch's composite RMSNorm keeps fp32 copies (the CPU's kernels; CUDA fuses it)
+ACTIVATION_CASES = [("fp32", r) for r in RECOMPUTE] + [("bf16", r) for r in ("none", "selective")]
+
+
+@pytest.mark.parametrize("precision, recompute", ACTIVATION_CASES)
 @pytest.mark.parametrize("model", list(ACTIVATION_MODELS))
-def test_stored_activations_equal_what_autograd_keeps(measured, model, recompute):
-    job = make_job(ACTIVATION_MODELS[model], precision="fp32", mbs=2, train=RECOMPUTE[recompute])
-    real = measured[f"activations {model} {recompute}"]["activation_bytes"]
+def test_stored_activations_equal_what_autograd_keeps(measured, model, precision, recompute):
+    job = make_job(ACTIVATION_MODELS[model], precision=precision, mbs=2,
+                   train=RECOMPUTE[recompute])
+    real = measured[f"activations {precision} {model} {recompute}"]["activation_bytes"]
     planned = planned_activations(job, 2).stored
     if recompute == "selective":
         # the checkpoint of the attention core also keeps a few scalars (16 bytes seen)
-        assert 0 <= real - planned <= 64
-    else:
-        assert planned == real
-
-
-# 16-bit training, as on GPUs: megatron's torch softmax keeps fp32 probabilities beside their
-# 16-bit cast, and torch's composite RMSNorm keeps fp32 copies (the CPU's kernels; CUDA fuses it)
-BF16_RECOMPUTE = ["none", "selective"]
-
-
-@pytest.mark.parametrize("recompute", BF16_RECOMPUTE)
-@pytest.mark.parametrize("model", list(ACTIVATION_MODELS))
-def test_bf16_stored_activations_equal_what_autograd_keeps(measured, model, recompute):
-    job = make_job(ACTIVATION_MODELS[model], precision="bf16", mbs=2, train=RECOMPUTE[recompute])
-    real = measured[f"activations bf16 {model} {recompute}"]["activation_bytes"]
-    planned = planned_activations(job, 2).stored
-    if recompute == "selective":
         assert 0 <= real - planned <= 64
     else:
         assert planned == real
@@ -147,16 +136,11 @@ def test_forward_backward_peak_stays_within_the_planned_activations(measured, na
 def _cases() -> list[dict]:
     cases = [dict(name=f"state {case}", tp=1, pp=1, job=job_mapping(model, **kwargs))
              for case, (model, kwargs) in STATE_CASES.items()]
-    cases += [dict(name=f"activations {model} {recompute}", tp=1, pp=1, measure_state=False,
-                   measure_activations=True,
-                   job=job_mapping(ACTIVATION_MODELS[model], precision="fp32", mbs=2,
+    cases += [dict(name=f"activations {precision} {model} {recompute}", tp=1, pp=1,
+                   measure_state=False, measure_activations=True,
+                   job=job_mapping(ACTIVATION_MODELS[model], precision=precision, mbs=2,
                                    train=RECOMPUTE[recompute]))
-              for model in ACTIVATION_MODELS for recompute in RECOMPUTE]
-    cases += [dict(name=f"activations bf16 {model} {recompute}", tp=1, pp=1, measure_state=False,
-                   measure_activations=True,
-                   job=job_mapping(ACTIVATION_MODELS[model], precision="bf16", mbs=2,
-                                   train=RECOMPUTE[recompute]))
-              for model in ACTIVATION_MODELS for recompute in BF16_RECOMPUTE]
+              for model in ACTIVATION_MODELS for precision, recompute in ACTIVATION_CASES]
     cases += [dict(name=f"peak {name} {recompute}", tp=1, pp=1, measure_state=False,
                    measure_peak=True,
                    job=job_mapping(PEAK_SHAPES[name], precision="fp32", mbs=2,
