@@ -2,7 +2,8 @@
 
 * the README's main job: `hpctrain submit` of the tiny example on the default local profile
   (shortened here), following it to the end: real megatron-core on 4 CPU processes, TP2 × PP2 ×
-  VPP2, on the real example corpus; the loss falls;
+  VPP2, on the real example corpus; the loss falls; and what it prints is what the README's
+  quick start shows (run names, paths, times and numbers aside);
 * the same job on the real dev Slurm cluster, 2 nodes × 2 tasks;
 * a job that crashes: `submit --wait` says so, with the error, and exits 1;
 * a preflight gate that finds a slow node: the node is excluded, the job requeued on others,
@@ -19,16 +20,18 @@ import pytest
 from hpctrain.config import yamlio
 from hpctrain.runs import find_run
 from tests.conftest import REPO, hpctrain
+from tests.docs.quick_start import problems, readme_quick_start
 from tests.ops.helpers import wait_ledger, wait_stopped
 
 pytestmark = pytest.mark.megatron
 
 
-def short_tiny(folder: Path, steps: int) -> Path:
-    """examples/tiny.yaml with fewer steps (same model, layout and data)."""
+def short_tiny(folder: Path, steps: int, **checkpoint) -> Path:
+    """examples/tiny.yaml with fewer steps (same model, layout and data); no periodic checkpoints
+    unless ``checkpoint`` sets them."""
     data = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
     data["train"].update(steps=steps, log_interval=2, warmup_steps=2)
-    data["checkpoint"]["interval_steps"] = 0
+    data["checkpoint"].update({"interval_steps": 0, **checkpoint})
     data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
     data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
     path = folder / "tiny-short.yaml"
@@ -52,18 +55,34 @@ def falls(run) -> tuple[float, float]:
     return losses[0], losses[-1]
 
 
-def test_main_job_on_the_local_profile(tmp_path):
-    job = short_tiny(tmp_path, steps=16)
-    proc = hpctrain("submit", str(job), env={"HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")},
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """The main job, trained once for the tests that read it. Like the full job it saves a
+    background checkpoint and prunes one (at step 8, and keep_last 1 after the final save), so
+    it prints every kind of line the README's quick start shows."""
+    folder = tmp_path_factory.mktemp("main-job")
+    job = short_tiny(folder, steps=16, interval_steps=8, keep_last=1)
+    proc = hpctrain("submit", str(job), env={"HPCTRAIN_RUNS_DIR": str(folder / "runs")},
                     timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, folder / "runs"
+
+
+def test_main_job_on_the_local_profile(main_job):
+    proc, runs = main_job
     assert "on local (TP2×PP2×VPP2×DP1)" in proc.stdout
     assert "step 16/16" in proc.stdout and "finished at step 16" in proc.stdout
-    run = find_run(proc.stdout.split("Submitted ")[1].split()[0], tmp_path / "runs")
+    run = find_run(proc.stdout.split("Submitted ")[1].split()[0], runs)
     (rec,) = run.ledger()
     assert rec["scheduler"] == "local" and rec["exit_reason"] == "finished"
     first, last = falls(run)
     assert last < first - 0.5, (first, last)
+
+
+def test_readme_quick_start_output_is_what_the_main_job_prints(main_job):
+    proc, _ = main_job
+    found = problems(readme_quick_start(), proc.stdout)
+    assert not found, "\n".join(found) + "\n\nThe job printed:\n" + proc.stdout
 
 
 @pytest.mark.slurm
