@@ -14,20 +14,16 @@ From Python::
 Importing the package is cheap on purpose (no torch, no megatron, no submitit): the names
 above are looked up on first use (PEP 562), and only the paths that train import the runtime.
 
-``hpctrain.submit``, ``hpctrain.plan`` and ``hpctrain.runs`` are these functions, even though
-``hpctrain.plan`` (the planner) and ``hpctrain.runs`` (run folders) are also module names:
-importing those modules does not rebind the names here. Import from the modules with
-``from hpctrain.plan import ...`` and ``from hpctrain.runs import ...``.
+No module of the package shares a name with them: the planner is ``hpctrain.planner``, the
+run folders are ``hpctrain.record``. The layers below the API are described in
+``docs/architecture.md``.
 """
-
-import sys
-import types
 
 __version__ = "0.1.0"
 
 # public name -> (module, attribute), imported on first use
 _API = {"submit": ("hpctrain.api", "submit"), "plan": ("hpctrain.api", "plan"),
-        "runs": ("hpctrain.api", "runs"), "Run": ("hpctrain.runs", "Run")}
+        "runs": ("hpctrain.api", "runs"), "Run": ("hpctrain.api", "Run")}
 
 __all__ = ["Run", "__version__", "plan", "runs", "submit"]
 
@@ -45,15 +41,3 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(_API))
 
-
-class _Package(types.ModuleType):
-    """The package object: importing ``hpctrain.plan`` or ``hpctrain.runs`` binds the module to
-    the package's attribute of that name; here the API's function keeps the name instead."""
-
-    def __setattr__(self, name, value):
-        if name in _API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

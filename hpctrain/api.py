@@ -1,5 +1,5 @@
 """hpctrain from Python: the calls behind ``hpctrain.submit``, ``hpctrain.plan`` and
-``hpctrain.runs`` (``hpctrain.Run`` is :class:`hpctrain.runs.Run`).
+``hpctrain.runs``, and ``hpctrain.Run``, the handle on one run.
 
 Each does what its command does, through the same library functions, and returns objects
 instead of printing: ``submit`` a :class:`Run` (a list of them for a sweep), ``plan`` the data
@@ -14,7 +14,54 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .config import DEFAULT_PROFILE, ClusterProfile
-from .runs import Run
+from .errors import RunNotFoundError
+from .record.folder import RUN_FILE, RunFolder
+
+
+class Run(RunFolder):
+    """A run, and the object ``hpctrain.submit`` returns (``hpctrain.Run``).
+
+    Everything the run folder holds (:class:`~hpctrain.record.folder.RunFolder`: ``meta``,
+    ``ledger``, ``events``, ``metrics``, ...) and what is known only by also asking the
+    scheduler: ``state``, ``summary``, ``status`` and ``wait``. Cheap to create: it only holds
+    the path, and every question reads the folder when it is asked.
+    ``Run("runs/tiny-gpt-...")`` opens an existing run folder.
+    """
+
+    def _require(self) -> None:
+        if not self.run_file.is_file():
+            raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
+                                   "`hpctrain runs` lists the run folders")
+
+    def state(self) -> str:
+        """RUNNING, PENDING, ... (Slurm's word) while a job is active; else FINISHED, CANCELLED,
+        STOPPED, NOT SUBMITTED or the last job's final state (the STATE of ``hpctrain runs``)."""
+        from .view.runview import build_view
+        self._require()
+        return build_view(self).state
+
+    def summary(self) -> dict:
+        """The run's row in ``hpctrain runs --json``."""
+        from .view.runview import build_view
+        self._require()
+        return build_view(self).summary()
+
+    def status(self) -> dict:
+        """What ``hpctrain status RUN --json`` prints: live job state, step and loss, the
+        attempts, the checkpoints."""
+        from .ops.status import run_status
+        self._require()
+        return run_status(self)
+
+    def wait(self, *, echo=None, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
+        """Block until none of the run's training jobs is pending or running (requeues and
+        chained jobs included) and return its final :meth:`state`. ``echo`` (e.g. ``print``)
+        gets the progress lines ``hpctrain submit --wait`` shows; past ``timeout_s``,
+        TimeoutError (the jobs go on)."""
+        from .view.follow import follow_run
+        self._require()
+        follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
+        return self.state()
 
 
 def submit(job: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
@@ -36,7 +83,9 @@ def submit(job: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFI
     from .submission import submit as submit_job
     done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain, sweep=sweep,
                       max_parallel=max_parallel, dry_run=dry_run, force=force)
-    return list(done.runs) if done.sweep_dir is not None else done.run
+    if done.sweep_dir is not None:
+        return [Run(r.path) for r in done.runs]
+    return Run(done.run.path)
 
 
 def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
@@ -49,7 +98,7 @@ def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
     Pinning any of ``tp``, ``pp``, ``vpp`` (0: none), ``micro_batch_size``,
     ``sequence_parallel``, ``recompute`` ("none", "selective", "full") explains that one layout
     (``layouts`` is then empty and ``rejected`` says why, when it is not valid)."""
-    from .plan.request import plan_data
+    from .planner.request import plan_data
     return plan_data(job, profile, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
                      mbs=micro_batch_size, sp=sequence_parallel, recompute=recompute)
 
@@ -58,8 +107,8 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
     """The run folders ``hpctrain runs`` lists, newest first (at most ``limit``), as
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
     from .ops.listing import sorted_runs
-    from .runs import iter_runs, runs_root
-    found = sorted_runs(list(iter_runs(runs_root(runs_dir))))
+    from .record.folder import iter_runs, runs_root
+    found = [Run(r.path) for r in sorted_runs(list(iter_runs(runs_root(runs_dir))))]
     return found if limit is None else found[:limit]
 
 

@@ -1,7 +1,7 @@
 """A GPT model's dimensions and its parameters, exactly as megatron-core builds them (no torch).
 
 One resolved shape serves the runtime's FLOPs (``hpctrain.flops``), its initial-weight export
-and the planner (``hpctrain.plan``), so they all agree on what the model is. A job file leaves
+and the planner (``hpctrain.planner``), so they all agree on what the model is. A job file leaves
 some sizes to defaults (``ffn_hidden_size`` null means 4h, ``kv_channels`` null means h / a,
 ``num_query_groups`` null means plain multi-head attention); the shape holds them resolved.
 

@@ -176,8 +176,8 @@ def _resolve(job: JobConfig, profile: ClusterProfile, where: str) -> Resolved:
 # ----------------------------------------------------------------------------- prediction
 def predict(sizes: list[Size]) -> str:
     """Fill each size's planner step time; returns how the prediction was made."""
-    from ..plan import Target, plan_layout
-    from ..plan.timing import Hardware
+    from ..planner import Target, plan_layout
+    from ..planner.timing import Hardware
     peak = sizes[0].resolved.profile.node.peak_tflops
     for s in sizes:
         r = s.resolved
@@ -254,8 +254,9 @@ def _field(record, name: str):
 
 def wait_for(submitted, poll_s: float = 2.0) -> str:
     """Until the run's jobs have ended (requeues included); its last attempt's exit reason."""
+    from ..view.follow import follow_run
     run = submitted.run
-    run.wait(poll_s=poll_s)
+    follow_run(run, None, poll_s=poll_s)
     ledger = run.ledger()
     return str(_field(ledger[-1], "exit_reason") or "no record") if ledger else "no record"
 
@@ -264,7 +265,7 @@ def submit_size(size: Size, runs_root: Path, source: str):
     """One size through the library ``hpctrain submit`` uses: fit check, data, run folder, job.
     A job refused because its checkpoint folder is another run's (claimed between the run
     folder's creation and its own claim) leaves no run folder behind, as with ``submit``."""
-    from ..runtime.checkpoint.store import ForeignCheckpointsError
+    from ..record.checkpoint_store import ForeignCheckpointsError
     from ..submission import (check_data, check_fits, prepare_run, remove_refused_run,
                               submit_training)
     r = size.resolved

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..record.folder import new_private_folder
 from .scaling import TARGET_EFFICIENCY, ScalingResult
-from ..runs import new_private_folder
 
 BENCH_DIR = "bench"
 

@@ -47,7 +47,7 @@ def scaling(job_file, profile_name, nodes_text, steps, warmup, strong, runs_dir,
     from ..bench import scaling as sc
     from ..bench.scaling_report import new_result_folder, save, table
     from ..config import load_job, load_profile
-    from ..runs import default_runs_root, folder_mode
+    from ..record.folder import default_runs_root, folder_mode
     sizes = sc.parse_sizes(nodes_text)
     job = load_job(job_file)
     profile = load_profile(profile_name)

@@ -44,7 +44,7 @@ runs_dir_option = click.option(
 
 def runs_root(runs_dir: Path | None) -> Path:
     """--runs-dir / $HPCTRAIN_RUNS_DIR, else the default profile's storage.runs_root, else ./runs."""
-    from ..runs import runs_root as find_root
+    from ..record.folder import runs_root as find_root
     return find_root(runs_dir)
 
 
@@ -52,7 +52,7 @@ def complete_runs(ctx, param, incomplete: str):
     """Shell completion of RUN: the run ids under the runs folder, newest first."""
     from click.shell_completion import CompletionItem
 
-    from ..runs import iter_runs
+    from ..record.folder import iter_runs
     root = runs_root(ctx.params.get("runs_dir"))
     runs = sorted(iter_runs(root), key=lambda r: r.path.stat().st_mtime, reverse=True)
     return [CompletionItem(r.id) for r in runs if r.id.startswith(incomplete)]
@@ -64,17 +64,17 @@ def run_argument(f):
 
 
 def find(run_ref: str, runs_dir):
-    from ..runs import find_run
+    from ..record.folder import find_run
     return find_run(run_ref, runs_root(runs_dir))
 
 
 def follow_in_terminal(run, *, job=None, quiet: bool = False,
                        from_attempt: int | None = None) -> None:
     """Print the run's progress until its jobs end, with a progress bar when a person watches;
-    say how it finished, or raise with the reason it did not (``hpctrain.follow``)."""
+    say how it finished, or raise with the reason it did not (``hpctrain.view.follow``)."""
     from ..errors import HpcTrainError
-    from ..follow import follow_to_end
-    from ..ops.progress import ProgressLine
+    from ..view.follow import follow_to_end
+    from .progress import ProgressLine
     try:
         total = run.resolved_job().train.steps
     except HpcTrainError:

@@ -12,9 +12,9 @@ from .common import echo_json, json_option
 
 
 def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
-    from ..plan import plan_layouts
-    from ..plan.render import assumptions, explain
-    from ..plan.request import plan_pinned
+    from ..planner import plan_layouts
+    from ..planner.render import assumptions, explain
+    from ..planner.request import plan_pinned
     pinned = plan_pinned(job, target, tp=tp, pp=pp, vpp=vpp, mbs=mbs, sp=sp, recompute=recompute)
     plan = pinned.plan
     if plan is None:
@@ -72,9 +72,9 @@ def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, t
       hpctrain plan examples/llama2-7b.yaml --nodes 1 --tp 1 --no-sequence-parallel
       hpctrain plan examples/llama2-7b.yaml --gpus 64 --json
     """
-    from ..plan import plan_layouts
-    from ..plan.render import assumptions, explain, reference_parameters, table, unit_for
-    from ..plan.request import plan_data, plan_target
+    from ..planner import plan_layouts
+    from ..planner.render import assumptions, explain, reference_parameters, table, unit_for
+    from ..planner.request import plan_data, plan_target
     job = load_job(job_file)
     pinned = any(x is not None for x in (tp, pp, vpp, mbs, sp, recompute))
     if as_json:

@@ -13,7 +13,8 @@ import time
 import click
 
 from ..errors import HpcTrainError
-from .common import echo_json, interactive, json_option, nodes_option, profile_option, runs_dir_option
+from .common import (echo_json, interactive, json_option, nodes_option, profile_option,
+                     runs_dir_option)
 
 
 @click.command()
@@ -73,8 +74,8 @@ def _here(profile, as_json: bool) -> dict:
 
 def _job(profile, runs_dir, wait_s, as_json: bool) -> dict:
     from ..config import time_limit_seconds
-    from ..follow import wait_for_preflight_report
     from ..submission import prepare_preflight_run, runs_root_for, submit_preflight
+    from ..view.follow import wait_for_preflight_report
     run = prepare_preflight_run(profile, runs_root_for(runs_dir, profile))
     watch = interactive() and not as_json
     if watch:

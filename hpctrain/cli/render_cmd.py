@@ -67,7 +67,7 @@ def render(job_file, profile_name, nodes, runs_dir, run_dir):
       hpctrain render examples/tiny.yaml --profile dev-slurm > tiny.sbatch
       sbatch --test-only tiny.sbatch
     """
-    from ..runs import Run
+    from ..record.folder import RunFolder
     from ..submission import render_script, runs_root_for, script_inputs
     r = load_resolved(job_file, profile_name, nodes)
     if r.profile.scheduler != "slurm":
@@ -75,5 +75,5 @@ def render(job_file, profile_name, nodes, runs_dir, run_dir):
                          f"{r.profile.scheduler}); render a Slurm profile, e.g. --profile dev-slurm")
     if run_dir is None:
         run_dir = runs_root_for(runs_dir, r.profile) / r.job.name
-    run = Run(Path(run_dir).resolve())
+    run = RunFolder(Path(run_dir).resolve())
     click.echo(render_script(script_inputs(run, r.profile), resolved=r), nl=False)

@@ -28,8 +28,8 @@ def runs(runs_dir, limit, as_json):
       hpctrain runs -n 5 --json | jq '.[] | select(.state == "RUNNING") | .run'
     """
     from ..ops.listing import format_runs, sorted_runs
-    from ..ops.runview import build_views
-    from ..runs import iter_runs
+    from ..record.folder import iter_runs
+    from ..view.runview import build_views
     root = runs_root(runs_dir)
     found = sorted_runs(list(iter_runs(root)))[:limit]
     rows = [v.summary() for v in build_views(found)]
@@ -59,8 +59,8 @@ def status(run_ref, runs_dir, as_json):
       hpctrain status tiny-gpt            # a run id or unique prefix
       hpctrain status 4242 --json         # by Slurm job id
     """
-    from ..ops.status import format_status
-    data = find(run_ref, runs_dir).status()
+    from ..ops.status import format_status, run_status
+    data = run_status(find(run_ref, runs_dir))
     if as_json:
         echo_json(data)
     else:
@@ -93,8 +93,8 @@ def logs(run_ref, rank, attempt, batch, follow, tail_lines, runs_dir):
       hpctrain logs tiny-gpt -f                  # follow, across requeues
       hpctrain logs tiny-gpt --batch             # the batch shell: signals, requeue decisions
     """
-    from ..follow import complete_lines
     from ..ops.logs import choose_log, follow_logs
+    from ..view.follow import complete_lines
     run = find(run_ref, runs_dir)
     path = choose_log(run, rank=rank, attempt=attempt, batch=batch, must_exist=not follow)
     shown = None
@@ -127,7 +127,7 @@ def cancel(run_ref, runs_dir, as_json):
       hpctrain cancel tiny-gpt-20250101-120000-ab12
     """
     from ..ops.control import cancel_run
-    from ..ops.runview import build_view
+    from ..view.runview import build_view
     run = find(run_ref, runs_dir)
     ids = cancel_run(run)
     if as_json:

@@ -65,7 +65,7 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain,
     if done.sweep_dir is not None:
         _report_sweep(done, as_json)
         if done.array_job_id and wait:
-            from ..follow import wait_for_runs
+            from ..view.follow import wait_for_runs
             wait_for_runs(done.runs, echo=None if as_json else click.echo)
         return
     run = done.run

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import safety
-from .schema import Problems, doc
+from .problems import Problems
+from .schema import doc
 
 MAX_LAYERS = 512   # several times the deepest published LLM; bounds the planner's enumeration
 

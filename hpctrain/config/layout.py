@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .job import JobConfig
-from .schema import Problems
+from .problems import Problems
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from pathlib import Path
 from .. import resources
 from ..errors import ConfigError, UsageError
 from . import yamlio
+from . import safety
 from .job import JobConfig, check_job
 from .layout import Layout, layout_problems
-from . import safety
+from .problems import Problems
 from .profile import MAX_WORLD_SIZE, ClusterProfile, check_profile
-from .schema import Problems, build, did_you_mean
+from .schema import build, did_you_mean
 
 DEFAULT_PROFILE = "local"
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from ..checkpoint_interval import DEFAULT_NODE_MTBF_HOURS
 from . import safety
-from .schema import Problems, doc
+from .problems import Problems
+from .schema import doc
 
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 # Upper bounds that no real cluster reaches and that keep the planner's enumeration (divisors of

@@ -22,10 +22,8 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .schema import Problems
+from .problems import Problems
 
 
 def _whole(pattern: str) -> re.Pattern:

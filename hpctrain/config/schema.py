@@ -25,6 +25,7 @@ import typing
 from typing import Any
 
 from . import safety
+from .problems import Problems
 
 # Ranges for numbers whose field names none: wide, but finite and small enough that no loop,
 # allocation or file name built from them can run away.
@@ -51,19 +52,6 @@ def doc(text: str, *, choices: tuple | None = None, default: Any = dataclasses.M
     if default_factory is not dataclasses.MISSING:
         kwargs["default_factory"] = default_factory
     return dataclasses.field(**kwargs)
-
-
-class Problems:
-    """Collects ``(field_path, message)`` pairs while a whole document is checked."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, str]] = []
-
-    def add(self, path: str, message: str) -> None:
-        self.items.append((path, message))
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
 
 
 def did_you_mean(word: str, options) -> str:

@@ -1,5 +1,5 @@
-"""Day-to-day operations on run folders: list, inspect, cancel, requeue, resume, report, and a
-sweep's values (submitting is ``hpctrain.submission``'s, following ``hpctrain.follow``'s).
+"""Day-to-day operations on run folders: list, inspect, cancel, requeue, resume, report
+(submitting is ``hpctrain.submission``'s, following a run ``hpctrain.view``'s).
 
 Everything here reads the run folder (run.yaml, ledger, events, metrics, checkpoints) and asks
 the scheduler through ``hpctrain.scheduler`` only; nothing imports torch, and matplotlib is

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
-    from ..runs import Run
+    from ..record.folder import RunFolder
 
 
 @dataclass
@@ -52,8 +52,8 @@ class CheckpointFolder:
                 "checkpoints": [c.to_dict() for c in self.checkpoints]}
 
 
-def inspect_checkpoints(run: Run) -> CheckpointFolder:
-    from ..runtime.checkpoint import store
+def inspect_checkpoints(run: RunFolder) -> CheckpointFolder:
+    from ..record import checkpoint_store as store
     root = run.checkpoint_dir()
     found = []
     for step, folder in store.complete_checkpoints(root):

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
-from ..run_files import now_iso
-from ..runs import Run
-from ..scheduler.slurm import commands
+from ..record.files import now_iso
+from ..record.folder import RunFolder
 from ..scheduler.local.jobs import cancel_local
+from ..scheduler.slurm import commands
 from ..scheduler.state import live_jobs
 from ..submission import Submitted, check_fits, submit_training
+from ..view.runview import RunView, build_view
 from .checkpoints import inspect_checkpoints
-from .runview import RunView, build_view
 
 
 def _user() -> str:
@@ -34,7 +34,7 @@ def _user() -> str:
 # ---- cancel --------------------------------------------------------------------------------
 
 
-def cancel_run(run: Run) -> list[str]:
+def cancel_run(run: RunFolder) -> list[str]:
     """Cancel every pending or running job of the run (all kinds); return their ids.
 
     The ``cancel`` event is written first, so an attempt ending because of this cancel is
@@ -67,7 +67,7 @@ class Resubmitted:
     next_attempt: int = 1            # the first attempt the new job can start (to follow it)
 
 
-def _newest_step(run: Run) -> int | None:
+def _newest_step(run: RunFolder) -> int | None:
     try:
         newest = inspect_checkpoints(run).newest_complete
     except OSError:
@@ -81,7 +81,7 @@ def _refuse_finished(view: RunView, what: str) -> None:
                      f"`hpctrain resume {view.run.id} --force`)")
 
 
-def requeue_run(run: Run) -> Resubmitted:
+def requeue_run(run: RunFolder) -> Resubmitted:
     """Running: ``scontrol requeue`` (Slurm stops it, the ranks save on SIGTERM, it comes back
     and resumes from the newest checkpoint). Ended: resubmit the same run on its profile."""
     view = build_view(run)
@@ -107,7 +107,7 @@ def requeue_run(run: Run) -> Resubmitted:
     return _resubmit(run, resolved, "requeue", force=False)
 
 
-def resume_run(run: Run, profile_name: str | None = None, nodes: int | None = None, *,
+def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | None = None, *,
                force: bool = False) -> Resubmitted:
     """Resubmit a stopped run from its newest complete checkpoint, on its profile or another
     one (``profile_name``/``nodes``). The runtime reshards the checkpoint to the new layout.
@@ -138,7 +138,7 @@ def resume_run(run: Run, profile_name: str | None = None, nodes: int | None = No
     return _resubmit(run, resolved, "resume", force=force, previous_world_size=old.world_size)
 
 
-def _resolve_for(run: Run, profile: ClusterProfile) -> Resolved:
+def _resolve_for(run: RunFolder, profile: ClusterProfile) -> Resolved:
     job = run.resolved_job()
     try:
         return resolve(job, profile, source=str(run.job_file))
@@ -150,7 +150,7 @@ def _resolve_for(run: Run, profile: ClusterProfile) -> Resolved:
                          f"(in {run.job_file})") from None
 
 
-def _archive_profile(run: Run, old: ClusterProfile, new: ClusterProfile, resolved: Resolved) -> str:
+def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, resolved: Resolved) -> str:
     """Keep the profile the run ran on so far as ``profile.N.yaml``; write the new one (under
     the run's lock: a read-modify-write of the run's files)."""
     with run.lock():
@@ -169,9 +169,9 @@ def _archive_profile(run: Run, old: ClusterProfile, new: ClusterProfile, resolve
     return kept.name
 
 
-def _resubmit(run: Run, resolved: Resolved, event: str, *, force: bool,
+def _resubmit(run: RunFolder, resolved: Resolved, event: str, *, force: bool,
               previous_world_size: int | None = None) -> Resubmitted:
-    from ..runtime.checkpoint import store
+    from ..record import checkpoint_store as store
     store.check_owner(run.checkpoint_dir(), run.id)   # refused before any event is recorded
     from_step = _newest_step(run)
     data = {"how": "resubmitted", "by": _user(), "profile": resolved.profile.name,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..runs import Run
+from ..record.folder import RunFolder
 from .fmt import format_age, format_number, format_table
 
 
-def sorted_runs(runs: list[Run]) -> list[Run]:
+def sorted_runs(runs: list[RunFolder]) -> list[RunFolder]:
     """Newest first, by the creation time run.yaml records (the folder's mtime otherwise)."""
-    def key(run: Run):
+    def key(run: RunFolder):
         created = run.meta().get("created")
         return (str(created) if created else "", run.path.stat().st_mtime, run.id)
     return sorted(runs, key=key, reverse=True)

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UsageError
-from ..runs import Run
+from ..record.folder import RunFolder
 
 
-def ranks_logged(run: Run, attempt: int) -> list[int]:
+def ranks_logged(run: RunFolder, attempt: int) -> list[int]:
     d = run.attempt_dir(attempt)
     if not d.is_dir():
         return []
@@ -22,7 +22,7 @@ def ranks_logged(run: Run, attempt: int) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def choose_log(run: Run, *, rank: int, attempt: int | None, batch: bool,
+def choose_log(run: RunFolder, *, rank: int, attempt: int | None, batch: bool,
                must_exist: bool = True) -> Path | None:
     """The log file asked for; None when following a run whose first attempt has not begun."""
     started = run.attempts_started()
@@ -46,15 +46,15 @@ def choose_log(run: Run, *, rank: int, attempt: int | None, batch: bool,
     return path
 
 
-def follow_logs(run: Run, *, rank: int | None, attempt: int | None,
+def follow_logs(run: RunFolder, *, rank: int | None, attempt: int | None,
                 shown: tuple[Path, int] | None, echo: Callable[[str], None],
                 poll_s: float = 1.0) -> None:
     """Print new lines until the run has no pending or running job; with no ``attempt``, go on
     into the attempts that follow (requeues). What was already printed is not repeated; a rank
     log is shown whole, with the batch shell's ``[hpctrain]`` lines (signals, requeues) between.
     ``shown``: the file already printed and the byte offset its printing stopped at."""
-    from ..follow import complete_lines, follow, hpctrain_line
     from ..scheduler.state import live_jobs
+    from ..view.follow import complete_lines, follow, hpctrain_line
     current = attempt or (run.attempts_started() or [1])[-1]
     offsets = {}
     if shown is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exit_codes import REQUEUE_REASONS, ExitReason
-from ..runs import Run
+from ..record.folder import RunFolder
 from .checkpoints import checkpoint_step, inspect_checkpoints
 from .fmt import format_duration, format_number
 
@@ -50,7 +50,7 @@ def _num(v):
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def collect(run: Run) -> ReportData:
+def collect(run: RunFolder) -> ReportData:
     records = per_step(run.metrics())
     ledger = run.ledger()
     data = ReportData(run_id=run.id, steps=[m["step"] for m in records],

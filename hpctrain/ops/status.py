@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 
 from ..config import time_limit_seconds
+from ..record.folder import RunFolder
 from ..exit_codes import ExitReason
 from ..scheduler.slurm.commands import parse_duration
-from .checkpoints import CheckpointFolder, checkpoint_step, describe_checkpoint_ref
+from ..view.runview import RunView, build_view
+from .checkpoints import (CheckpointFolder, checkpoint_step, describe_checkpoint_ref,
+                          inspect_checkpoints)
 from .fmt import format_bytes, format_duration, format_number, format_table, parse_iso
-from .runview import RunView
 
 
 def _times(view: RunView) -> dict:
@@ -92,6 +94,12 @@ def stragglers(view: RunView) -> list[dict]:
                 row["not_excluded_after_attempt"] = kept[row["node"]]
             out.append(row)
     return out
+
+
+def run_status(run: RunFolder) -> dict:
+    """What ``hpctrain status RUN --json`` prints (and ``Run.status()`` returns): the run's
+    view joined with the scheduler's, and its checkpoint folder."""
+    return status_data(build_view(run), inspect_checkpoints(run))
 
 
 def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:

@@ -2,7 +2,7 @@
 
 Order of work: all ranks meet in the rendezvous store (a rank that never connects is named);
 the first rank of each node runs the node checks while the others wait; then the process
-group forms and rank 0 leads the collective rounds (:mod:`.planner`). Rank 0 gathers the
+group forms and rank 0 leads the collective rounds (:mod:`.rounds`). Rank 0 gathers the
 node rows, the NCCL transport each node saw and the software versions, writes
 ``RUN/preflight/report-<attempt|timestamp>.json`` and returns the report. Other ranks return
 a small dict. Nothing here raises for a bad node: it becomes a row.
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from ..identity import LaunchError, RankEnv, rank_env
-from ..run_files import now_iso
-from ..runs import Run
+from ..record.files import now_iso
+from ..record.folder import RunFolder
 from . import nccl_log, software
 from .bandwidth import default_sizes_mb
 from .node import run_node_checks
@@ -69,7 +69,7 @@ def rank_info(env=None) -> RankEnv:
 
 def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
     t0 = time.monotonic()
-    run = Run(Path(run_dir))
+    run = RunFolder(Path(run_dir))
     profile = run.resolved_profile()
     info = rank_info()
     pdir = run.path / "preflight"
@@ -81,7 +81,7 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
         if profile.node.device == "cuda" else None
 
     from .collective import Collective  # torch, only now
-    from .planner import Planner
+    from .rounds import CollectiveRounds
 
     col = Collective(info, profile, sizes, progress=say)
     rows: list[Check] = []
@@ -105,7 +105,7 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
                               f"{profile.preflight.timeout_s} s", "every rank connects",
                               "those tasks did not start or cannot reach rank 0's node: check their "
                               "logs and MASTER_ADDR"))
-        return _finish(col, run, info, rows, facts, nodes, attempt, t0, ok=False, planner=None)
+        return _finish(col, run, info, rows, facts, nodes, attempt, t0, ok=False, rounds=None)
 
     # ---- node checks: first rank of each node ------------------------------------------------
     leader = col.node_leaders()[info.node] == info.rank
@@ -124,7 +124,7 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
 
     # ---- collective rounds ---------------------------------------------------------------------
     say("forming the process group")
-    planner = Planner(profile, col.roster, sizes) if info.rank == 0 else None
+    rounds = CollectiveRounds(profile, col.roster, sizes) if info.rank == 0 else None
     try:
         col.init_process_group()
     except Exception as e:
@@ -134,9 +134,9 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
                               f"{col.backend} process group forms",
                               "a rank could not join: check the network between nodes "
                               "(NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and the ranks' logs"))
-        return _finish(col, run, info, rows, facts, nodes, attempt, t0, ok=False, planner=planner)
+        return _finish(col, run, info, rows, facts, nodes, attempt, t0, ok=False, rounds=rounds)
 
-    round_id, plan = 0, planner.first() if planner else None
+    round_id, plan = 0, rounds.first() if rounds else None
     while True:
         if info.rank == 0:
             col.publish_plan(round_id, plan or {"done": True})
@@ -155,10 +155,10 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
                           nccl_log.parse_nccl_transport(_read(nccl_file)))
         if info.rank == 0:
             results = col.collect(round_id, sorted(r for g in plan["groups"] for r in g), started)
-            plan = planner.after(plan, results)
+            plan = rounds.after(plan, results)
         round_id += 1
     return _finish(col, run, info, rows, facts, nodes, attempt, t0,
-                   ok=not (planner and planner.failed) and not col.broken, planner=planner)
+                   ok=not (rounds and rounds.failed) and not col.broken, rounds=rounds)
 
 
 def _read(path: Path) -> str:
@@ -168,8 +168,8 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _finish(col, run: Run, info, rows: list[Check], facts: dict, nodes: list[str],
-            attempt: int | None, t0: float, *, ok: bool, planner) -> dict:
+def _finish(col, run: RunFolder, info, rows: list[Check], facts: dict, nodes: list[str],
+            attempt: int | None, t0: float, *, ok: bool, rounds) -> dict:
     if info.rank != 0:
         if col.store is not None:
             col.finish(ok)
@@ -179,8 +179,8 @@ def _finish(col, run: Run, info, rows: list[Check], facts: dict, nodes: list[str
         for n in nodes:
             v = col.store.get(f"node/{n}", 5)
             node_results[n] = v
-        if planner is not None:
-            rows += planner.rows
+        if rounds is not None:
+            rows += rounds.rows
         rows += _transport_rows(col, nodes)
     for n, v in node_results.items():
         if v is None:
@@ -191,7 +191,7 @@ def _finish(col, run: Run, info, rows: list[Check], facts: dict, nodes: list[str
     rows += software.compare_versions({n: v["versions"] for n, v in node_results.items() if v})
     report = build_report(rows, **facts, nodes=nodes, finished=now_iso(),
                           duration_s=round(time.monotonic() - t0, 2),
-                          sweep=planner.sweep if planner else [])
+                          sweep=rounds.sweep if rounds else [])
     path = run.path / "preflight" / report_name(attempt)
     report["path"] = str(path)
     write_json(path, report)

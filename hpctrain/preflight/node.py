@@ -17,9 +17,9 @@ def checkpoint_folder(profile, run_dir: str | None) -> str:
     if profile.storage.checkpoint_root:
         return str(Path(profile.storage.checkpoint_root).expanduser())
     if run_dir:
-        from ..runs import Run
-        return str(Run(Path(run_dir)).checkpoint_dir())
-    from ..runs import default_runs_root
+        from ..record.folder import RunFolder
+        return str(RunFolder(Path(run_dir)).checkpoint_dir())
+    from ..record.folder import default_runs_root
     return str(default_runs_root(profile.storage.runs_root))
 
 

@@ -194,8 +194,8 @@ def estimate_checkpoint_bytes(run_dir: str | None) -> int | None:
     """Size of the newest checkpoint in the run, else an estimate from its job (Adam state)."""
     if not run_dir:
         return None
-    from ..runs import Run
-    run = Run(Path(run_dir))
+    from ..record.folder import RunFolder
+    run = RunFolder(Path(run_dir))
     ck = run.checkpoint_dir()
     if ck.is_dir():
         sizes = []

@@ -10,7 +10,7 @@ from .job_env import JobEnv
 
 @dataclass
 class RankContext:
-    run: object            # hpctrain.runs.Run
+    run: object            # hpctrain.record.folder.RunFolder
     job: object            # JobConfig
     profile: object        # ClusterProfile
     layout: object         # config.Layout

@@ -40,7 +40,7 @@ def attempt_number(run, requested: int | None) -> int:
 
 def resolve_layout(job, profile, world_size: int):
     from ..config.layout import layout_problems
-    from ..config.schema import Problems
+    from ..config.problems import Problems
     from ..errors import ConfigError
 
     if profile.world_size != world_size:
@@ -65,7 +65,7 @@ def mark_ready(run, attempt: int) -> None:
 
 def train_main(run_dir: str | None = None) -> dict:
     from ..identity import rank_env
-    from ..runs import Run
+    from ..record.folder import RunFolder
     from .job_env import job_env
     from .log import logger, redirect_output, setup
 
@@ -73,7 +73,7 @@ def train_main(run_dir: str | None = None) -> dict:
     run_dir = run_dir or jenv.run_dir
     if not run_dir:
         raise HpcTrainError("no run folder: pass RUN_DIR or set HPCTRAIN_RUN_DIR")
-    run = Run(Path(run_dir).resolve())
+    run = RunFolder(Path(run_dir).resolve())
     renv = rank_env()
     attempt = attempt_number(run, jenv.attempt)
     if jenv.log_to_file:
@@ -113,12 +113,12 @@ def train_main(run_dir: str | None = None) -> dict:
 def _train(run, renv, jenv, attempt, state):
     from ..data.gpt_dataset import GPTSamples
     from ..data.indexed import IndexedDataset
+    from ..fault_injection import TestHooks
     from . import collectives, distributed
     from .batches import BatchFeeder
     from .checkpoint.manager import Checkpointer
     from .checkpoint.weights import load_model_only
     from .comm_overlap import describe as describe_overlap
-    from ..fault_injection import TestHooks
     from .context import RankContext
     from .digest import weights_digest
     from .log import logger
@@ -130,7 +130,7 @@ def _train(run, renv, jenv, attempt, state):
 
     job, profile = run.resolved_job(), run.resolved_profile()
     layout = resolve_layout(job, profile, renv.world_size)
-    from ..plan.layouts import with_optimizer_format
+    from ..planner.layouts import with_optimizer_format
     job = with_optimizer_format(job, profile, layout)   # "auto" in a job.yaml not from submit
     connections_note = distributed.set_device_connections(layout)   # before CUDA starts
     check_megatron_core()
@@ -257,8 +257,8 @@ def _log_start(ctx, hooks) -> None:
 def _finish(run, renv, jenv, state, reason: ExitReason, code: int, message: str,
             collective: bool) -> int:
     """Rank 0 records the attempt; under the local executor the requeue decision is applied."""
-    from ..attempt_records import AttemptResult
-    from ..attempts import finish_attempt, write_result
+    from ..record.attempt_end import finish_attempt, write_result
+    from ..record.attempt_records import AttemptResult
     from .log import logger
 
     requeue = False
@@ -286,7 +286,7 @@ def _finish(run, renv, jenv, state, reason: ExitReason, code: int, message: str,
 
 def _record_failure(run, attempt: int, renv, at: float, message: str) -> None:
     """This rank's failure, for the end of the attempt to find the first one."""
-    from ..attempts import write_failure
+    from ..record.attempt_end import write_failure
     from .log import logger
     try:
         write_failure(run, attempt, renv.rank, renv.node, at, message)
@@ -305,7 +305,7 @@ def _start_watchdog(run, renv, jenv, job, device, attempt, state):
     from .watchdog import Watchdog
 
     def record_locally(verdict) -> None:
-        from ..attempts import finish_attempt, hang_details
+        from ..record.attempt_end import finish_attempt, hang_details
         finish_attempt(run, attempt, exit_codes.HUNG, scheduler="local",
                        job_id=jenv.local_job_id, refuse_requeue="a hang under the local "
                        "executor: there is no other node to move to", **hang_details(verdict))

@@ -87,17 +87,17 @@ def build_weights(job, layout, device: str):
 
 
 def export_initial_weights(run_dir: str, output: str) -> Path:
-    from ..runs import Run
+    from ..identity import rank_env
+    from ..record.folder import RunFolder
     from . import distributed, layers
     from .checkpoint.weights import export_model
     from .context import RankContext
-    from ..identity import rank_env
     from .job_env import job_env
     from .log import logger, setup
     from .model import initialize_parallel
     from .versions import check_megatron_core
 
-    run = Run(Path(run_dir).resolve())
+    run = RunFolder(Path(run_dir).resolve())
     renv = rank_env()
     setup(renv.rank)
     check_megatron_core()

@@ -2,7 +2,7 @@
 
 ``SavedByModule`` records what autograd keeps for backward during one forward pass (one
 microbatch), per module, deduplicated by storage, with parameters and DDP's buffers left out:
-the measured counterpart of the planner's activation terms (hpctrain.plan.activations).
+the measured counterpart of the planner's activation terms (hpctrain.planner.activations).
 ``FirstStepMemory`` reads the CUDA caching allocator around the first optimizer step: what is
 allocated before it, the peak of its forward/backward passes and of ``optimizer.step()``, and
 what stays after it (weights, gradient buffer and optimizer state). ``tools/gpu_check`` prints

@@ -31,7 +31,7 @@ UNMEASURED_CAP_S = 15 * 60.0
 
 def previous_blocking_s(run, attempt: int) -> float | None:
     """The blocking time of the newest periodic save of an earlier attempt, if one recorded it."""
-    from ..attempts import read_result
+    from ..record.attempt_end import read_result
     for earlier in range(attempt - 1, 0, -1):
         result = read_result(run, earlier)
         saves = (result.get("saves") if isinstance(result, dict)

@@ -15,7 +15,7 @@ from .local.jobs import local_alive
 from .slurm import commands
 
 if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
-    from ..runs import Run
+    from ..record.folder import RunFolder
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING",
           "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
@@ -39,12 +39,12 @@ class JobState:
         return self.state.split()[0] in ACTIVE
 
 
-def job_states(run: Run, kind: str | None = "train") -> list[JobState]:
+def job_states(run: RunFolder, kind: str | None = "train") -> list[JobState]:
     """States of the run's jobs of ``kind`` (None: all), oldest first."""
     return job_states_of_runs([run], kind)[run.path]
 
 
-def job_states_of_runs(runs: list[Run], kind: str | None = "train") -> dict[Path, list[JobState]]:
+def job_states_of_runs(runs: list[RunFolder], kind: str | None = "train") -> dict[Path, list[JobState]]:
     """``job_states`` of many runs with one squeue and one sacct call for all of them."""
     wanted: dict[Path, list[dict]] = {}
     for run in runs:
@@ -83,5 +83,5 @@ def _slurm_states(ids: list[str], kinds: dict[str, str]) -> dict[str, JobState]:
     return states
 
 
-def live_jobs(run: Run, kind: str | None = "train") -> list[JobState]:
+def live_jobs(run: RunFolder, kind: str | None = "train") -> list[JobState]:
     return [s for s in job_states(run, kind) if s.active]

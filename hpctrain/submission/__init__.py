@@ -3,12 +3,13 @@
 ``submit()`` is what ``hpctrain submit`` and ``hpctrain.submit()`` do: load the job on its
 profile (``checks``), refuse a layout that does not fit or data that is missing, create the run
 folder (``folders``), render its batch script (``scripts``) and hand the job to the scheduler
-(``jobs``: one job or a chain; ``sweeps``: a job array, or the runs one after another on this
-machine). With ``dry_run`` everything up to the script is done and nothing is submitted: the
+(``jobs``: one job or a chain; ``sweep_jobs``: a job array, or the runs one after another on
+this machine, one run per combination of ``sweep_values``). With ``dry_run`` everything up to the script is done and nothing is submitted: the
 script written is the one a real submission would have handed to sbatch.
 
-Following a submitted run to its end is ``hpctrain.follow``'s; a run folder is
-``hpctrain.runs.Run``. Nothing here imports torch: the ranks import it, in their own processes.
+Following a submitted run to its end is ``hpctrain.view.follow``'s; a run folder is a
+``hpctrain.record.folder.RunFolder``. Nothing here imports torch: the ranks import it, in their
+own processes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable
 
 from ..config import DEFAULT_PROFILE, ClusterProfile, Resolved
 from ..errors import UsageError
-from ..runs import Run
+from ..record.folder import RunFolder
 from .checks import (check_data, check_fits, decided, launch_warnings, load_profile_for,
                      load_resolved, resolve_job)
 from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep,
@@ -29,8 +30,8 @@ from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_swee
 from .jobs import (Submitted, chain_dependency, claim_checkpoints, release_checkpoints,
                    submit_chain, submit_function, submit_preflight, submit_training)
 from .scripts import render_script, script_inputs, script_path, write_script
-from .sweeps import (SweepSubmission, check_max_parallel, run_sweep_locally, submit_sweep_array,
-                     write_array_script)
+from .sweep_jobs import (SweepSubmission, check_max_parallel, run_sweep_locally, submit_sweep_array,
+                         write_array_script)
 
 __all__ = ["Submission", "SweepRun", "SweepSubmission", "Submitted", "chain_dependency",
            "check_data", "check_fits", "check_max_parallel", "claim_checkpoints", "decided",
@@ -48,7 +49,7 @@ class Submission:
     jobs it submitted (none for a dry run), and where the script is."""
 
     resolved: Resolved                 # the job on its profile (a sweep's first combination)
-    runs: list[Run]
+    runs: list[RunFolder]
     submitted: list[Submitted] = field(default_factory=list)   # one job, or a chain's
     dry_run: bool = False
     script: Path | None = None         # the batch script written (Slurm profiles)
@@ -57,7 +58,7 @@ class Submission:
     array_job_id: str | None = None
 
     @property
-    def run(self) -> Run:
+    def run(self) -> RunFolder:
         return self.runs[0]
 
     @property
@@ -133,7 +134,7 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
             script = run.script_file
         run.update_meta(dry_run=True)
         return Submission(resolved, [run], dry_run=True, script=script)
-    from ..runtime.checkpoint.store import ForeignCheckpointsError
+    from ..record.checkpoint_store import ForeignCheckpointsError
     try:
         subs = submit_chain(resolved, run, chain)
     except ForeignCheckpointsError:
@@ -148,7 +149,7 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
 def _submit_sweep(job_file, profile: ClusterProfile, specs: list[str], *, runs_dir, max_parallel,
                   dry_run: bool, force: bool,
                   follow_local_run: Callable[[Submitted], str] | None) -> Submission:
-    from ..ops.sweep import expand
+    from .sweep_values import expand
     check_max_parallel(max_parallel, profile.scheduler)
     points = expand(str(job_file), profile, specs)
     for p in points:
@@ -181,6 +182,6 @@ def _python_warning(message: str) -> None:
 
 
 def _follow_quietly(sub: Submitted) -> str:
-    from ..follow import follow_to_end
+    from ..view.follow import follow_to_end
     follow_to_end(sub.run, job=sub.job)
     return "finished"

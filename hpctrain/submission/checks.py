@@ -28,7 +28,7 @@ def decided(resolved: Resolved) -> Resolved:
     auto`` becomes the format the planner picks for this layout (its save must fit)."""
     import dataclasses
 
-    from ..plan.layouts import with_optimizer_format
+    from ..planner.layouts import with_optimizer_format
     job = with_optimizer_format(resolved.job, resolved.profile, resolved.layout)
     return resolved if job is resolved.job else dataclasses.replace(resolved, job=job)
 
@@ -54,7 +54,7 @@ def launch_warnings(resolved: Resolved) -> list[str]:
 
 def check_fits(resolved: Resolved, force: bool = False) -> None:
     """Refuse a layout that does not fit the GPUs' memory (the planner says why), unless forced."""
-    from ..plan import check_fits as plan_check_fits
+    from ..planner import check_fits as plan_check_fits
     fit = plan_check_fits(resolved.job, resolved.profile)
     if fit.fits is False and not force:
         raise UsageError(f"{fit.message}\nRefusing to submit a layout that does not fit; "

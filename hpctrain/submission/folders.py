@@ -1,7 +1,7 @@
 """Run folders a submission creates: a training run's, a preflight job's, a sweep's.
 
 A run folder is created only after every check passed, and holds the resolved job and profile
-every attempt reads (``hpctrain.runs`` describes the layout). Nothing is submitted here.
+every attempt reads (``hpctrain.record.folder`` describes the layout). Nothing is submitted here.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from .. import __version__
 from ..config import ClusterProfile, Resolved, yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError
-from ..ops.sweep import SweepPoint, new_sweep_dir
-from ..run_files import now_iso
-from ..runs import Run, checkpoint_location, create_run, default_runs_root, folder_mode
+from ..record.files import now_iso
+from ..record.folder import (RunFolder, checkpoint_location, create_run, default_runs_root,
+                             folder_mode)
 from .checks import decided
+from .sweep_values import SweepPoint, new_sweep_dir
 
 
 def runs_root_for(runs_dir: str | Path | None, profile: ClusterProfile) -> Path:
@@ -29,14 +30,14 @@ def runs_root_for(runs_dir: str | Path | None, profile: ClusterProfile) -> Path:
 
 
 def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
-                own_checkpoint_folder: bool = False) -> Run:
+                own_checkpoint_folder: bool = False) -> RunFolder:
     """A new run folder holding the resolved job and profile (what every attempt reads).
 
     A ``checkpoint.dir`` that holds another run's checkpoints is refused before anything is
     created. ``own_checkpoint_folder`` (sweeps): the run keeps its checkpoints in
     ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder.
     """
-    from ..runtime.checkpoint import store
+    from ..record import checkpoint_store as store
     job, profile = resolved.job, resolved.profile
     if job.checkpoint.dir and not own_checkpoint_folder:
         store.check_owner(Path(job.checkpoint.dir), "")
@@ -54,7 +55,7 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     return run
 
 
-def remove_refused_run(run: Run) -> None:
+def remove_refused_run(run: RunFolder) -> None:
     """Remove the run folder that ``prepare_run`` created in this same submission, whose first
     job was then refused before it was queued (another submission claimed ``checkpoint.dir``
     between this one's check and its claim): a refused submission leaves nothing behind.
@@ -70,7 +71,7 @@ def remove_refused_run(run: Run) -> None:
         pass
 
 
-def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> Run:
+def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> RunFolder:
     """A run folder for one preflight job over ``profile``'s allocation (its report and logs
     land in ``RUN/preflight``)."""
     run = create_run(runs_root, f"preflight-{profile.name}")
@@ -89,7 +90,7 @@ def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> Run:
 @dataclass
 class SweepRun:
     point: SweepPoint
-    run: Run
+    run: RunFolder
     job_id: str | None = None
     outcome: str | None = None     # local sweeps: how the run ended
 
@@ -114,7 +115,7 @@ def write_sweep_file(sweep_dir: Path, runs: list[SweepRun], **info) -> None:
     """Read-modify-write ``sweep.yaml`` under the sweep folder's lock (a damaged file is an
     error, never replaced)."""
     path = sweep_dir / "sweep.yaml"
-    with Run(sweep_dir).lock():
+    with RunFolder(sweep_dir).lock():
         data = yamlio.read_mapping(path, "sweep file") if path.exists() else {
             "id": sweep_dir.name, "created": now_iso()}
         data.update(info)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..config import ClusterProfile, Resolved
 from ..errors import HpcTrainError, UsageError
-from ..runs import Run, folder_mode
+from ..record.folder import RunFolder, folder_mode
 from ..scheduler.local.submit import submit_locally
 from ..scheduler.slurm.submit import submit_to_slurm
 from .scripts import script_inputs, write_script
@@ -23,26 +23,26 @@ from .scripts import script_inputs, write_script
 
 @dataclass
 class Submitted:
-    run: Run
+    run: RunFolder
     job_id: str
     job: Any  # a submitit Job
 
 
-def claim_checkpoints(run: Run, profile: ClusterProfile) -> bool:
+def claim_checkpoints(run: RunFolder, profile: ClusterProfile) -> bool:
     """Make the run's checkpoint folder its own before a job of it is queued (refused when the
     folder holds another run's checkpoints); True when this call claimed it."""
-    from ..runtime.checkpoint import store
+    from ..record import checkpoint_store as store
     return store.claim(run.checkpoint_dir(), run.id, run.path,
                        folder_mode(profile.storage.group_readable))
 
 
-def release_checkpoints(run: Run) -> None:
+def release_checkpoints(run: RunFolder) -> None:
     """The submission that claimed the folder failed: leave it as it was."""
-    from ..runtime.checkpoint import store
+    from ..record import checkpoint_store as store
     store.release(run.checkpoint_dir(), run.id)
 
 
-def submit_function(run: Run, profile: ClusterProfile, function: Callable, args: tuple = (),
+def submit_function(run: RunFolder, profile: ClusterProfile, function: Callable, args: tuple = (),
                     *, kind: str = "train", resolved: Resolved | None = None,
                     dependency: str | None = None, env: dict | None = None) -> Submitted:
     """Submit ``function(*args)`` to run in every rank of ``profile``'s allocation.
@@ -69,7 +69,7 @@ def submit_function(run: Run, profile: ClusterProfile, function: Callable, args:
     return Submitted(run=run, job_id=job.job_id, job=job)
 
 
-def submit_training(resolved: Resolved, run: Run, *, dependency: str | None = None) -> Submitted:
+def submit_training(resolved: Resolved, run: RunFolder, *, dependency: str | None = None) -> Submitted:
     """One training job of ``run`` (its first, a chain link, a resubmission)."""
     from ..runtime.entry import train_main
     return submit_function(run, resolved.profile, train_main, (str(run.path),), kind="train",
@@ -80,7 +80,7 @@ def chain_dependency(previous_job_id: str) -> str:
     return f"afterany:{previous_job_id}"
 
 
-def submit_chain(resolved: Resolved, run: Run, count: int) -> list[Submitted]:
+def submit_chain(resolved: Resolved, run: RunFolder, count: int) -> list[Submitted]:
     """``count`` jobs of one run, each waiting for the previous one to end (Slurm only)."""
     if count < 1:
         raise UsageError(f"--chain: expected at least 1 job, got {count}")
@@ -103,7 +103,7 @@ def submit_chain(resolved: Resolved, run: Run, count: int) -> list[Submitted]:
     return subs
 
 
-def submit_preflight(run: Run, profile: ClusterProfile) -> Submitted:
+def submit_preflight(run: RunFolder, profile: ClusterProfile) -> Submitted:
     """The preflight job of a run folder from ``prepare_preflight_run``: every rank runs the
     checks and rank 0 writes ``RUN/preflight/report-*.json``."""
     from ..preflight.job import preflight_main

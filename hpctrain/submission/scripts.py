@@ -13,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ClusterProfile, Resolved, yamlio
-from ..runs import Run
-from ..scheduler.slurm.render import ScriptInputs, render_sbatch, render_step_script
+from ..record.folder import RunFolder
 from ..scheduler.interpreters import node_python, step_python
+from ..scheduler.slurm.render import ScriptInputs, render_sbatch, render_step_script
 
 
-def script_inputs(run: Run, profile: ClusterProfile, *, kind: str = "train",
-                  dependency: str | None = None, array_runs: list[Run] | None = None,
+def script_inputs(run: RunFolder, profile: ClusterProfile, *, kind: str = "train",
+                  dependency: str | None = None, array_runs: list[RunFolder] | None = None,
                   max_parallel: int | None = None) -> ScriptInputs:
     """The inputs besides the profile and job: ``run``'s folder, the node's and the step's
     Python, submitit's folder. A chain link adds ``dependency``; a job array passes the sweep's
@@ -31,7 +31,7 @@ def script_inputs(run: Run, profile: ClusterProfile, *, kind: str = "train",
                         array_parallelism=max_parallel)
 
 
-def script_path(run: Run, kind: str = "train") -> Path:
+def script_path(run: RunFolder, kind: str = "train") -> Path:
     """``sbatch.sh`` for training (a run's, or a sweep's array), ``KIND.sbatch.sh`` otherwise."""
     return run.script_file if kind == "train" else run.path / f"{kind}.sbatch.sh"
 
@@ -48,7 +48,7 @@ def render_script(inputs: ScriptInputs, *, resolved: Resolved | None = None,
     return render_step_script(profile, inputs)
 
 
-def write_script(run: Run, inputs: ScriptInputs, *, resolved: Resolved | None = None,
+def write_script(run: RunFolder, inputs: ScriptInputs, *, resolved: Resolved | None = None,
                  profile: ClusterProfile | None = None) -> str:
     """Render the script into ``run``'s folder (replacing the previous submission's) and return
     its text."""

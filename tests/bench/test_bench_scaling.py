@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import yamlio
-from hpctrain.runs import find_run
+from hpctrain.record.folder import find_run
 from tests.conftest import REPO, hpctrain
 from tests.runtime.helpers import TINY_MODEL
 

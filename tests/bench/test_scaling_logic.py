@@ -133,7 +133,7 @@ def test_a_refused_size_leaves_no_run_folder(tmp_path, monkeypatch):
     import dataclasses
 
     import hpctrain.submission as submission
-    from hpctrain.runtime.checkpoint import store
+    from hpctrain.record import checkpoint_store as store
     profile = load_profile("dev-slurm")
     profile = dataclasses.replace(profile, storage=dataclasses.replace(
         profile.storage, checkpoint_root=str(tmp_path / "ckpt")))

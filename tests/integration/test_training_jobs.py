@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import yamlio
-from hpctrain.runs import find_run
+from hpctrain.record.folder import find_run
 from tests.conftest import REPO, hpctrain
 from tests.docs.quick_start import problems, readme_quick_start
 from tests.ops.helpers import wait_ledger, wait_stopped

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.run_files import read_last_jsonl
-from hpctrain.runs import Run
+from hpctrain.record.files import read_last_jsonl
+from hpctrain.record.folder import RunFolder
 from hpctrain.scheduler.state import live_jobs
 from hpctrain.submission import prepare_run, submit_training
 from tests.conftest import REPO, wait_until
@@ -56,7 +56,7 @@ def ops_job() -> str:
     return str(OPS_JOB)
 
 
-def ops_run(root: Path, resolved) -> Run:
+def ops_run(root: Path, resolved) -> RunFolder:
     """A prepared run folder (not submitted)."""
     return prepare_run(resolved, root, source=str(OPS_JOB))
 
@@ -66,24 +66,24 @@ def start_run(root: Path, resolved):
     return run, submit_training(resolved, run)
 
 
-def step_of(run: Run) -> int:
+def step_of(run: RunFolder) -> int:
     m = read_last_jsonl(run.metrics_file)
     return m["step"] if m else 0
 
 
-def wait_step(run: Run, step: int, timeout: float = 240) -> int:
+def wait_step(run: RunFolder, step: int, timeout: float = 240) -> int:
     return wait_until(lambda: step_of(run) >= step and step_of(run), timeout,
                       what=f"run {run.id} to reach step {step}")
 
 
-def wait_stopped(run: Run, timeout: float = 120) -> None:
+def wait_stopped(run: RunFolder, timeout: float = 120) -> None:
     """Until the run has no pending or running job (the batch shell's end hook has run)."""
     time.sleep(0.5)
     wait_until(lambda: not live_jobs(run, kind=None), timeout, interval=1,
                what=f"run {run.id}'s jobs to end")
 
 
-def wait_ledger(run: Run, n: int, timeout: float = 120) -> list[dict]:
+def wait_ledger(run: RunFolder, n: int, timeout: float = 120) -> list[dict]:
     return wait_until(lambda: len(run.ledger()) >= n and run.ledger(), timeout, interval=0.5,
                       what=f"{n} ledger records in run {run.id}")
 
@@ -100,9 +100,9 @@ def record(attempt: int, start: int, end: int, reason: str, requeue: bool, *, jo
             "last_loss": 2.5, "decision": {"requeue": requeue, "reason": why or reason}}
 
 
-def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(), steps=30) -> Run:
+def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(), steps=30) -> RunFolder:
     """A run folder written by hand (no job): what a run looks like after its attempts."""
-    from hpctrain.run_files import append_jsonl
+    from hpctrain.record.files import append_jsonl
     run = ops_run(root, ops_resolved(ops_profile(ranks_per_node=2), steps=steps))
     for r in ledger:
         run.append_ledger(r)
@@ -120,7 +120,7 @@ def write_checkpoint(root: Path, step: int, attempt: int, run_id: str | None = N
     made with the runtime's own store functions: what listings and status read, without a
     model."""
     import json
-    from hpctrain.runtime.checkpoint import store
+    from hpctrain.record import checkpoint_store as store
     partial = store.partial_dir(root, step, attempt)
     partial.mkdir(parents=True, exist_ok=True)
     (partial / "state.json").write_text(json.dumps({"step": step}))

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from hpctrain.config import yamlio
-from hpctrain.runtime.checkpoint import store
+from hpctrain.record import checkpoint_store as store
 from tests.conftest import REPO
 from tests.ops.helpers import (OPS_JOB, cli, ops_job, ops_profile, ops_resolved, start_run,
                                wait_ledger, wait_step, wait_stopped)

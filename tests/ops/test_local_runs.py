@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from hpctrain.config import load_profile
-from hpctrain.ops.sweep import expand
-from hpctrain.submission import prepare_sweep, run_sweep_locally
 from hpctrain.scheduler.state import live_jobs
+from hpctrain.submission import prepare_sweep, run_sweep_locally
+from hpctrain.submission.sweep_values import expand
 from tests.conftest import wait_until
 from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_resolved, slowed, start_run, wait_step
 
@@ -51,7 +51,7 @@ def test_cancel_requeue_and_resume_on_the_local_profile(tmp_path):
 
 
 def test_a_local_sweep_trains_its_runs_one_after_another(tmp_path):
-    from hpctrain.follow import follow_to_end
+    from hpctrain.view.follow import follow_to_end
     points = expand(ops_job(), local_profile(0.0), ["train.steps=3,5"])
     sweep_dir, runs = prepare_sweep(points, tmp_path / "runs", source=str(OPS_JOB))
     done = run_sweep_locally(sweep_dir, runs,

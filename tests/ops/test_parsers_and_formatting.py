@@ -3,8 +3,8 @@ captured text), tables, durations, the progress bar."""
 
 from __future__ import annotations
 
+from hpctrain.cli.progress import ProgressLine, render_bar
 from hpctrain.ops.fmt import format_bytes, format_duration, format_number, format_table
-from hpctrain.ops.progress import ProgressLine, render_bar
 from hpctrain.scheduler.slurm.commands import parse_duration, parse_sacct, parse_squeue
 from hpctrain.scheduler.state import JobState
 from tests.conftest import REPO
@@ -88,7 +88,7 @@ def test_progress_bar_is_cleared_around_log_lines():
 
 
 def test_following_a_log_loses_no_line_and_waits_for_a_line_cut_mid_character(tmp_path):
-    from hpctrain.follow import Tail, complete_lines
+    from hpctrain.view.follow import Tail, complete_lines
     log = tmp_path / "rank-0.log"
     text = "step 1 on TP2×PP2\nstep 2 on TP2×PP2\n"
     cut = text.encode().index("×".encode()) + 1  # inside the two bytes of the second line's ×
@@ -109,7 +109,7 @@ def test_following_a_log_loses_no_line_and_waits_for_a_line_cut_mid_character(tm
 def test_followed_progress_drops_a_warning_and_the_source_line_under_it():
     """A torch warning in rank 0's log, as Python's warnings module writes it (the second line is
     the source line, indented), between two progress lines."""
-    from hpctrain.follow import Rank0Progress
+    from hpctrain.view.follow import Rank0Progress
     log = [
         "10:40:36 rank 0: step 24/24 | loss 5.1707",
         "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py:83: "

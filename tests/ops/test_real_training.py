@@ -14,7 +14,7 @@ import pytest
 
 from hpctrain.config import yamlio
 from hpctrain.ops.report import build_figure, collect, per_step
-from hpctrain.runs import find_run
+from hpctrain.record.folder import find_run
 from hpctrain.scheduler.state import job_states
 from tests.conftest import REPO, hpctrain, wait_until
 from tests.ops.helpers import cli, png_size, wait_ledger, wait_step, wait_stopped

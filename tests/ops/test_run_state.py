@@ -3,9 +3,9 @@ cancel and a later resume (the contract between `hpctrain cancel/resume` and the
 
 from __future__ import annotations
 
-from hpctrain.ops.runview import RunView
 from hpctrain.scheduler.slurm import batch_steps
 from hpctrain.scheduler.state import JobState
+from hpctrain.view.runview import RunView
 from tests.ops.helpers import crafted_run, record
 
 
@@ -63,8 +63,8 @@ def test_a_finished_run_stays_finished_unless_resumed_with_force(tmp_path):
 
 
 def test_a_resubmission_by_a_person_starts_a_fresh_requeue_budget(tmp_path):
-    from hpctrain.attempt_records import AttemptResult
-    from hpctrain.attempts import finish_attempt, write_result
+    from hpctrain.record.attempt_end import finish_attempt, write_result
+    from hpctrain.record.attempt_records import AttemptResult
     run = crafted_run(tmp_path, ledger=[record(i, 5 * i - 5, 5 * i, "preempted", True) for i in range(1, 6)]
                       + [record(6, 25, 28, "preempted", False, why="requeue budget spent")])
     assert len(run.ledger_for_budget()) == 6

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 
 from hpctrain.config import yamlio
-from hpctrain.ops.sweep import expand
-from hpctrain.submission import prepare_sweep, submit_sweep_array
-from hpctrain.runtime.checkpoint import store
+from hpctrain.record import checkpoint_store as store
 from hpctrain.scheduler.slurm.commands import parse_scontrol_record, sbatch_test_only
+from hpctrain.submission import prepare_sweep, submit_sweep_array
+from hpctrain.submission.sweep_values import expand
 from tests.ops.helpers import OPS_JOB, cli, ops_job, ops_profile, wait_stopped
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]

@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpctrain.cli import cli
-from hpctrain.errors import UsageError
-from hpctrain.ops.sweep import combinations, expand, parse_axes, parse_axis
 from hpctrain.config import yamlio
+from hpctrain.errors import UsageError
+from hpctrain.submission.sweep_values import combinations, expand, parse_axes, parse_axis
 from tests.conftest import REPO, hpctrain
 from tests.ops.helpers import OPS_JOB, ops_profile
 

@@ -19,7 +19,7 @@ from plan_jobs import GPT2_SMALL, LLAMA2_7B, LLAMA3_8B, make_job
 
 from hpctrain.flops import model_flops_per_step, model_flops_per_step_full_attention
 from hpctrain.model_shape import ModelShape, padded_vocab_size
-from hpctrain.plan.timing import MATMUL_EFFICIENCY, Hardware, estimate_step_time
+from hpctrain.planner.timing import MATMUL_EFFICIENCY, Hardware, estimate_step_time
 
 
 def megatron_num_floating_point_operations(args, batch_size):

@@ -15,8 +15,8 @@ import pytest
 from plan_jobs import make_job
 
 from hpctrain.model_shape import ModelShape
-from hpctrain.plan.activations import (activation_bytes_per_layer, activation_terms,
-                                       in_flight_microbatches, stage_activations)
+from hpctrain.planner.activations import (activation_bytes_per_layer, activation_terms,
+                                          in_flight_microbatches, stage_activations)
 
 GPT3_175B = dict(num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=51200,
                  seq_length=2048, hidden_dropout=0.1, attention_dropout=0.1,

@@ -13,10 +13,10 @@ from hpctrain.cli import cli
 from hpctrain.config import job_from_mapping, load_job, load_profile, profile_from_mapping
 from hpctrain.config.schema import to_dict
 from hpctrain.errors import ConfigError
-from hpctrain.plan import Target, explain_layout
-from hpctrain.plan.save_memory import SaveMemory
-from hpctrain.plan.save_time import (DEFAULT_WRITE_GBS, HOST_COPY_GBS, REBUILD_GBS,
-                                     SAVE_OVERHEAD_S, job_interval_s, save_time)
+from hpctrain.planner import Target, explain_layout
+from hpctrain.planner.save_memory import SaveMemory
+from hpctrain.planner.save_time import (DEFAULT_WRITE_GBS, HOST_COPY_GBS, REBUILD_GBS,
+                                        SAVE_OVERHEAD_S, job_interval_s, save_time)
 from tests.conftest import REPO
 
 LLAMA = str(REPO / "examples" / "llama2-7b.yaml")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hpctrain.cli import cli
 from hpctrain.config import load_job, load_profile
 from hpctrain.errors import ConfigError
-from hpctrain.plan import check_fits
+from hpctrain.planner import check_fits
 from tests.conftest import REPO
 
 LLAMA = str(REPO / "examples" / "llama2-7b.yaml")

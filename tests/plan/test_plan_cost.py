@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain.config.loader import job_from_mapping
 from hpctrain.model_shape import ModelShape, _chunk_parameters
-from hpctrain.plan.memory import _rank_buffers, state_bytes_per_pipeline_rank
+from hpctrain.planner.memory import _rank_buffers, state_bytes_per_pipeline_rank
 
 SHAPE = ModelShape.from_job(job_from_mapping({
     "name": "deep", "model": {"num_layers": 512, "hidden_size": 1024, "num_attention_heads": 16,
@@ -41,7 +41,7 @@ def test_overlapped_dp_communication_hides_behind_one_microbatch():
     """With overlap_grad_reduce the gradient reduction is exposed only beyond the last
     microbatch's backward (2/3 of its compute), with overlap_param_gather the gather beyond the
     first forward (1/3): what Megatron-LM's overlaps can hide, and no more."""
-    from hpctrain.plan.timing import Hardware, estimate_step_time
+    from hpctrain.planner.timing import Hardware, estimate_step_time
     hw = Hardware(peak_tflops=100.0, intra_node_busbw_gbs=100.0, inter_node_busbw_gbs=1.0,
                   gpus_per_node=1)
 

@@ -8,7 +8,7 @@ rest differs.
 
 from __future__ import annotations
 
-from hpctrain.plan.memory import optimizer_bytes_per_element, state_bytes_for_parameters
+from hpctrain.planner.memory import optimizer_bytes_per_element, state_bytes_for_parameters
 
 GB = 1e9
 

@@ -10,8 +10,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpctrain.config import Layout
-from hpctrain.plan.layouts import Target, plan_layout
-from hpctrain.plan.timing import Hardware
+from hpctrain.planner.layouts import Target, plan_layout
+from hpctrain.planner.timing import Hardware
 
 
 class NewBytesPeak(TorchDispatchMode):

@@ -6,7 +6,7 @@ import pytest
 from plan_jobs import (GPT2_MEDIUM, GPT2_SMALL, LLAMA2_7B, LLAMA2_13B, LLAMA3_8B, MISTRAL_7B,
                        TINY_GPT, TINY_LLAMA, make_job)
 
-from hpctrain.plan import ModelShape, count_parameters
+from hpctrain.planner import ModelShape, count_parameters
 
 
 def shape(model: dict) -> ModelShape:

@@ -22,9 +22,9 @@ from plan_jobs import TINY_GPT, TINY_LLAMA, job_mapping, make_job
 from hpctrain.config import Layout
 from hpctrain.identity import free_port
 from hpctrain.model_shape import ModelShape, chunk_parameters, count_parameters, pipeline_chunks
-from hpctrain.plan.activations import CPU_KERNELS, stage_activations
-from hpctrain.plan.layouts import Target, plan_layout
-from hpctrain.plan.memory import state_bytes_per_pipeline_rank
+from hpctrain.planner.activations import CPU_KERNELS, stage_activations
+from hpctrain.planner.layouts import Target, plan_layout
+from hpctrain.planner.memory import state_bytes_per_pipeline_rank
 
 PROBE = Path(__file__).with_name("megatron_probe.py")
 

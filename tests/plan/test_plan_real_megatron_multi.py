@@ -21,9 +21,9 @@ from plan_jobs import TINY_GPT, TINY_LLAMA, job_mapping
 from hpctrain.config import job_from_mapping
 from hpctrain.identity import free_port
 from hpctrain.model_shape import ModelShape, count_parameters
-from hpctrain.plan.activations import CPU_KERNELS, stage_activations
-from hpctrain.plan.memory import state_bytes_per_pipeline_rank
-from hpctrain.plan.save_memory import buffer_shapes, gather_replay
+from hpctrain.planner.activations import CPU_KERNELS, stage_activations
+from hpctrain.planner.memory import state_bytes_per_pipeline_rank
+from hpctrain.planner.save_memory import buffer_shapes, gather_replay
 
 PROBE = Path(__file__).with_name("megatron_probe.py")
 SAVE_FORMATS = ["fully_reshardable", "dp_reshardable"]

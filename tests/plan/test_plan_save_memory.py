@@ -18,9 +18,9 @@ from hpctrain.cli import cli
 from hpctrain.config import load_job, load_profile, profile_from_mapping, yamlio
 from hpctrain.config.profile import host_memory_bytes
 from hpctrain.model_shape import ModelShape
-from hpctrain.plan import check_fits
-from hpctrain.plan.layouts import Target, explain_layout, resolve_optimizer_format
-from hpctrain.plan.save_memory import (HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES, buffer_shapes,
+from hpctrain.planner import check_fits
+from hpctrain.planner.layouts import Target, explain_layout, resolve_optimizer_format
+from hpctrain.planner.save_memory import (HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES, buffer_shapes,
                                        gather_replay)
 from hpctrain.submission import prepare_run
 from hpctrain.submission import resolve_job as resolve   # checked, and auto decided

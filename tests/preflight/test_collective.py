@@ -15,7 +15,7 @@ import pytest
 from hpctrain.config import yamlio
 from hpctrain.config.schema import to_dict
 from hpctrain.preflight.bandwidth import algbw, busbw
-from hpctrain.local_launch import start_preflight
+from hpctrain.scheduler.local.launch import start_preflight
 from tests.preflight.helpers import make_profile
 
 

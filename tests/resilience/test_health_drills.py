@@ -25,7 +25,7 @@ import pytest
 
 from hpctrain.config import yamlio
 from hpctrain.health.heartbeat import read_beats
-from hpctrain.runs import Run, find_run
+from hpctrain.record.folder import RunFolder, find_run
 from tests.conftest import REPO, hpctrain, wait_until
 from tests.ops.helpers import wait_ledger, wait_step, wait_stopped
 
@@ -62,7 +62,7 @@ def job_file(folder: Path, name: str, **health) -> Path:
     return path
 
 
-def submit(root: Path, name: str, env: dict | None = None, **health) -> tuple[Run, str]:
+def submit(root: Path, name: str, env: dict | None = None, **health) -> tuple[RunFolder, str]:
     proc = hpctrain("submit", str(job_file(root.parent, name, **health)), "-p",
                     profile_file(root.parent, name, env), "--json",
                     env={"HPCTRAIN_RUNS_DIR": str(root)}, check=True)
@@ -70,7 +70,7 @@ def submit(root: Path, name: str, env: dict | None = None, **health) -> tuple[Ru
     return find_run(out["run"], root), out["job_id"]
 
 
-def losses(run: Run) -> dict[int, float]:
+def losses(run: RunFolder) -> dict[int, float]:
     out: dict[int, float] = {}
     for m in run.metrics():
         if m.get("loss") is not None:
@@ -79,19 +79,19 @@ def losses(run: Run) -> dict[int, float]:
     return out
 
 
-def describe(run: Run) -> str:
+def describe(run: RunFolder) -> str:
     return "ledger:\n  " + "\n  ".join(
         f"{r['attempt']}: {r['exit_reason']} {r['start_step']}->{r['end_step']} on {r['nodes']} "
         f"({r['decision']['reason']}) {r.get('message') or ''}" for r in run.ledger())
 
 
-def stacks(run: Run, attempt: int) -> dict[int, str]:
+def stacks(run: RunFolder, attempt: int) -> dict[int, str]:
     folder = run.attempt_dir(attempt)
     return {r: (folder / f"stacks-rank-{r}.txt").read_text(errors="replace")
             for r in range(4) if (folder / f"stacks-rank-{r}.txt").exists()}
 
 
-def status_json(root: Path, run: Run) -> dict:
+def status_json(root: Path, run: RunFolder) -> dict:
     return json.loads(hpctrain("status", run.id, "--json", env={"HPCTRAIN_RUNS_DIR": str(root)},
                                check=True).stdout)
 
@@ -102,7 +102,7 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm_cluster, root) -> Run:
+def reference(slurm_cluster, root) -> RunFolder:
     """Uninterrupted, with rank 3 slowed: its node is named, nothing else changes."""
     run, _ = submit(root, "health-ref", env=SLOW, straggler_window=2)
     wait_ledger(run, 1, timeout=900)
@@ -112,7 +112,7 @@ def reference(slurm_cluster, root) -> Run:
     return run
 
 
-def assert_resumed_on_other_nodes(run: Run, reference: Run, node: str, reason: str) -> dict:
+def assert_resumed_on_other_nodes(run: RunFolder, reference: RunFolder, node: str, reason: str) -> dict:
     first, second = run.ledger()
     assert first["exit_reason"] == reason and first["decision"]["requeue"], describe(run)
     assert first["excluded_nodes"] == [node], describe(run)

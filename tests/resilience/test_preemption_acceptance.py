@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.attempts import read_result
 from hpctrain.config import yamlio
-from hpctrain.runs import Run, find_run
+from hpctrain.record.attempt_end import read_result
+from hpctrain.record.folder import RunFolder, find_run
 from tests.conftest import REPO, hpctrain, wait_until
 from tests.ops.helpers import wait_ledger, wait_step, wait_stopped
 
@@ -41,7 +41,7 @@ def profile_file(folder: Path, name: str, *, env: dict | None = None, **sections
     return str(path)
 
 
-def submit(root: Path, profile: str, *extra: str, job: Path = JOB) -> tuple[Run, str]:
+def submit(root: Path, profile: str, *extra: str, job: Path = JOB) -> tuple[RunFolder, str]:
     proc = hpctrain("submit", str(job), "-p", profile, "--json", *extra,
                     env={"HPCTRAIN_RUNS_DIR": str(root)}, check=True)
     out = json.loads(proc.stdout)
@@ -54,7 +54,7 @@ def held(*steps: int) -> dict:
     return {"HPCTRAIN_TEST_HOLD_AFTER_STEP": ",".join(map(str, steps))}
 
 
-def drill(run: Run, job_id: str, at_step: int, attempts: int, timeout: float = 300) -> list[dict]:
+def drill(run: RunFolder, job_id: str, at_step: int, attempts: int, timeout: float = 300) -> list[dict]:
     """Once the run reaches ``at_step`` (where it holds: see ``held``): SIGUSR1 to the whole job
     (batch shell and ranks), as a person drilling preemption would; return the ledger once it
     holds ``attempts`` records."""
@@ -63,7 +63,7 @@ def drill(run: Run, job_id: str, at_step: int, attempts: int, timeout: float = 3
     return wait_ledger(run, attempts, timeout=timeout)
 
 
-def losses(run: Run) -> dict[int, float]:
+def losses(run: RunFolder) -> dict[int, float]:
     """step -> loss over all attempts (a step is trained once: attempts continue, never redo)."""
     out: dict[int, float] = {}
     for m in run.metrics():
@@ -73,12 +73,12 @@ def losses(run: Run) -> dict[int, float]:
     return out
 
 
-def final_digest(run: Run) -> str:
+def final_digest(run: RunFolder) -> str:
     last = run.ledger()[-1]
     return read_result(run, last["attempt"]).weights_digest
 
 
-def describe(run: Run) -> str:
+def describe(run: RunFolder) -> str:
     rows = [f"{r['attempt']}: {r['exit_reason']} {r['start_step']}->{r['end_step']} "
             f"({r['decision']['reason']})" for r in run.ledger()]
     return f"ledger of {run.id}:\n  " + "\n  ".join(rows)
@@ -90,7 +90,7 @@ def root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm_cluster, root) -> Run:
+def reference(slurm_cluster, root) -> RunFolder:
     """The same job, uninterrupted."""
     run, _ = submit(root, profile_file(root.parent, "drill-ref"))
     wait_ledger(run, 1, timeout=600)
@@ -100,7 +100,7 @@ def reference(slurm_cluster, root) -> Run:
     return run
 
 
-def assert_same_training(run: Run, reference: Run) -> None:
+def assert_same_training(run: RunFolder, reference: RunFolder) -> None:
     mine, ref = losses(run), losses(reference)
     assert sorted(mine) == list(range(1, 25)), f"steps trained: {sorted(mine)}"
     assert mine == ref, "losses differ from the uninterrupted run"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hpctrain.attempt_records import AttemptRecord
-from hpctrain.requeue_policy import decide
+from hpctrain.record.attempt_records import AttemptRecord
+from hpctrain.record.requeue_policy import decide
 
 
 def rec(reason, start, end, requeued=None):

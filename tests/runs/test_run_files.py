@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.run_files import RunFileError, append_jsonl, read_jsonl
-from hpctrain.runs import Run, create_run
+from hpctrain.record.files import RunFileError, append_jsonl, read_jsonl
+from hpctrain.record.folder import RunFolder, create_run
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO, hpctrain
 
@@ -55,7 +55,7 @@ def test_cli_and_batch_hooks_report_the_damaged_file_with_exit_2(run):
 
 
 def _add_job_ids(path: str, k: int, n: int) -> None:
-    run = Run(__import__("pathlib").Path(path))
+    run = RunFolder(__import__("pathlib").Path(path))
     for i in range(n):
         run.add_job_id(f"{k}-{i}")
 
@@ -78,11 +78,10 @@ def _probe_lock(path: str, out) -> None:
     """In a child: can another process take the run's lock now? And does the child believe
     it holds a lock it inherited?"""
     import fcntl
-    import importlib
 
-    runs = importlib.import_module("hpctrain.runs")   # hpctrain.runs is the API's function
-    from hpctrain import run_files
-    fd = os.open(os.path.join(path, runs.LOCK_FILE), os.O_RDWR)
+    from hpctrain.record import files as run_files
+    from hpctrain.record.folder import LOCK_FILE
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         out.put(("acquired", len(run_files._held)))
@@ -133,13 +132,13 @@ def test_a_torn_line_never_swallows_the_next_record(tmp_path):
 
 
 def _append_attempts(path: str, first: int, count: int) -> None:
-    run = Run(Path(path))
+    run = RunFolder(Path(path))
     for n in range(first, first + count):
         run.append_ledger({"attempt": n})
 
 
 def _update_attempt_zero(path: str, count: int) -> None:
-    run = Run(Path(path))
+    run = RunFolder(Path(path))
     for i in range(count):
         assert run.update_ledger_record(0, updates=i, excluded_nodes=[f"n{i}"])
 

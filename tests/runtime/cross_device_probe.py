@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     run_dir, out = argv
     from hpctrain.fault_injection import TestHooks
     from hpctrain.identity import rank_env
-    from hpctrain.runs import Run
+    from hpctrain.record.folder import RunFolder
     from hpctrain.runtime import collectives, distributed
     from hpctrain.runtime.checkpoint import state as ckstate
     from hpctrain.runtime.checkpoint.manager import CheckpointError, Checkpointer
@@ -36,12 +36,12 @@ def main(argv: list[str]) -> int:
     from hpctrain.runtime.log import setup
     from hpctrain.runtime.model import build_model_and_optimizer, initialize_parallel
 
-    run = Run(Path(run_dir))
+    run = RunFolder(Path(run_dir))
     renv = rank_env()
     setup(renv.rank)
     job, profile = run.resolved_job(), run.resolved_profile()
     layout = resolve_layout(job, profile, renv.world_size)
-    from hpctrain.plan.layouts import with_optimizer_format
+    from hpctrain.planner.layouts import with_optimizer_format
     job = with_optimizer_format(job, profile, layout)   # checkpoint.optimizer_format: auto
     distributed.prepare_device("cpu", renv)
     distributed.init_process_group(renv, "cpu", 60)
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             for p in m.parameters():
                 p.add_(1.0)
     folder = Path(info["path"])
-    from hpctrain.runtime.checkpoint import store
+    from hpctrain.record import checkpoint_store as store
     loaded = ckpt.load(folder, store.read_manifest(folder))
     now = weights()
     result["extra_state_load"] = {

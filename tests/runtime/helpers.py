@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpctrain.config import job_from_mapping, profile_from_mapping, yamlio
 from hpctrain.config.schema import to_dict
-from hpctrain.runs import Run
+from hpctrain.record.folder import RunFolder
 from tests.conftest import REPO
 
 CORPUS = REPO / "examples" / "corpus" / "kjv.txt.gz"
@@ -66,11 +66,11 @@ def local_profile(world: int, **changes) -> dict:
     return data
 
 
-def make_run(root: Path, name: str, job: dict, world: int, profile: dict | None = None) -> Run:
+def make_run(root: Path, name: str, job: dict, world: int, profile: dict | None = None) -> RunFolder:
     """A run folder as ``hpctrain submit`` leaves it: job.yaml and profile.yaml resolved."""
     path = Path(root) / name
     path.mkdir(parents=True, exist_ok=False)
-    run = Run(path)
+    run = RunFolder(path)
     parsed = job_from_mapping(job, f"{name}/job.yaml")
     prof = profile_from_mapping(profile or local_profile(world), f"{name}/profile.yaml", "local")
     yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(parsed)))
@@ -79,7 +79,7 @@ def make_run(root: Path, name: str, job: dict, world: int, profile: dict | None 
     return run
 
 
-def losses(run: Run) -> dict[int, float]:
+def losses(run: RunFolder) -> dict[int, float]:
     """step -> loss from metrics.jsonl (the last record of a step wins: a resumed attempt)."""
     out = {}
     for rec in run.metrics():
@@ -87,5 +87,5 @@ def losses(run: Run) -> dict[int, float]:
     return out
 
 
-def result(run: Run, attempt: int) -> dict:
+def result(run: RunFolder, attempt: int) -> dict:
     return json.loads((run.attempt_dir(attempt) / "result.json").read_text())

@@ -14,14 +14,14 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     run_dir, out_dir = (sys.argv[1:] if argv is None else argv)[:2]
-    from hpctrain.runs import Run
+    from hpctrain.identity import rank_env
+    from hpctrain.record.folder import RunFolder
     from hpctrain.runtime import distributed
     from hpctrain.runtime.digest import local_digest
     from hpctrain.runtime.entry import resolve_layout
-    from hpctrain.identity import rank_env
     from hpctrain.runtime.model import build_model_chunks, initialize_parallel, transformer_config
 
-    run = Run(Path(run_dir))
+    run = RunFolder(Path(run_dir))
     renv = rank_env()
     job, profile = run.resolved_job(), run.resolved_profile()
     layout = resolve_layout(job, profile, renv.world_size)

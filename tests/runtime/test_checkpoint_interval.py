@@ -100,8 +100,8 @@ def test_auto_interval_caps_until_measured_then_follows_the_measured_saves():
 
 
 def test_auto_interval_from_a_previous_attempts_periodic_save(tmp_path):
-    from hpctrain.runs import Run
-    run = Run(tmp_path / "run")
+    from hpctrain.record.folder import RunFolder
+    run = RunFolder(tmp_path / "run")
 
     def attempt_result(attempt: int, saves: list) -> None:   # what rank 0 leaves: result.json
         folder = run.attempt_dir(attempt)

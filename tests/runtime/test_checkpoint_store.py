@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hpctrain.runtime.checkpoint import store
+from hpctrain.record import checkpoint_store as store
 
 
 def _partial(root, step, attempt=1, files=None):

@@ -202,9 +202,9 @@ def test_job_environment():
 
 
 def test_attempt_number_follows_the_ledger(tmp_path):
-    from hpctrain.runs import Run
+    from hpctrain.record.folder import RunFolder
     from hpctrain.runtime.entry import attempt_number
-    run = Run(tmp_path)
+    run = RunFolder(tmp_path)
     assert attempt_number(run, None) == 1
     assert attempt_number(run, 4) == 4
     run.append_ledger({"attempt": 1})

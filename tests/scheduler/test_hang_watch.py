@@ -4,9 +4,9 @@ and stopped ranks continue (SIGCONT), and kills the step only if the ranks do no
 
 from __future__ import annotations
 
-from hpctrain.attempts import finish_attempt, hang_details
 from hpctrain.health.hang import read_verdict
 from hpctrain.health.heartbeat import Beat, write_beat
+from hpctrain.record.attempt_end import finish_attempt, hang_details
 from hpctrain.scheduler.slurm import hang_watch
 from tests.runtime.helpers import job_mapping, make_run
 

@@ -151,26 +151,18 @@ def test_the_library_imports_only_the_version_from_the_package_facade():
     assert eager == [], "hpctrain/__init__.py must import hpctrain's modules lazily"
 
 
-def test_no_test_or_tool_takes_an_api_function_for_the_module_of_the_same_name():
-    """``hpctrain.plan`` and ``hpctrain.runs`` are the API's functions (the package facade keeps
-    them over the modules of the same name): ``from hpctrain import runs`` is the function."""
+def test_no_module_of_hpctrain_shares_a_name_with_the_python_api():
+    """``hpctrain.submit``, ``hpctrain.plan``, ``hpctrain.runs`` and ``hpctrain.Run`` are the
+    API's: no module of the package has one of those names (importing it would rebind the
+    package's attribute), so the facade is a plain lazy ``__getattr__``."""
     import hpctrain
-    shadowed = {name for name in hpctrain.__all__ if f"hpctrain.{name}" in module_files(PACKAGE)}
-    assert shadowed == {"plan", "runs"}
-    files = [p for p in (REPO / "tests").rglob("*.py")] + [
-        p for p in (REPO / "tools").iterdir() if p.is_file() and
-        p.read_bytes()[:40].startswith(b"#!") and b"python" in p.read_bytes()[:40]]
-    wrong = []
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module == "hpctrain" and not node.level:
-                wrong += [f"{path.relative_to(REPO)}:{node.lineno} {a.name}" for a in node.names
-                          if a.name in shadowed]
-            elif isinstance(node, ast.Import):
-                wrong += [f"{path.relative_to(REPO)}:{node.lineno} {a.name} as {a.asname}"
-                          for a in node.names if a.asname and a.name.split(".")[1:2] and
-                          a.name.split(".")[1] in shadowed and a.name.startswith("hpctrain.")]
-    assert wrong == [], "import the module's names with `from hpctrain.runs import ...`"
+    modules = module_files(PACKAGE)
+    shadowed = {name for name in hpctrain.__all__ if f"hpctrain.{name}" in modules}
+    assert shadowed == set()
+    assert len(hpctrain.__all__) == 5 and all(hasattr(hpctrain, n) for n in hpctrain.__all__)
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+    assert classes == [], "the package facade needs no module subclass"
 
 
 def test_command_modules_import_no_other_command_module_and_the_library_no_cli():

@@ -31,7 +31,7 @@ EXTRA_STATE_SUFFIX = "_extra_state"
 
 
 def _error(message: str):
-    from .store import CheckpointError
+    from ...record.checkpoint_store import CheckpointError
     return CheckpointError(message)
 
 

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import __version__
+from ...record import checkpoint_store as store
+from ...record.checkpoint_store import CheckpointError
 from .. import collectives, rng
 from ..log import logger
 from . import cross_device
 from . import state as ckstate
-from . import store
 from .results_queue import install_results_queue
-from .store import CheckpointError
 
 SIDECAR = ".crc-rank{rank}.json"
 
@@ -236,7 +236,7 @@ class Checkpointer:
     def claim(self) -> None:
         """Rank 0: make the checkpoint folder this run's before touching anything in it; refuse
         (ForeignCheckpointsError) when it holds another run's checkpoints."""
-        from ...runs import folder_mode
+        from ...record.folder import folder_mode
         store.claim(self.root, self.ctx.run.id, self.ctx.run.path,
                     folder_mode(self.ctx.profile.storage.group_readable))
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ...record import checkpoint_store as store
 from .. import collectives
 from . import cross_device
 from . import state as ckstate
-from . import store
 from .manager import CheckpointError, layers_record, versions
 
 def resolve_model_checkpoint(path: str | Path) -> Path:

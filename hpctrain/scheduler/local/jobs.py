@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...runs import Run
+    from ...record.folder import RunFolder
 
 
-def local_alive(pid: str, run: Run) -> bool:
+def local_alive(pid: str, run: RunFolder) -> bool:
     try:
         cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
@@ -19,7 +19,7 @@ def local_alive(pid: str, run: Run) -> bool:
     return b"submitit.local._local" in cmdline and str(run.submitit_dir).encode() in cmdline
 
 
-def cancel_local(pid: str, run: Run) -> bool:
+def cancel_local(pid: str, run: RunFolder) -> bool:
     """SIGTERM the local controller (it forwards it to the ranks); False if it was gone."""
     import signal
     if not local_alive(pid, run):

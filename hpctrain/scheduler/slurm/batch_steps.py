@@ -38,12 +38,12 @@ import time
 from pathlib import Path
 
 from ... import exit_codes
-from ...attempts import finish_attempt, hang_details
 from ...errors import HpcTrainError
 from ...exit_codes import ExitReason
 from ...health.hang import read_verdict
 from ...identity import free_port
-from ...runs import Run
+from ...record.attempt_end import finish_attempt, hang_details
+from ...record.folder import RunFolder
 from . import commands
 from .node_exclusion import ExclusionPlan, exclusion_that_fits
 
@@ -88,11 +88,11 @@ def job_id_of_run() -> str:
     return os.environ.get("SLURM_JOB_ID", "")
 
 
-def cancelled(run: Run) -> bool:
+def cancelled(run: RunFolder) -> bool:
     return run.cancelled()  # a later `hpctrain requeue/resume` reopens the run
 
 
-def finished(run: Run) -> bool:
+def finished(run: RunFolder) -> bool:
     return run.finished()
 
 
@@ -110,7 +110,7 @@ def signal_action(now: float, end_time: float | None, lead_time_s: float, preemp
     return "now", 0.0
 
 
-def cmd_signal(run: Run, signal_name: str) -> str:
+def cmd_signal(run: RunFolder, signal_name: str) -> str:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     info = commands.job_info(job_id) if job_id else {}
     preempting = info.get("PreemptTime", "None") not in ("None", "", "Unknown")
@@ -121,7 +121,7 @@ def cmd_signal(run: Run, signal_name: str) -> str:
     return _assign(HPCTRAIN_SIGNAL_ACTION=action, HPCTRAIN_SIGNAL_DELAY=int(delay))
 
 
-def cmd_begin(run: Run) -> str:
+def cmd_begin(run: RunFolder) -> str:
     job_id = job_id_of_run()
     if cancelled(run):
         print(f"[hpctrain] run {run.id} was cancelled; job {job_id} exits", file=sys.stderr)
@@ -158,7 +158,7 @@ def _scheduler_facts() -> dict:
             "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "nodes": nodes}
 
 
-def cmd_end(run: Run, attempt: int, exit_code: int, started: float | None) -> str:
+def cmd_end(run: RunFolder, attempt: int, exit_code: int, started: float | None) -> str:
     try:
         batch_log = (run.attempt_dir(attempt) / "batch.log").read_text(errors="replace")
     except OSError:
@@ -184,13 +184,13 @@ def cmd_end(run: Run, attempt: int, exit_code: int, started: float | None) -> st
     return _assign(HPCTRAIN_REQUEUE=int(decision.requeue))
 
 
-def cmd_watch(run: Run, attempt: int, srun_pid: int) -> int:
+def cmd_watch(run: RunFolder, attempt: int, srun_pid: int) -> int:
     from .hang_watch import watch
     watch(run, attempt, job_id_of_run(), srun_pid)
     return 0
 
 
-def cmd_gate_failed(run: Run, attempt: int, exit_code: int, started: float | None) -> int:
+def cmd_gate_failed(run: RunFolder, attempt: int, exit_code: int, started: float | None) -> int:
     report_file = run.path / "preflight" / f"attempt-{attempt}.json"
     try:
         report = json.loads(report_file.read_text())
@@ -216,7 +216,7 @@ RELEASE_TRIES = 5
 RELEASE_PAUSE_S = 2.0
 
 
-def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
+def requeue_excluding(run: RunFolder, attempt: int, job_id: str, bad: list[str],
                       pause_s: float = RELEASE_PAUSE_S, reason: str = "preflight gate") -> int:
     """Hold-requeue the job, add ``bad`` to its exclude list, release it. Only as many bad
     nodes are excluded as the partition can spare for the job's node count (``node_exclusion``):
@@ -280,7 +280,7 @@ def requeue_excluding(run: Run, attempt: int, job_id: str, bad: list[str],
     return 0
 
 
-def _record_exclusion(run: Run, attempt: int, excluded: list[str], kept: list[str],
+def _record_exclusion(run: RunFolder, attempt: int, excluded: list[str], kept: list[str],
                       note: str | None) -> None:
     """Make the attempt's record say which bad nodes were really left out
     (``excluded_nodes``) and which stayed in and why (``not_excluded_nodes``,
@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     if args.cmd == "master-addr":
         sys.stdout.write(first_node_address() + "\n")
         return 0
-    run = Run(Path(args.run_dir))
+    run = RunFolder(Path(args.run_dir))
     try:
         if args.cmd == "begin":
             sys.stdout.write(cmd_begin(run))

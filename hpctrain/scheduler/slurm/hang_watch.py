@@ -26,7 +26,7 @@ import time
 
 from ...health import hang as hangs
 from ...health.heartbeat import read_beats
-from ...runs import Run
+from ...record.folder import RunFolder
 from . import commands
 
 POLL_S = 2.0
@@ -44,7 +44,7 @@ def alive(pid: int) -> bool:
     return True
 
 
-def watch(run: Run, attempt: int, job_id: str, srun_pid: int, *, poll_s: float = POLL_S,
+def watch(run: RunFolder, attempt: int, job_id: str, srun_pid: int, *, poll_s: float = POLL_S,
           exit_wait_s: float = EXIT_WAIT_S, clock=time.monotonic, sleep=time.sleep,
           is_alive=alive, signal_steps=None, kill_steps=None) -> hangs.Verdict | None:
     """Watch until the step ends; on a hang act as the module says. Returns the verdict, or

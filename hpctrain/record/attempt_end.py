@@ -3,7 +3,7 @@
 Rank 0 writes ``logs/attempt-N/result.json`` (steps, exit reason, checkpoints) just before it
 exits. Whoever outlives the ranks — the batch shell on Slurm, rank 0 itself under the local
 executor — then calls :func:`finish_attempt`, which adds the scheduler's facts (job id, restart
-count, nodes, the step's exit code), asks :mod:`hpctrain.requeue_policy` whether to requeue,
+count, nodes, the step's exit code), asks :mod:`.requeue_policy` whether to requeue,
 and appends one ledger record. When the ranks died without a result (SIGKILL, node failure),
 the record still gets written, from the exit code alone.
 
@@ -18,28 +18,28 @@ import json
 import time
 from pathlib import Path
 
-from . import exit_codes
+from .. import exit_codes
+from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord, AttemptResult, Decision, FailureRecord
-from .exit_codes import ExitReason
+from .files import now_iso
+from .folder import RunFolder
 from .requeue_policy import decide
-from .run_files import now_iso
-from .runs import Run
 
 RESULT_FILE = "result.json"
 FAILURE_GLOB = "failure-rank-*.json"
 
 
-def result_path(run: Run, attempt: int) -> Path:
+def result_path(run: RunFolder, attempt: int) -> Path:
     return run.attempt_dir(attempt) / RESULT_FILE
 
 
-def write_result(run: Run, attempt: int, result: AttemptResult) -> None:
+def write_result(run: RunFolder, attempt: int, result: AttemptResult) -> None:
     """Rank 0: record what this attempt did (atomic write)."""
-    from .config import yamlio
+    from ..config import yamlio
     yamlio.write_atomic(result_path(run, attempt), json.dumps(result.to_dict(), indent=1))
 
 
-def read_result(run: Run, attempt: int) -> AttemptResult:
+def read_result(run: RunFolder, attempt: int) -> AttemptResult:
     """The attempt's result; an empty one when rank 0 wrote none (killed, or never started)."""
     try:
         data = json.loads(result_path(run, attempt).read_text())
@@ -48,16 +48,16 @@ def read_result(run: Run, attempt: int) -> AttemptResult:
     return AttemptResult.from_dict(data if isinstance(data, dict) else {})
 
 
-def write_failure(run: Run, attempt: int, rank: int, node: str, at: float, message: str) -> None:
+def write_failure(run: RunFolder, attempt: int, rank: int, node: str, at: float, message: str) -> None:
     """Any rank, as it fails: what went wrong there and when (atomic write)."""
-    from .config import yamlio
+    from ..config import yamlio
     folder = run.attempt_dir(attempt)
     folder.mkdir(parents=True, exist_ok=True)
     failure = FailureRecord(rank=rank, node=node, time=at, message=message)
     yamlio.write_atomic(folder / f"failure-rank-{rank}.json", json.dumps(failure.to_dict()))
 
 
-def first_failure(run: Run, attempt: int) -> FailureRecord | None:
+def first_failure(run: RunFolder, attempt: int) -> FailureRecord | None:
     """The earliest failure any rank recorded in ``attempt``, or None."""
     found = []
     for path in run.attempt_dir(attempt).glob(FAILURE_GLOB):
@@ -73,7 +73,7 @@ def first_failure(run: Run, attempt: int) -> FailureRecord | None:
 
 def _saved_at_end(result: AttemptResult) -> bool:
     """The attempt's newest published checkpoint is of its last step."""
-    from .runtime.checkpoint.store import step_name
+    from .checkpoint_store import step_name
     saved, end = result.checkpoint_saved, result.end_step
     return bool(saved) and isinstance(end, int) and Path(saved).name == step_name(end)
 
@@ -90,7 +90,7 @@ def hang_details(verdict) -> dict:
             "steps": (verdict.start_step, verdict.end_step)}
 
 
-def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
+def finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, scheduler: str,
                    job_id: str | None = None, restart_count: int = 0,
                    nodes: list[str] | None = None, started_at: float | None = None,
                    reason: ExitReason | None = None, steps: tuple | None = None,
@@ -114,7 +114,7 @@ def finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: 
                                details=details)
 
 
-def _finish_attempt(run: Run, attempt: int, exit_code: int | None, *, scheduler: str,
+def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, scheduler: str,
                     job_id: str | None, restart_count: int, nodes: list[str] | None,
                     started_at: float | None, reason: ExitReason | None, steps: tuple | None,
                     refuse_requeue: str | None, details: dict) -> tuple[AttemptRecord, Decision]:

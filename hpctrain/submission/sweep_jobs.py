@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..config import yamlio
 from ..errors import HpcTrainError, UsageError
-from ..runs import Run
+from ..record.folder import RunFolder
 from ..scheduler.slurm.submit import submit_array_to_slurm
 from .folders import SweepRun, write_sweep_file
 from .jobs import Submitted, claim_checkpoints, release_checkpoints, submit_training
@@ -47,9 +47,9 @@ def write_array_script(sweep_dir: Path, runs: list[SweepRun], *,
                        max_parallel: int | None = None) -> str:
     """The job array's script in the sweep folder (what ``--dry-run`` shows, and submits)."""
     first = runs[0].point.resolved
-    inputs = script_inputs(Run(sweep_dir), first.profile, array_runs=[r.run for r in runs],
+    inputs = script_inputs(RunFolder(sweep_dir), first.profile, array_runs=[r.run for r in runs],
                            max_parallel=max_parallel)
-    return write_script(Run(sweep_dir), inputs, resolved=first)
+    return write_script(RunFolder(sweep_dir), inputs, resolved=first)
 
 
 def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 class RunFileError(UsageError):

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import HpcTrainError
-from .exit_codes import ExitReason
-from .scheduler.state import live_jobs
+from ..errors import HpcTrainError
+from ..exit_codes import ExitReason
+from ..scheduler.state import live_jobs
 
 if TYPE_CHECKING:   # the run folder's class calls this module (Run.wait): no import cycle
-    from .runs import Run
+    from ..record.folder import RunFolder
 
 NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "DeprecationWarning")
 
@@ -69,7 +69,7 @@ def hpctrain_line(line: str) -> bool:
     return line.startswith("[hpctrain]")
 
 
-def follow(run: Run, is_active: Callable[[], bool], echo: Callable[[str], None], *,
+def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], None], *,
            poll_s: float = 1.0, rank: int | None = 0, attempt: int | None = None,
            line_filter: Callable[[str], bool] | None = None, timeout_s: float | None = None,
            from_attempt: int | None = None,
@@ -139,7 +139,7 @@ def describe_attempt(rec: dict) -> str:
 # ---- following a run to its end ---------------------------------------------------------------
 
 
-def follow_run(run: Run, echo: Callable[[str], None] | None = None, *,
+def follow_run(run: RunFolder, echo: Callable[[str], None] | None = None, *,
                on_poll: Callable[[dict | None], None] | None = None,
                from_attempt: int | None = None, poll_s: float = 1.0,
                timeout_s: float | None = None) -> dict:
@@ -178,7 +178,7 @@ def failure_detail(job: Any) -> str:
     return "\n".join(lines[-6:])
 
 
-def unfinished_reason(run: Run, last: dict, job: Any = None) -> str | None:
+def unfinished_reason(run: RunFolder, last: dict, job: Any = None) -> str | None:
     """None when the run finished; else why not, in one message naming the way to its logs."""
     reason = last.get("exit_reason")
     if reason == ExitReason.FINISHED:
@@ -191,7 +191,7 @@ def unfinished_reason(run: Run, last: dict, job: Any = None) -> str | None:
     return msg + (f"\n{detail}" if detail else "")
 
 
-def follow_to_end(run: Run, echo: Callable[[str], None] | None = None, *, job: Any = None,
+def follow_to_end(run: RunFolder, echo: Callable[[str], None] | None = None, *, job: Any = None,
                   on_poll: Callable[[dict | None], None] | None = None,
                   from_attempt: int | None = None, poll_s: float = 1.0) -> dict:
     """``follow_run``, then raise HpcTrainError with the reason unless the run finished
@@ -203,11 +203,11 @@ def follow_to_end(run: Run, echo: Callable[[str], None] | None = None, *, job: A
     return last
 
 
-def wait_for_runs(runs: list[Run], echo: Callable[[str], None] | None = None,
+def wait_for_runs(runs: list[RunFolder], echo: Callable[[str], None] | None = None,
                   poll_s: float = 2.0) -> dict[Path, str]:
     """Wait until none of ``runs`` has a pending or running job (one scheduler query per poll
     for all of them); return each run's final state, saying how each ended through ``echo``."""
-    from .ops.runview import build_views
+    from .runview import build_views
     pending = {r.path for r in runs}
     states: dict[Path, str] = {}
     while pending:
@@ -222,7 +222,7 @@ def wait_for_runs(runs: list[Run], echo: Callable[[str], None] | None = None,
     return states
 
 
-def wait_for_preflight_report(run: Run, job: Any, limit_s: float,
+def wait_for_preflight_report(run: RunFolder, job: Any, limit_s: float,
                               on_progress: Callable[[str], None] | None = None) -> dict | None:
     """The report a preflight job's rank 0 writes (``RUN/preflight/report-*.json``), once it is
     there; None when the job ended without one or ``limit_s`` passed. ``on_progress`` gets the

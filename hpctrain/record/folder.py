@@ -14,7 +14,7 @@ resumed job continues the same run. Layout (all paths relative to the run folder
     metrics.jsonl         training metrics written by rank 0
     checkpoints/          checkpoints, unless the profile puts them on other storage
 
-JSONL files are appended with one ``write`` under an exclusive lock (``run_files``), so
+JSONL files are appended with one ``write`` under an exclusive lock (:mod:`.files`), so
 concurrent writers (the batch shell, rank 0, a user's ``hpctrain cancel``) never interleave
 partial lines. ``run.yaml`` is read-modify-written only under the run's lock (``.lock``, ``flock``) and
 replaced atomically (temporary file, fsync, rename, fsync of the folder); a ``run.yaml`` or
@@ -37,12 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..config import yamlio
+from ..errors import HpcTrainError, RunNotFoundError, UsageError
+from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
-from .config import yamlio
-from .errors import HpcTrainError, RunNotFoundError, UsageError
-from .exit_codes import ExitReason
-from .run_files import (RunFileError, append_jsonl, folder_lock, now_iso, read_jsonl,
-                        read_last_jsonl)
+from .files import RunFileError, append_jsonl, folder_lock, now_iso, read_jsonl, read_last_jsonl
 
 RUN_FILE = "run.yaml"
 LOCK_FILE = ".lock"
@@ -72,7 +71,7 @@ def runs_root(runs_dir: str | Path | None = None) -> Path:
     default profile that cannot be read does not stop anyone from looking at their runs."""
     if runs_dir:
         return Path(runs_dir).expanduser().resolve()
-    from .config import load_profile
+    from ..config import load_profile
     try:
         profile_root = load_profile().storage.runs_root
     except (HpcTrainError, OSError, ValueError):
@@ -85,7 +84,7 @@ REOPEN_EVENTS = ("resume", "requeue")
 
 
 @dataclass
-class Run:
+class RunFolder:
     """A run folder, and the object ``hpctrain.submit`` returns (``hpctrain.Run``).
 
     Cheap to create: it only holds the path, and every question reads the folder (and, for
@@ -243,45 +242,6 @@ class Run:
         """The newest metrics record, reading only the end of the file."""
         return read_last_jsonl(self.metrics_file)
 
-    # ---- the run as a whole: state, status, waiting (modules above this one, imported when
-    # asked; they take a Run without importing this module, so there is no import cycle) ------
-    def _require(self) -> None:
-        if not self.run_file.is_file():
-            raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
-                                   "`hpctrain runs` lists the run folders")
-
-    def state(self) -> str:
-        """RUNNING, PENDING, ... (Slurm's word) while a job is active; else FINISHED, CANCELLED,
-        STOPPED, NOT SUBMITTED or the last job's final state (the STATE of ``hpctrain runs``)."""
-        from .ops.runview import build_view
-        self._require()
-        return build_view(self).state
-
-    def summary(self) -> dict:
-        """The run's row in ``hpctrain runs --json``."""
-        from .ops.runview import build_view
-        self._require()
-        return build_view(self).summary()
-
-    def status(self) -> dict:
-        """What ``hpctrain status RUN --json`` prints: live job state, step and loss, the
-        attempts, the checkpoints."""
-        from .ops.checkpoints import inspect_checkpoints
-        from .ops.runview import build_view
-        from .ops.status import status_data
-        self._require()
-        return status_data(build_view(self), inspect_checkpoints(self))
-
-    def wait(self, *, echo=None, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
-        """Block until none of the run's training jobs is pending or running (requeues and
-        chained jobs included) and return its final :meth:`state`. ``echo`` (e.g. ``print``)
-        gets the progress lines ``hpctrain submit --wait`` shows; past ``timeout_s``,
-        TimeoutError (the jobs go on)."""
-        from .follow import follow_run
-        self._require()
-        follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
-        return self.state()
-
     def cancelled(self, events: list[dict] | None = None) -> bool:
         """A user cancelled the run and did not requeue or resume it since."""
         for e in reversed(self.events() if events is None else events):
@@ -340,11 +300,11 @@ class Run:
                 continue
 
     def resolved_job(self):
-        from .config import job_from_mapping
+        from ..config import job_from_mapping
         return job_from_mapping(yamlio.read_mapping(self.job_file, "run's job file"), str(self.job_file))
 
     def resolved_profile(self):
-        from .config import profile_from_mapping
+        from ..config import profile_from_mapping
         return profile_from_mapping(yamlio.read_mapping(self.profile_file, "run's profile"),
                                     str(self.profile_file))
 
@@ -362,7 +322,7 @@ class Run:
         return checkpoint_location(self, job, profile)
 
 
-def checkpoint_location(run: Run, job=None, profile=None) -> Path:
+def checkpoint_location(run: RunFolder, job=None, profile=None) -> Path:
     """The one rule for a run's checkpoint folder, applied when the run is created (and
     recorded in ``run.yaml``): the job's ``checkpoint.dir``, else
     ``<storage.checkpoint_root>/<run id>`` of the profile, else ``RUN/checkpoints``."""
@@ -392,20 +352,20 @@ def new_private_folder(root: Path, name: str, mode: int = PRIVATE_MODE) -> Path:
         return path
 
 
-def create_run(root: Path, name: str, mode: int = PRIVATE_MODE) -> Run:
+def create_run(root: Path, name: str, mode: int = PRIVATE_MODE) -> RunFolder:
     """A new, empty run folder under ``root`` with ``mode`` (private by default)."""
-    return Run(new_private_folder(root, name, mode))
+    return RunFolder(new_private_folder(root, name, mode))
 
 
-def iter_runs(root: Path) -> Iterator[Run]:
+def iter_runs(root: Path) -> Iterator[RunFolder]:
     if not root.is_dir():
         return
     for d in root.iterdir():
         if (d / RUN_FILE).is_file():
-            yield Run(d)
+            yield RunFolder(d)
 
 
-def _job_ids_or_none(run: Run) -> list[str]:
+def _job_ids_or_none(run: RunFolder) -> list[str]:
     """Job ids of a run, for looking another run up: a sibling whose run.yaml is damaged
     must not hide the one asked for (it is reported when it is itself used)."""
     try:
@@ -414,11 +374,11 @@ def _job_ids_or_none(run: Run) -> list[str]:
         return []
 
 
-def find_run(ref: str, root: Path) -> Run:
+def find_run(ref: str, root: Path) -> RunFolder:
     """A run by folder path, run id, unique id prefix, or a Slurm/local job id it submitted."""
     p = Path(ref).expanduser()
     if (p / RUN_FILE).is_file():
-        return Run(p.resolve())
+        return RunFolder(p.resolve())
     runs = list(iter_runs(root))
     exact = [r for r in runs if r.id == ref]
     if exact:

@@ -10,13 +10,13 @@ after a timeout, and the hang row names who did not answer.
 
 from __future__ import annotations
 
-from . import sweep
+from . import bandwidth_rows
 from .bandwidth import threshold
 from .locate import Locator
 from .results import Check
 
 
-class Planner:
+class CollectiveRounds:
     def __init__(self, profile, roster: dict[int, str], sizes: list[int]):
         self.profile = profile
         self.roster = roster
@@ -40,20 +40,20 @@ class Planner:
 
     def after(self, plan: dict, results: dict[int, dict]) -> dict | None:
         """Record a round's results; the next plan, or None when done."""
-        stats = [sweep.group_stats(g, plan["sizes"], results) for g in plan["groups"]]
+        stats = [bandwidth_rows.group_stats(g, plan["sizes"], results) for g in plan["groups"]]
         broken = [s for s in stats if not s["ok"]]
         label = plan["label"]
         if broken:
             merged = {"missing": sorted({r for s in broken for r in s["missing"]}),
                       "error": "; ".join(s["error"] for s in broken if s["error"])}
             name = {"world": "allreduce", "intra": "intra_node"}.get(label, "locate")
-            self.rows.append(sweep.hang_row(name, merged, self.roster,
+            self.rows.append(bandwidth_rows.hang_row(name, merged, self.roster,
                                             self.profile.preflight.timeout_s))
             self.failed = True
             return None
         if label == "world":
             self.sweep = stats[0]["rows"]
-            row = sweep.world_row(stats[0], self.profile, len(self.nodes), len(self.roster))
+            row = bandwidth_rows.world_row(stats[0], self.profile, len(self.nodes), len(self.roster))
             self.rows.append(row)
             self._world_ok = row.status != "fail"
             if len(self.nodes) > 1 and max(len(r) for r in self.ranks_of.values()) > 1:
@@ -61,12 +61,12 @@ class Planner:
             return self._maybe_locate()
         if label == "intra":
             per_node = {g[0]: s for g, s in zip(plan["node_groups"], stats)}
-            rows = sweep.intra_rows(per_node, self.profile, self.profile.preflight.outlier_fraction)
+            rows = bandwidth_rows.intra_rows(per_node, self.profile, self.profile.preflight.outlier_fraction)
             self.rows += rows
             self._intra_culprits = [r.node for r in rows if r.status == "fail"]
             return self._maybe_locate()
         # a locate round
-        values = {tuple(g): sweep.peak(s) for g, s in zip(plan["node_groups"], stats)}
+        values = {tuple(g): bandwidth_rows.peak(s) for g, s in zip(plan["node_groups"], stats)}
         self.locator.record(values)
         return self._next_locate()
 
@@ -82,6 +82,6 @@ class Planner:
     def _next_locate(self) -> dict | None:
         groups = self.locator.next_groups()
         if groups is None:
-            self.rows.append(sweep.locate_row(self.locator, len(self.nodes)))
+            self.rows.append(bandwidth_rows.locate_row(self.locator, len(self.nodes)))
             return None
         return self._plan("locate", groups, self.sizes[-1:])

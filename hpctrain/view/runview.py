@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..scheduler.state import JobState, job_states_of_runs
 
 if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
-    from ..runs import Run
+    from ..record.folder import RunFolder
 
 NOT_SUBMITTED = "NOT SUBMITTED"
 FINISHED = "FINISHED"
@@ -23,7 +23,7 @@ STOPPED = "STOPPED"
 
 @dataclass
 class RunView:
-    run: Run
+    run: RunFolder
     meta: dict
     jobs: list[JobState]
     ledger: list[dict]
@@ -129,12 +129,12 @@ class RunView:
                 "sweep": self.meta.get("sweep"), "run_dir": str(self.run.path)}
 
 
-def build_views(runs: list[Run]) -> list[RunView]:
+def build_views(runs: list[RunFolder]) -> list[RunView]:
     states = job_states_of_runs(runs, kind="train")
     return [RunView(run=r, meta=r.meta(), jobs=states[r.path], ledger=r.ledger(), events=r.events(),
                     last_metric=r.latest_metrics(),
                     attempts_started=r.attempts_started()) for r in runs]
 
 
-def build_view(run: Run) -> RunView:
+def build_view(run: RunFolder) -> RunView:
     return build_views([run])[0]

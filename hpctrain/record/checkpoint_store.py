@@ -36,7 +36,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from ...errors import HpcTrainError, UsageError
+from ..errors import HpcTrainError, UsageError
 
 
 class CheckpointError(HpcTrainError):

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import exit_codes
-from .identity import OTHER_LAUNCHERS_VARIABLES, free_port
+from ... import exit_codes
+from ...identity import OTHER_LAUNCHERS_VARIABLES, free_port
 
 
 @dataclass
@@ -110,13 +110,13 @@ def start_preflight(run_dir: str | os.PathLike, nodes: int, ranks_per_node: int,
 def create_run_folder(path: Path, job: dict, profile: dict):
     """A run folder with the job and profile resolved, as ``hpctrain submit`` leaves it (for
     tools that start the ranks themselves)."""
-    from .config import job_from_mapping, profile_from_mapping, yamlio
-    from .config.schema import to_dict
-    from .runs import PRIVATE_MODE, Run
+    from ...config import job_from_mapping, profile_from_mapping, yamlio
+    from ...config.schema import to_dict
+    from ...record.folder import PRIVATE_MODE, RunFolder
     path.parent.mkdir(parents=True, exist_ok=True)
     path.mkdir(PRIVATE_MODE)
     os.chmod(path, PRIVATE_MODE)  # private, as every run folder (mkdir's mode is masked)
-    run = Run(path)
+    run = RunFolder(path)
     yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job_from_mapping(job, str(path)))))
     yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(
         profile_from_mapping(profile, str(path), "local"))))

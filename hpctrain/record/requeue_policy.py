@@ -12,8 +12,8 @@ The batch shell (Slurm) and rank 0 (local executor) both call this, so the two b
 
 from __future__ import annotations
 
+from ..exit_codes import EXCLUDING_REASONS, REQUEUE_REASONS, ExitReason
 from .attempt_records import AttemptRecord, Decision
-from .exit_codes import EXCLUDING_REASONS, REQUEUE_REASONS, ExitReason
 
 
 def requeues_so_far(ledger: list[AttemptRecord]) -> int:

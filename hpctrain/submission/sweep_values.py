@@ -23,7 +23,7 @@ from ..config import ClusterProfile, Resolved, job_from_mapping, load_job, resol
 from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
-from ..runs import new_private_folder
+from ..record.folder import new_private_folder
 
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 SWEEP_DIR = "sweeps"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from ..checkpoint_interval import DEFAULT_NODE_MTBF_HOURS
 from ..config.job import JobConfig
 from ..config.layout import Layout, layout_problems
+from ..config.problems import Problems
 from ..config.profile import ClusterProfile, host_memory_bytes
-from ..config.schema import Problems
 from ..flops import mfu, model_flops_per_step
 from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
 from .activations import (CPU_KERNELS, GPU_KERNELS, GPU_LOCAL_SPEC_KERNELS, Kernels,

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .exit_codes import ExitReason
+from ..exit_codes import ExitReason
 
 
 def _reason(value: Any) -> ExitReason | str | None:
@@ -112,7 +112,7 @@ class FailureRecord(_Record):
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether an ended attempt is requeued, and why (``requeue_policy.decide``)."""
+    """Whether an ended attempt is requeued, and why (:func:`.requeue_policy.decide`)."""
 
     requeue: bool
     reason: str
