@@ -1,8 +1,8 @@
 """What a run's checkpoint folder holds, as ``status``, ``resume`` and ``report`` show it.
 
 Reads the folder the runtime publishes into (``step-N/`` with ``manifest.json`` written last, a
-``latest`` pointer, ``.partial-*`` leftovers, ``quarantine/``) through the runtime's own
-pure-file helpers, with the cheap check only (manifest present, every file at its size): the
+``latest`` pointer, ``.partial-*`` leftovers, ``quarantine/``) through the rules the runtime
+writes it by (:mod:`hpctrain.record.checkpoint_store`), with the cheap check only (manifest present, every file at its size): the
 full CRC check is the runtime's job when it loads. A checkpoint another run saved (its manifest
 names that run) is listed as not this run's, never as one to resume from. Never writes or moves
 anything.
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
-    from ..record.folder import RunFolder
+from ..record.folder import RunFolder
 
 
 @dataclass

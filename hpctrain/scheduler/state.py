@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ..record.folder import RunFolder
 from .local.jobs import local_alive
 from .slurm import commands
-
-if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
-    from ..record.folder import RunFolder
 
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING",
           "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..errors import HpcTrainError
 from ..exit_codes import ExitReason
+from ..record.folder import RunFolder
 from ..scheduler.state import live_jobs
-
-if TYPE_CHECKING:   # the run folder's class calls this module (Run.wait): no import cycle
-    from ..record.folder import RunFolder
 
 NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "DeprecationWarning")
 

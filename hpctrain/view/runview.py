@@ -8,12 +8,9 @@ resume). ``build_views`` asks Slurm once for many runs, so ``hpctrain runs`` sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..record.folder import RunFolder
 from ..scheduler.state import JobState, job_states_of_runs
-
-if TYPE_CHECKING:   # reached from Run.status and Run.wait: annotations only, no import cycle
-    from ..record.folder import RunFolder
 
 NOT_SUBMITTED = "NOT SUBMITTED"
 FINISHED = "FINISHED"

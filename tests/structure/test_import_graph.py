@@ -1,10 +1,11 @@
 """The package's shape: hpctrain's modules import each other without a cycle, the command line
 sits on top of the library (a command module imports no other command module), and no import
 of hpctrain's own modules is guarded by ``except ImportError`` (a broken module must fail
-loudly, not silently skip a check).
+loudly, not silently skip a check). The order of the layers is ``test_layers``'s.
 
-The graph is read from the source (``ast``), every import counted wherever it is written (in a
-function too: it runs when the function does), except under ``if TYPE_CHECKING:`` (never run).
+The graph is read from the source (``ast``), every import counted wherever it is written: in a
+function (it runs when the function does) and under ``if TYPE_CHECKING:`` alike (an import a
+type checker follows is a dependency all the same, and the layers leave no cycle to hide).
 Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, so those edges count too
 (but not a module's own packages: they are already running when it runs).
 The root package is the public facade: it imports the API lazily, and the library imports
@@ -32,25 +33,13 @@ def module_files(package: Path) -> dict[str, Path]:
     return out
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                skipped.update(id(n) for n in ast.walk(child))
-    return skipped
-
-
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str, int]]:
     """``(module imported, name imported from it or "", line)`` for every import in the file."""
     tree = ast.parse(path.read_text(), str(path))
-    skipped = _type_checking_nodes(tree)
     is_package = path.name == "__init__.py"
     root = name.split(".")[0]
     found = []
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found += [(a.name, "", node.lineno) for a in node.names if a.name.split(".")[0] == root]
         elif isinstance(node, ast.ImportFrom):
@@ -117,7 +106,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_cycle_finder_finds_a_function_level_cycle_and_ignores_type_checking(tmp_path):
+def test_the_cycle_finder_finds_a_function_level_cycle_and_one_under_type_checking(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -128,7 +117,10 @@ def test_the_cycle_finder_finds_a_function_level_cycle_and_ignores_type_checking
                               "if TYPE_CHECKING:\n    from .a import x\n")
     graph, _ = import_graph(pkg)
     assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"}
-    assert find_cycle(graph) is None                  # c -> a only under TYPE_CHECKING
+    assert graph["pkg.c"] == {"pkg.a"}                # under TYPE_CHECKING: counted
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("")
+    assert find_cycle(import_graph(pkg)[0]) is None
     (pkg / "c.py").write_text("def h():\n    import pkg.a\n")
     assert find_cycle(import_graph(pkg)[0]) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ...record.folder import RunFolder
+from ...record.folder import RunFolder
 
 
 def local_alive(pid: str, run: RunFolder) -> bool:
