@@ -31,6 +31,7 @@ from ..config import ClusterProfile, Resolved, resolve
 from ..config.job import JobConfig
 from ..config.profile import MAX_NODES
 from ..errors import ConfigError, HpcTrainError, UsageError
+from ..scheduler.choose import backend_for
 
 TARGET_EFFICIENCY = 0.85      # the seeds' target: more than 85% up to 64 GPUs
 DEFAULT_STEPS = 30
@@ -144,9 +145,11 @@ def plan_sizes(job: JobConfig, profile: ClusterProfile, nodes: list[int], *, ste
     """Every size resolved (layout checked) before anything is submitted; all problems at once."""
     if not nodes:
         raise UsageError("--nodes: give at least one node count, e.g. 1,2,4")
-    if profile.scheduler == "local" and nodes != [1]:
-        raise UsageError(f"--nodes: profile {profile.name!r} runs on this machine only (one "
-                         "node); use a Slurm profile to compare node counts")
+    backend = backend_for(profile)
+    if backend.max_nodes is not None and (len(nodes) > 1 or not 1 <= nodes[0] <= backend.max_nodes):
+        most = "one node" if backend.max_nodes == 1 else f"at most {backend.max_nodes} nodes"
+        raise UsageError(f"--nodes: profile {profile.name!r} runs {backend.where()} only ({most}); "
+                         "use a Slurm profile to compare node counts")
     base = _resolve(job, profile, f"{source} on its profile's {profile.slurm.nodes} node(s)")
     per_rank = base.layout.micro_batch_size * base.layout.num_microbatches
     sizes, problems = [], []

@@ -68,9 +68,10 @@ def render(job_file, profile_name, nodes, runs_dir, run_dir):
       sbatch --test-only tiny.sbatch
     """
     from ..record.folder import RunFolder
+    from ..scheduler.choose import backend_for
     from ..submission import render_script, runs_root_for, script_inputs
     r = load_resolved(job_file, profile_name, nodes)
-    if r.profile.scheduler != "slurm":
+    if not backend_for(r.profile).batch_script:
         raise UsageError(f"profile {r.profile.name!r} runs without Slurm (scheduler: "
                          f"{r.profile.scheduler}); render a Slurm profile, e.g. --profile dev-slurm")
     if run_dir is None:

@@ -161,7 +161,8 @@ def _after_resubmit(run, res, wait, as_json: bool, verb: str) -> None:
     if res.submitted is None:
         return
     if wait is None:
-        wait = run.meta().get("scheduler") == "local" and not as_json
+        from ..scheduler.choose import backend_of
+        wait = backend_of(run).on_this_machine and not as_json
     if wait:
         follow_in_terminal(run, job=res.submitted.job, quiet=as_json,
                            from_attempt=res.next_attempt)

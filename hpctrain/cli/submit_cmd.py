@@ -79,7 +79,8 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain,
     subs = done.submitted
     resolved = done.resolved
     if wait is None:
-        wait = resolved.profile.scheduler == "local" and not as_json
+        from ..scheduler.choose import backend_for
+        wait = backend_for(resolved.profile).on_this_machine and not as_json
     if as_json:
         echo_json({"run": run.id, "run_dir": str(run.path), "job_id": subs[0].job_id,
                    "job_ids": done.job_ids, "profile": resolved.profile.name,
@@ -103,7 +104,8 @@ def _values(run) -> str:
 def _report_sweep(done, as_json: bool) -> None:
     """The sweep's runs: submitted as one array, prepared (dry run), or how each ended (local)."""
     sweep_dir, runs = done.sweep_dir, done.sweep_runs
-    local = done.resolved.profile.scheduler != "slurm" and not done.dry_run
+    from ..scheduler.choose import backend_for
+    trained = not backend_for(done.resolved.profile).arrays and not done.dry_run   # one by one
     if as_json:
         echo_json({"sweep": sweep_dir.name, "sweep_dir": str(sweep_dir),
                    "array_job_id": done.array_job_id, "dry_run": done.dry_run,
@@ -117,9 +119,9 @@ def _report_sweep(done, as_json: bool) -> None:
             click.echo(f"Submitted sweep {sweep_dir.name} as job array {done.array_job_id} "
                        f"({len(runs)} runs): {sweep_dir}")
         for r in runs:
-            tail = f"  {r.outcome}" if local else ""
+            tail = f"  {r.outcome}" if trained else ""
             click.echo(f"  {r.job_id or '-':>8}  {r.run.id}  {r.point.label()}{tail}")
-    failed = [r for r in runs if local and r.outcome != "finished"]
+    failed = [r for r in runs if trained and r.outcome != "finished"]
     if failed:
         raise HpcTrainError(f"{len(failed)} of {len(runs)} sweep runs did not finish: "
                             + ", ".join(r.run.id for r in failed))

@@ -16,8 +16,7 @@ from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
 from ..record.files import now_iso
 from ..record.folder import RunFolder
-from ..scheduler.local.jobs import cancel_local
-from ..scheduler.slurm import commands
+from ..scheduler.choose import backend_for, backend_of
 from ..scheduler.state import live_jobs
 from ..submission import Submitted, check_fits, submit_training
 from ..view.runview import RunView, build_view
@@ -45,11 +44,7 @@ def cancel_run(run: RunFolder) -> list[str]:
         return []
     ids = [j.job_id for j in jobs]
     run.event("cancel", jobs=ids, by=_user())
-    if run.meta().get("scheduler") == "local":
-        for job_id in ids:
-            cancel_local(job_id, run)
-    else:
-        commands.cancel(ids)
+    backend_of(run).cancel(run, ids)
     return ids
 
 
@@ -89,8 +84,9 @@ def requeue_run(run: RunFolder) -> Resubmitted:
         _refuse_finished(view, "requeue")
     if view.active_jobs:
         job = view.current_job
-        if view.meta.get("scheduler") == "local":
-            raise UsageError(f"run {run.id} is running on this machine, where a job cannot be "
+        backend = view.backend
+        if not backend.requeues_in_place:
+            raise UsageError(f"run {run.id} is running {backend.where()}, where a job cannot be "
                              f"requeued in place; `hpctrain cancel {run.id}` then "
                              f"`hpctrain resume {run.id}`")
         if job.state.split()[0] != "RUNNING":
@@ -98,7 +94,7 @@ def requeue_run(run: RunFolder) -> Resubmitted:
             raise UsageError(f"run {run.id}'s job {job.job_id} is {job.state.lower()}{why}; it will "
                              "start by itself, there is nothing to requeue")
         run.event("requeue", job_id=job.job_id, how="scontrol requeue", by=_user())
-        commands.requeue(job.job_id)
+        backend.requeue(job.job_id)
         profile = run.resolved_profile()
         return Resubmitted(None, job.job_id, "scontrol requeue", _newest_step(run), profile.name,
                            profile.world_size)
@@ -128,8 +124,7 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
         raise UsageError(f"--profile: run {run.id} ran with scheduler {old.scheduler!r} and "
                          f"{new.name!r} uses {new.scheduler!r}; a run stays on one kind of "
                          "scheduler (start a new run with `train.init_from` instead)")
-    if new.scheduler == "local" and new.slurm.nodes != 1:
-        raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
+    backend_for(new).check_nodes(new.slurm.nodes)
     resolved = _resolve_for(run, new)
     check_fits(resolved, force)
     changed = to_dict(new) != to_dict(old)

@@ -6,16 +6,12 @@ it for people. Keeping the two apart lets the tests check the numbers and the la
 
 from __future__ import annotations
 
-import time
-
-from ..config import time_limit_seconds
-from ..record.folder import RunFolder
 from ..exit_codes import ExitReason
-from ..scheduler.slurm.commands import parse_duration
+from ..record.folder import RunFolder
 from ..view.runview import RunView, build_view
 from .checkpoints import (CheckpointFolder, checkpoint_step, describe_checkpoint_ref,
                           inspect_checkpoints)
-from .fmt import format_bytes, format_duration, format_number, format_table, parse_iso
+from .fmt import format_bytes, format_duration, format_number, format_table
 
 
 def _times(view: RunView) -> dict:
@@ -23,17 +19,7 @@ def _times(view: RunView) -> dict:
     job = view.current_job
     if job is None or not job.active:
         return {"elapsed_s": None, "time_limit_s": None, "remaining_s": None}
-    if view.meta.get("scheduler") == "local":
-        started = next((parse_iso(e.get("time")) for e in reversed(view.events)
-                        if e.get("event") in ("attempt_start", "submitted")), None)
-        elapsed = time.time() - started.timestamp() if started else None
-        try:
-            limit = time_limit_seconds(view.run.resolved_profile()) or None
-        except Exception:
-            limit = None
-    else:
-        elapsed = parse_duration(job.elapsed)
-        limit = parse_duration(job.time_limit)
+    elapsed, limit = view.backend.elapsed_and_limit(view.run, job, view.events)
     remaining = max(0, limit - elapsed) if limit is not None and elapsed is not None else None
     return {"elapsed_s": elapsed, "time_limit_s": limit, "remaining_s": remaining}
 
@@ -112,7 +98,7 @@ def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
         "layout": view.meta.get("layout"), "world_size": view.meta.get("world_size"),
         "state": view.state, "reason": view.state_detail,
         "job_id": job.job_id if job else None,
-        "nodes": job.nodes if job and job.nodes not in ("", "None assigned") else None,
+        "nodes": view.backend.node_list(job) if job else None,
         "partition": job.partition if job else None,
         "expected_start": job.start_time if job and job.state.startswith("PENDING") else None,
         **_times(view),

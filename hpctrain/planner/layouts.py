@@ -142,7 +142,8 @@ class Target:
         mem = profile.node.gpu_memory_gb
         ic = profile.interconnect
         host = host_memory_bytes(profile)
-        if host is None and profile.scheduler == "local":   # this machine: ask it
+        from ..scheduler.choose import backend_for
+        if host is None and backend_for(profile).on_this_machine:   # this machine: ask it
             import psutil
             host = psutil.virtual_memory().total
         return cls(world, gpn, int(mem * GiB) if mem else None,

@@ -23,24 +23,26 @@ from typing import Callable
 from ..config import DEFAULT_PROFILE, ClusterProfile, Resolved
 from ..errors import UsageError
 from ..record.folder import RunFolder
+from ..scheduler.choose import backend_for
 from .checks import (check_data, check_fits, decided, launch_warnings, load_profile_for,
                      load_resolved, resolve_job)
 from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep,
                       remove_refused_run, runs_root_for, write_sweep_file)
-from .jobs import (Submitted, chain_dependency, claim_checkpoints, release_checkpoints,
-                   submit_chain, submit_function, submit_preflight, submit_training)
+from .jobs import (Submitted, chain_dependency, check_chain, claim_checkpoints,
+                   release_checkpoints, submit_chain, submit_function, submit_preflight,
+                   submit_training)
 from .scripts import render_script, script_inputs, script_path, write_script
 from .sweep_jobs import (SweepSubmission, check_max_parallel, run_sweep_locally, submit_sweep_array,
                          write_array_script)
 
-__all__ = ["Submission", "SweepRun", "SweepSubmission", "Submitted", "chain_dependency",
-           "check_data", "check_fits", "check_max_parallel", "claim_checkpoints", "decided",
-           "launch_warnings", "load_profile_for", "load_resolved", "prepare_preflight_run",
-           "prepare_run", "prepare_sweep", "release_checkpoints", "render_script",
-           "resolve_job", "run_sweep_locally", "runs_root_for", "script_inputs", "script_path", "submit",
-           "submit_chain", "submit_function", "submit_preflight", "submit_sweep_array",
-           "submit_training", "sweep_specs", "write_array_script", "write_script",
-           "write_sweep_file"]
+__all__ = ["Submission", "Submitted", "SweepRun", "SweepSubmission", "chain_dependency",
+           "check_chain", "check_data", "check_fits", "check_max_parallel", "claim_checkpoints",
+           "decided", "launch_warnings", "load_profile_for", "load_resolved",
+           "prepare_preflight_run", "prepare_run", "prepare_sweep", "release_checkpoints",
+           "render_script", "resolve_job", "run_sweep_locally", "runs_root_for", "script_inputs",
+           "script_path", "submit", "submit_chain", "submit_function", "submit_preflight",
+           "submit_sweep_array", "submit_training", "sweep_specs", "write_array_script",
+           "write_script", "write_sweep_file"]
 
 
 @dataclass
@@ -121,15 +123,14 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
                              follow_local_run=follow_local_run)
     if max_parallel is not None:
         raise UsageError("--max-parallel limits a sweep; add --sweep KEY=V1,V2 or drop it")
-    if chain > 1 and resolved.profile.scheduler != "slurm":
-        raise UsageError(f"--chain needs a Slurm profile; {resolved.profile.name!r} runs on this "
-                         "machine, where one job already runs to the end (drop --chain)")
+    check_chain(chain, resolved.profile)
+    backend = backend_for(resolved.profile)
     check_fits(resolved, force)
     check_data(resolved.job)
     run = prepare_run(resolved, runs_root_for(runs_dir, resolved.profile), source=str(job_file))
     if dry_run:
         script = None
-        if resolved.profile.scheduler == "slurm":
+        if backend.batch_script:
             write_script(run, script_inputs(run, resolved.profile), resolved=resolved)
             script = run.script_file
         run.update_meta(dry_run=True)
@@ -142,7 +143,7 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
         # on one folder): remove the run folder this call created, and nothing else.
         remove_refused_run(run)
         raise
-    script = run.script_file if resolved.profile.scheduler == "slurm" else None
+    script = run.script_file if backend.batch_script else None
     return Submission(resolved, [run], subs, script=script)
 
 
@@ -150,7 +151,8 @@ def _submit_sweep(job_file, profile: ClusterProfile, specs: list[str], *, runs_d
                   dry_run: bool, force: bool,
                   follow_local_run: Callable[[Submitted], str] | None) -> Submission:
     from .sweep_values import expand
-    check_max_parallel(max_parallel, profile.scheduler)
+    backend = backend_for(profile)
+    check_max_parallel(max_parallel, backend)
     points = expand(str(job_file), profile, specs)
     for p in points:
         check_fits(p.resolved, force)
@@ -160,15 +162,15 @@ def _submit_sweep(job_file, profile: ClusterProfile, specs: list[str], *, runs_d
                                           source=str(job_file))
     out = Submission(points[0].resolved, [r.run for r in sweep_runs], dry_run=dry_run,
                      sweep_dir=sweep_dir, sweep_runs=sweep_runs)
-    if profile.scheduler == "slurm":
+    if backend.arrays:
         out.script = sweep_dir / "sbatch.sh"
     if dry_run:
-        if profile.scheduler == "slurm":
+        if backend.arrays:
             write_array_script(sweep_dir, sweep_runs, max_parallel=max_parallel)
         for r in sweep_runs:
             r.run.update_meta(dry_run=True)
         return out
-    if profile.scheduler == "slurm":
+    if backend.arrays:
         out.array_job_id = submit_sweep_array(sweep_dir, sweep_runs,
                                               max_parallel=max_parallel).array_job_id
         return out

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..config import ClusterProfile, JobConfig, Resolved, load_job, load_profile, resolve
 from ..errors import UsageError
+from ..scheduler.choose import backend_for
 
 
 def load_profile_for(profile: str | Path | ClusterProfile, nodes: int | None = None) -> ClusterProfile:
@@ -18,8 +19,7 @@ def load_profile_for(profile: str | Path | ClusterProfile, nodes: int | None = N
     this machine only)."""
     p = profile if isinstance(profile, ClusterProfile) else load_profile(str(profile))
     p = p.with_nodes(nodes)
-    if nodes is not None and p.scheduler == "local" and nodes != 1:
-        raise UsageError("--nodes: a local profile runs on this machine only; use --nodes 1")
+    backend_for(p).check_nodes(nodes)
     return p
 
 

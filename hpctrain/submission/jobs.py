@@ -16,8 +16,7 @@ from typing import Any, Callable
 from ..config import ClusterProfile, Resolved
 from ..errors import HpcTrainError, UsageError
 from ..record.folder import RunFolder, folder_mode
-from ..scheduler.local.submit import submit_locally
-from ..scheduler.slurm.submit import submit_to_slurm
+from ..scheduler.choose import backend_for
 from .scripts import script_inputs, write_script
 
 
@@ -45,26 +44,27 @@ def release_checkpoints(run: RunFolder) -> None:
 def submit_function(run: RunFolder, profile: ClusterProfile, function: Callable, args: tuple = (),
                     *, kind: str = "train", resolved: Resolved | None = None,
                     dependency: str | None = None, env: dict | None = None) -> Submitted:
-    """Submit ``function(*args)`` to run in every rank of ``profile``'s allocation.
+    """Submit ``function(*args)`` to run in every rank of ``profile``'s allocation, through
+    the profile's backend.
 
-    Slurm: writes the batch script for ``kind`` (train jobs get the attempt steps, signal trap
-    and requeue) and submits it through submitit. Local: submitit's local executor, one process
+    A backend whose jobs are batch scripts (Slurm) gets the script written for ``kind`` (train
+    jobs get the attempt steps, signal trap and requeue); the local backend starts one process
     per rank on this machine. The job id is recorded in the run folder.
     """
+    backend = backend_for(profile)
     claimed = claim_checkpoints(run, profile) if kind == "train" else False
     try:
-        if profile.scheduler == "slurm":
+        script = None
+        if backend.batch_script:
             script = write_script(run, script_inputs(run, profile, kind=kind, dependency=dependency),
                                   resolved=resolved, profile=profile)
-            job = submit_to_slurm(run.submitit_dir, profile, script, function, args)
-        else:
-            job = submit_locally(run.path, run.submitit_dir, profile, function, args, env or {})
+        job = backend.submit(run, profile, function, args, script=script, env=env)
     except BaseException:
         if claimed:
             release_checkpoints(run)
         raise
     run.add_job_id(job.job_id, kind=kind)
-    run.event("submitted", job_id=job.job_id, job_kind=kind, scheduler=profile.scheduler,
+    run.event("submitted", job_id=job.job_id, job_kind=kind, scheduler=backend.name,
               dependency=dependency)
     return Submitted(run=run, job_id=job.job_id, job=job)
 
@@ -80,13 +80,19 @@ def chain_dependency(previous_job_id: str) -> str:
     return f"afterany:{previous_job_id}"
 
 
+def check_chain(count: int, profile: ClusterProfile) -> None:
+    """A chain of ``count`` > 1 jobs needs a backend whose jobs can wait for each other."""
+    backend = backend_for(profile)
+    if count > 1 and not backend.chains:
+        raise UsageError(f"--chain needs a Slurm profile; {profile.name!r} runs "
+                         f"{backend.where()}, where one job already runs to the end (drop --chain)")
+
+
 def submit_chain(resolved: Resolved, run: RunFolder, count: int) -> list[Submitted]:
     """``count`` jobs of one run, each waiting for the previous one to end (Slurm only)."""
     if count < 1:
         raise UsageError(f"--chain: expected at least 1 job, got {count}")
-    if count > 1 and resolved.profile.scheduler != "slurm":
-        raise UsageError(f"--chain needs a Slurm profile; {resolved.profile.name!r} runs on this "
-                         "machine, where one job already runs to the end (drop --chain)")
+    check_chain(count, resolved.profile)
     subs: list[Submitted] = []
     for i in range(count):
         dep = chain_dependency(subs[-1].job_id) if subs else None

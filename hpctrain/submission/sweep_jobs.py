@@ -1,12 +1,12 @@
 """Submitting a sweep: one run folder per combination (``folders.prepare_sweep``), then
 
-* on Slurm, ONE job array (``--array=0-(N-1)%P``) whose script lives in
+* on a backend with job arrays (Slurm), ONE job array (``--array=0-(N-1)%P``) whose script lives in
   ``<runs root>/sweeps/<sweep id>/`` with its batch logs and ``sweep.yaml`` (the combinations
   and their run folders); task i picks run folder i and is from then on an ordinary job of that
   run (recorded as job ``<array id>_<i>``: status, cancel, requeue and resume work on it as on
   any run);
-* on a local profile, the runs train one after another on this machine, each followed to its
-  end, and one failed run does not stop the others.
+* on one without (local), the runs train one after another, each followed to its end, and one
+  failed run does not stop the others.
 
 A checkpoint folder belongs to one run, so with ``checkpoint.dir`` set each run of a sweep keeps
 its checkpoints in ``<checkpoint.dir>/<run id>``.
@@ -22,7 +22,8 @@ from typing import Callable
 from ..config import yamlio
 from ..errors import HpcTrainError, UsageError
 from ..record.folder import RunFolder
-from ..scheduler.slurm.submit import submit_array_to_slurm
+from ..scheduler.backend import Backend
+from ..scheduler.choose import backend_for
 from .folders import SweepRun, write_sweep_file
 from .jobs import Submitted, claim_checkpoints, release_checkpoints, submit_training
 from .scripts import script_inputs, write_script
@@ -35,10 +36,10 @@ class SweepSubmission:
     runs: list[SweepRun]
 
 
-def check_max_parallel(max_parallel: int | None, scheduler: str) -> None:
+def check_max_parallel(max_parallel: int | None, backend: Backend) -> None:
     if max_parallel is not None and max_parallel < 1:
         raise UsageError(f"--max-parallel: expected at least 1, got {max_parallel}")
-    if max_parallel is not None and scheduler != "slurm":
+    if max_parallel is not None and not backend.arrays:
         raise UsageError("--max-parallel: a local profile runs a sweep's runs one after another; "
                          "drop --max-parallel or use a Slurm profile")
 
@@ -54,8 +55,10 @@ def write_array_script(sweep_dir: Path, runs: list[SweepRun], *,
 
 def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
                        max_parallel: int | None = None) -> SweepSubmission:
-    """All runs as one Slurm job array through submitit; at most ``max_parallel`` at once."""
+    """All runs as one job array (a backend with ``arrays``: Slurm, through submitit); at most
+    ``max_parallel`` at once."""
     profile = runs[0].point.resolved.profile
+    backend = backend_for(profile)
     script = write_array_script(sweep_dir, runs, max_parallel=max_parallel)
     (sweep_dir / "logs").mkdir(exist_ok=True)
     for r in runs:
@@ -68,8 +71,8 @@ def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
         for r in runs:
             if claim_checkpoints(r.run, profile):
                 claimed.append(r.run)
-        jobs = submit_array_to_slurm(sweep_dir / "submitit", profile, script, calls,
-                                     [r.run.submitit_dir for r in runs])
+        jobs = backend.submit_array(sweep_dir / "submitit", profile, script, calls,
+                                    [r.run.submitit_dir for r in runs])
     except BaseException:
         for run in claimed:
             release_checkpoints(run)
@@ -78,7 +81,7 @@ def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
     for r, job in zip(runs, jobs):
         r.job_id = job.job_id
         r.run.add_job_id(job.job_id, kind="train")
-        r.run.event("submitted", job_id=job.job_id, job_kind="train", scheduler="slurm",
+        r.run.event("submitted", job_id=job.job_id, job_kind="train", scheduler=backend.name,
                     array_job_id=array_id, sweep=sweep_dir.name)
     write_sweep_file(sweep_dir, runs, profile=profile.name, array_job_id=array_id,
                      max_parallel=max_parallel)

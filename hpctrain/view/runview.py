@@ -2,7 +2,8 @@
 
 A run's state joins three sources: the scheduler's view of its jobs (pending, running, gone),
 the ledger (how each attempt ended and whether it was requeued) and the events (cancel,
-resume). ``build_views`` asks Slurm once for many runs, so ``hpctrain runs`` stays quick.
+resume). ``build_views`` asks each backend once for many runs, so ``hpctrain runs`` stays
+quick.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..record.folder import RunFolder
-from ..scheduler.state import JobState, job_states_of_runs
+from ..scheduler.backend import Backend, JobState
+from ..scheduler.choose import backend_of
+from ..scheduler.state import job_states_of_runs
 
 NOT_SUBMITTED = "NOT SUBMITTED"
 FINISHED = "FINISHED"
@@ -29,6 +32,11 @@ class RunView:
     attempts_started: list[int] = field(default_factory=list)
 
     # ---- jobs ------------------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        """The backend the run was created on (its jobs' states, times and nodes)."""
+        return backend_of(self.run, self.meta)
+
     @property
     def active_jobs(self) -> list[JobState]:
         return [j for j in self.jobs if j.active]

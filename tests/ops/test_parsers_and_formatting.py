@@ -6,7 +6,7 @@ from __future__ import annotations
 from hpctrain.cli.progress import ProgressLine, render_bar
 from hpctrain.ops.fmt import format_bytes, format_duration, format_number, format_table
 from hpctrain.scheduler.slurm.commands import parse_duration, parse_sacct, parse_squeue
-from hpctrain.scheduler.state import JobState
+from hpctrain.scheduler.backend import JobState
 from tests.conftest import REPO
 
 FIX = REPO / "tests" / "fixtures" / "ops"

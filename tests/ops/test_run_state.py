@@ -4,7 +4,7 @@ cancel and a later resume (the contract between `hpctrain cancel/resume` and the
 from __future__ import annotations
 
 from hpctrain.scheduler.slurm import batch_steps
-from hpctrain.scheduler.state import JobState
+from hpctrain.scheduler.backend import JobState
 from hpctrain.view.runview import RunView
 from tests.ops.helpers import crafted_run, record
 

@@ -8,7 +8,7 @@ import json
 from hpctrain.ops.checkpoints import inspect_checkpoints
 from hpctrain.ops.report import build_figure, collect, summarize
 from hpctrain.ops.status import format_status, status_data
-from hpctrain.scheduler.state import JobState
+from hpctrain.scheduler.backend import JobState
 from hpctrain.view.runview import RunView
 from tests.conftest import hpctrain
 from tests.ops.helpers import crafted_run, png_size, record

@@ -2,7 +2,7 @@
 
 from hpctrain.scheduler.slurm.commands import (parse_sacct, parse_scontrol_record, parse_squeue,
                                                parse_step_ids)
-from hpctrain.scheduler.state import JobState
+from hpctrain.scheduler.backend import JobState
 from tests.conftest import REPO
 
 FIX = REPO / "tests" / "fixtures" / "slurm"
