@@ -6,14 +6,13 @@ unless ``HPCTRAIN_TEST_HOOKS=1`` is set too. The tests set that switch (``tests/
 their profiles' ``env``, their rank launcher), so a ``HPCTRAIN_TEST_*`` variable left in a
 user's shell can never reach a real job. A rank with active hooks says so in a warning line.
 
-Steps are numbered as in the metrics: step N is the N-th optimizer step (1-based).
+This module is the registry and the switch, read by preflight, the launcher's identity and the
+runtime alike; what a training rank does with its variables is :mod:`hpctrain.runtime.faults`.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass, field
 from typing import Mapping
 
 from .errors import UsageError
@@ -75,167 +74,6 @@ def ignored(env: Mapping[str, str] | None = None) -> list[str]:
     """Test variables that are set but have no effect because the switch is off."""
     env = os.environ if env is None else env
     return [] if enabled(env) else sorted(k for k in VARIABLES if env.get(k))
-
-
-class InjectedCrash(RuntimeError):
-    """Raised by HPCTRAIN_TEST_CRASH_AT_STEP."""
-
-
-def _at(text: str, name: str) -> tuple[int, int | None]:
-    try:
-        first, _, second = text.partition("@")
-        return int(first), (int(second) if second else None)
-    except ValueError:
-        raise UsageError(f"{name}={text!r}: expected N or N@M") from None
-
-
-def _steps(text: str, name: str) -> set[int]:
-    try:
-        return {int(s) for s in text.split(",") if s}
-    except ValueError:
-        raise UsageError(f"{name}: expected step numbers like 3,6") from None
-
-
-@dataclass
-class TestHooks:
-    """The runtime's faults for this rank; with the switch off (the normal case) every hook is
-    a no-op."""
-
-    __test__ = False   # not a pytest test class, whatever its name
-
-    step_sleep_s: float = 0.0
-    crash_step: int | None = None
-    crash_rank: int | None = None
-    nan_steps: set[int] = field(default_factory=set)
-    kill_rank: int | None = None
-    kill_step: int | None = None
-    attempt: int | None = None
-    hold_steps: set[int] = field(default_factory=set)
-    hold_max_s: float = 600.0
-    hang_step: int | None = None
-    hang_rank: int | None = None
-    slow_rank: int | None = None
-    slow_s: float = 0.0
-    _kill_armed: bool = True
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "TestHooks":
-        env = os.environ if env is None else env
-        hooks = cls()
-
-        def get(name: str) -> str | None:
-            return value(name, env)
-        if get("HPCTRAIN_TEST_STEP_SLEEP_S"):
-            hooks.step_sleep_s = float(get("HPCTRAIN_TEST_STEP_SLEEP_S"))
-        if get("HPCTRAIN_TEST_CRASH_AT_STEP"):
-            hooks.crash_step, hooks.crash_rank = _at(get("HPCTRAIN_TEST_CRASH_AT_STEP"),
-                                                     "HPCTRAIN_TEST_CRASH_AT_STEP")
-        if get("HPCTRAIN_TEST_NAN_AT_STEP"):
-            hooks.nan_steps = _steps(get("HPCTRAIN_TEST_NAN_AT_STEP"), "HPCTRAIN_TEST_NAN_AT_STEP")
-        if get("HPCTRAIN_TEST_HOLD_AFTER_STEP"):
-            hooks.hold_steps = _steps(get("HPCTRAIN_TEST_HOLD_AFTER_STEP"),
-                                      "HPCTRAIN_TEST_HOLD_AFTER_STEP")
-            hooks.hold_max_s = float(get("HPCTRAIN_TEST_HOLD_MAX_S") or hooks.hold_max_s)
-        if get("HPCTRAIN_TEST_KILL_DURING_SAVE"):
-            hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
-                                                   "HPCTRAIN_TEST_KILL_DURING_SAVE")
-        if get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"):
-            hooks.hang_step, hooks.hang_rank = _at(get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"),
-                                                   "HPCTRAIN_TEST_HANG_IN_COLLECTIVE")
-        if get("HPCTRAIN_TEST_SLOW_RANK"):
-            text = get("HPCTRAIN_TEST_SLOW_RANK")
-            try:
-                rank, _, secs = text.partition(":")
-                hooks.slow_rank, hooks.slow_s = int(rank), float(secs)
-            except ValueError:
-                raise UsageError(f"HPCTRAIN_TEST_SLOW_RANK={text!r}: expected R:SECONDS") from None
-        return hooks
-
-    @property
-    def active(self) -> bool:
-        return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
-                    or self.kill_rank is not None or self.hang_step is not None
-                    or self.slow_rank is not None)
-
-    def first_attempt(self) -> bool:
-        return self.attempt in (None, 1)
-
-    def forward_delay(self, rank: int) -> float:
-        """Seconds rank ``rank`` adds to every forward pass (HPCTRAIN_TEST_SLOW_RANK)."""
-        return self.slow_s if self.slow_rank == rank and self.first_attempt() else 0.0
-
-    def maybe_hang_in_collective(self, step: int, rank: int, log) -> None:
-        """At the start of step ``step``: arm HPCTRAIN_TEST_HANG_IN_COLLECTIVE on this rank."""
-        if self.hang_step != step or self.hang_rank not in (None, rank) or \
-                not self.first_attempt():
-            return
-        block_next_megatron_collective(log)
-
-    def hold_after(self, step: int, released, sleep=time.sleep, clock=time.monotonic,
-                   waiting=None) -> bool:
-        """Wait after ``step`` (once) until ``released()`` is true or the hold times out;
-        True when it was released rather than timed out (or there was nothing to hold).
-        ``waiting()`` is called while it waits (a hold on purpose is not a hang)."""
-        if step not in self.hold_steps:
-            return True
-        self.hold_steps.discard(step)
-        deadline = clock() + self.hold_max_s
-        while not released():
-            if clock() >= deadline:
-                return False
-            if waiting is not None:
-                waiting()
-            sleep(0.05)
-        return True
-
-    def maybe_crash(self, step: int, rank: int) -> None:
-        if self.crash_step == step and self.crash_rank in (None, rank):
-            raise InjectedCrash(f"HPCTRAIN_TEST_CRASH_AT_STEP: injected crash in step {step} "
-                                f"on rank {rank}")
-
-    def nan_in(self, step: int) -> bool:
-        return step in self.nan_steps
-
-    def kill_during_save(self, rank: int, step: int) -> bool:
-        if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):
-            return False
-        if self.kill_step is not None and self.kill_step != step:
-            return False
-        self._kill_armed = False
-        return True
-
-
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
-               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
-               "send", "recv", "isend", "irecv", "batch_isend_irecv")
-
-
-def block_next_megatron_collective(log) -> None:
-    """Replace torch.distributed's collectives (as megatron-core looks them up at call time) so
-    that the next one megatron-core calls on a group of several ranks sleeps forever instead of
-    being issued: this rank hangs inside megatron's collective call, its peers wait for it in
-    theirs."""
-    import sys as _sys
-
-    import torch.distributed as dist
-
-    def blocking(name, original):
-        def call(*args, **kwargs):
-            caller = _sys._getframe(1).f_globals.get("__name__", "")
-            group = kwargs.get("group")
-            alone = group is not None and dist.get_world_size(group) <= 1
-            if caller.startswith("megatron.") and not alone:
-                log(f"HPCTRAIN_TEST_HANG_IN_COLLECTIVE: torch.distributed.{name} called from "
-                    f"{caller} blocks forever on this rank")
-                while True:
-                    time.sleep(3600)
-            return original(*args, **kwargs)
-        return call
-
-    for name in COLLECTIVES:
-        original = getattr(dist, name, None)
-        if original is not None:
-            setattr(dist, name, blocking(name, original))
 
 
 def preflight_delay(rank: int, node: str, env: Mapping[str, str] | None = None) -> float:

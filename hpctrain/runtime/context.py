@@ -4,22 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import ClusterProfile, JobConfig, Layout
 from ..identity import RankEnv
+from ..record.folder import RunFolder
 from .job_env import JobEnv
+from .watchdog import Watchdog
 
 
 @dataclass
 class RankContext:
-    run: object            # hpctrain.record.folder.RunFolder
-    job: object            # JobConfig
-    profile: object        # ClusterProfile
-    layout: object         # config.Layout
+    run: RunFolder
+    job: JobConfig
+    profile: ClusterProfile
+    layout: Layout
     env: RankEnv
     job_env: JobEnv
     attempt: int
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
-    watchdog: object = None    # runtime.watchdog.Watchdog, once started
+    watchdog: Watchdog | None = None    # once started
 
     def progress(self, phase: str) -> None:
         """A save or load phase began: progress, for the hang watchdog."""

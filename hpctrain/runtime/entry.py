@@ -21,10 +21,20 @@ from __future__ import annotations
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import exit_codes
 from ..errors import HpcTrainError
 from ..exit_codes import ExitReason
+
+if TYPE_CHECKING:   # annotations only: this module must stay light to pickle (see above)
+    from ..config import JobConfig
+    from ..identity import RankEnv
+    from ..record.attempt_records import AttemptResult
+    from ..record.folder import RunFolder
+    from .job_env import JobEnv
+    from .loop import Outcome
+    from .watchdog import Watchdog
 
 STOP_CODES = {exit_codes.PREEMPTED, exit_codes.UNSTABLE, exit_codes.LOCAL_REQUEUE}
 
@@ -65,6 +75,7 @@ def mark_ready(run, attempt: int) -> None:
 
 def train_main(run_dir: str | None = None) -> dict:
     from ..identity import rank_env
+    from ..record.attempt_records import AttemptResult
     from ..record.folder import RunFolder
     from .job_env import job_env
     from .log import logger, redirect_output, setup
@@ -79,11 +90,10 @@ def train_main(run_dir: str | None = None) -> dict:
     if jenv.log_to_file:
         redirect_output(run.rank_log(attempt, renv.rank))
     setup(renv.rank)
-    started = time.time()
-    state = {"attempt": attempt, "start_step": None, "end_step": None, "checkpoint_loaded": None,
-             "checkpoint_saved": None, "last_loss": None, "start_time": started}
+    # what the attempt did, filled in as it goes: written as result.json however it ends
+    result = AttemptResult(attempt=attempt, start_time=time.time())
     try:
-        outcome, summary = _train(run, renv, jenv, attempt, state)
+        outcome, summary = _train(run, renv, jenv, result)
     except BaseException as e:  # noqa: BLE001 - record every way an attempt can end
         failed_at = time.time()
         _cleanup()
@@ -93,15 +103,16 @@ def train_main(run_dir: str | None = None) -> dict:
         message = f"{type(e).__name__}: {e}" if not isinstance(e, HpcTrainError) else str(e)
         if isinstance(e, KeyboardInterrupt):
             message = "interrupted twice (Ctrl-C): stopped without a checkpoint"
-        _record_failure(run, state["attempt"], renv, failed_at, message)
+        _record_failure(run, result.attempt, renv, failed_at, message)
         logger.info(f"attempt {attempt} failed: {message}")
         if not isinstance(e, HpcTrainError):
             logger.info(traceback.format_exc())
-        code = _finish(run, renv, jenv, state, reason, exit_codes.FAILED, message, collective=False)
+        code = _finish(run, renv, jenv, result, reason, exit_codes.FAILED, message,
+                       collective=False)
         if code == exit_codes.LOCAL_REQUEUE:
             raise SystemExit(code) from e
         raise
-    code = _finish(run, renv, jenv, state, outcome.exit_reason, outcome.exit_code,
+    code = _finish(run, renv, jenv, result, outcome.exit_reason, outcome.exit_code,
                    outcome.message, collective=True)
     _teardown()
     _cleanup()
@@ -110,10 +121,12 @@ def train_main(run_dir: str | None = None) -> dict:
     return summary
 
 
-def _train(run, renv, jenv, attempt, state):
+def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
+           result: AttemptResult) -> tuple[Outcome, dict]:
+    """One attempt of training on this rank, filling ``result`` in as it goes (what a
+    failure midway leaves there is what result.json says)."""
     from ..data.gpt_dataset import GPTSamples
     from ..data.indexed import IndexedDataset
-    from ..fault_injection import TestHooks
     from . import collectives, distributed
     from .batches import BatchFeeder
     from .checkpoint.manager import Checkpointer
@@ -121,6 +134,7 @@ def _train(run, renv, jenv, attempt, state):
     from .comm_overlap import describe as describe_overlap
     from .context import RankContext
     from .digest import weights_digest
+    from .faults import TestHooks
     from .log import logger
     from .loop import Trainer
     from .metrics import MetricsWriter
@@ -139,7 +153,7 @@ def _train(run, renv, jenv, attempt, state):
     # The layer implementation before any GPU time: without Transformer Engine the ranks stop
     # here with the import error and the fix (model.transformer_impl, hpctrain.runtime.layers).
     from . import layers
-    state["layers"] = layers.choose(job, device).record()
+    result.layers = layers.choose(job, device).record()
     # Handlers before the slow part (imports, rendezvous): a signal during start-up is kept.
     flag = PreemptionFlag(jenv.preempt_signal or profile.preemption.signal,
                           jenv.signal_flag if renv.rank == 0 else None)
@@ -147,26 +161,25 @@ def _train(run, renv, jenv, attempt, state):
     flag.watch_file()
     distributed.prepare_device(device, renv)
     distributed.init_process_group(renv, device, job.train.init_timeout_s)
-    attempt = collectives.broadcast_object(attempt)
-    state["attempt"] = attempt
+    attempt = result.attempt = collectives.broadcast_object(result.attempt)
     hooks.attempt = attempt
     if renv.rank == 0:
         mark_ready(run, attempt)
     ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=renv, job_env=jenv,
                       attempt=attempt, device=device)
-    ctx.watchdog = _start_watchdog(run, renv, jenv, job, device, attempt, state)
+    ctx.watchdog = _start_watchdog(run, renv, jenv, job, device, attempt)
     if ctx.is_rank0:
         _log_start(ctx, hooks)
         if connections_note:
             logger.info(f"note: {connections_note}")
     initialize_parallel(layout, job.train.seed)
     mo = build_model_and_optimizer(job, layout, device)
-    state["local_parameters"] = sum(p.numel() for m in mo.modules for p in m.parameters())
+    result.local_parameters = sum(p.numel() for m in mo.modules for p in m.parameters())
     from .checkpoint.optimizer_step import describe_optimizer
-    state["optimizer"] = describe_optimizer(mo.optimizer)
+    result.optimizer = describe_optimizer(mo.optimizer)
     if ctx.is_rank0:
-        _log_model(ctx, state["local_parameters"])
-        logger.info(f"optimizer: {state['optimizer']}")
+        _log_model(ctx, result.local_parameters)
+        logger.info(f"optimizer: {result.optimizer}")
         logger.info(f"communication: {describe_overlap(mo.model, mo.config)}")
         for note in mo.notes:
             logger.info(f"note: {note}")
@@ -177,7 +190,7 @@ def _train(run, renv, jenv, attempt, state):
     ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
     loaded = ckpt.resume()
     if loaded is not None:
-        state["checkpoint_loaded"] = str(loaded.path)
+        result.checkpoint_loaded = str(loaded.path)
     elif job.train.init_from:
         folder = load_model_only(mo, job.train.init_from)
         if ctx.is_rank0:
@@ -185,41 +198,40 @@ def _train(run, renv, jenv, attempt, state):
     metrics = MetricsWriter(ctx, job.train.steps)
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
                       watchdog=ctx.watchdog, stragglers=stragglers)
-    state["start_step"] = trainer.step
-    state["end_step"] = trainer.step
+    result.start_step = result.end_step = trainer.step
     ctx.watchdog.progress(step=trainer.step, phase="step")
     ctx.watchdog.start_step = trainer.step
     try:
         outcome = trainer.run()
         flag.stand_down()
     finally:
-        state["end_step"] = trainer.step
-        state["last_loss"] = trainer.last_loss
-        state["straggler"] = trainer.straggler
+        result.end_step = trainer.step
+        result.last_loss = trainer.last_loss
+        result.straggler = trainer.straggler
         metrics.close()
         feeder.close()
         logger.info(f"data: {feeder.microbatches_read} microbatches read by this rank "
                     f"({feeder.where})")
     ckpt.close()
     if mo.layers is not None:
-        state["layers"]["attention_in_use"] = layers.attention_in_use(mo.layers)
+        result.layers["attention_in_use"] = layers.attention_in_use(mo.layers)
     if device == "cuda":
         import torch
-        state["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
-    state["checkpoint_saved"] = outcome.checkpoint_saved or ckpt.last_published_path
-    state["saves"] = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()
-                       if k in ("step", "reason", "seconds", "stall_seconds", "total_seconds",
-                                "bytes", "sync")} for s in ckpt.saves]
+        result.peak_gpu_memory_bytes = torch.cuda.max_memory_allocated()
+    result.checkpoint_saved = outcome.checkpoint_saved or ckpt.last_published_path
+    result.saves = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()
+                     if k in ("step", "reason", "seconds", "stall_seconds", "total_seconds",
+                              "bytes", "sync")} for s in ckpt.saves]
     if loaded is not None:
-        state["load_seconds"] = round(loaded.seconds, 3)
-        state["verify_seconds"] = round(ckpt.verify_seconds or 0.0, 3)
+        result.load_seconds = round(loaded.seconds, 3)
+        result.verify_seconds = round(ckpt.verify_seconds or 0.0, 3)
     if trainer.first_step_started is not None:
-        state["first_step_after_s"] = round(trainer.first_step_started - state["start_time"], 3)
+        result.first_step_after_s = round(trainer.first_step_started - result.start_time, 3)
+    result.weights_digest = weights_digest(mo.modules)
     summary = {"run": run.id, "attempt": attempt, "start_step": outcome.start_step,
                "end_step": outcome.end_step, "exit_reason": outcome.exit_reason,
-               "last_loss": outcome.last_loss, "checkpoint_saved": state["checkpoint_saved"],
-               "weights_digest": weights_digest(mo.modules)}
-    state["weights_digest"] = summary["weights_digest"]
+               "last_loss": outcome.last_loss, "checkpoint_saved": result.checkpoint_saved,
+               "weights_digest": result.weights_digest}
     return outcome, summary
 
 
@@ -254,25 +266,24 @@ def _log_start(ctx, hooks) -> None:
                     f"{fault_injection.SWITCH}=1")
 
 
-def _finish(run, renv, jenv, state, reason: ExitReason, code: int, message: str,
-            collective: bool) -> int:
+def _finish(run: RunFolder, renv: RankEnv, jenv: JobEnv, result: AttemptResult,
+            reason: ExitReason, code: int, message: str, collective: bool) -> int:
     """Rank 0 records the attempt; under the local executor the requeue decision is applied."""
     from ..record.attempt_end import finish_attempt, write_result
-    from ..record.attempt_records import AttemptResult
     from .log import logger
 
     requeue = False
     if renv.rank == 0:
-        result = AttemptResult.from_dict({**state, "exit_reason": reason, "exit_code": code,
-                                          "end_time": time.time(), "message": message})
+        result.exit_reason, result.exit_code = reason, code
+        result.end_time, result.message = time.time(), message
         try:
-            write_result(run, state["attempt"], result)
+            write_result(run, result.attempt, result)
         except OSError as e:
             logger.info(f"could not write result.json: {e}")
-        logger.info(f"attempt {state['attempt']} ended: {reason} at step {state['end_step']} "
+        logger.info(f"attempt {result.attempt} ended: {reason} at step {result.end_step} "
                     f"({message})")
         if jenv.local_executor:
-            _, decision = finish_attempt(run, state["attempt"], code, scheduler="local",
+            _, decision = finish_attempt(run, result.attempt, code, scheduler="local",
                                          job_id=jenv.local_job_id)
             requeue = decision.requeue
             logger.info(f"{'requeue' if requeue else 'no requeue'}: {decision.reason}")
@@ -297,7 +308,8 @@ def _record_failure(run, attempt: int, renv, at: float, message: str) -> None:
 _WATCHDOG = []   # the rank's watchdog, stopped however the attempt ends
 
 
-def _start_watchdog(run, renv, jenv, job, device, attempt, state):
+def _start_watchdog(run: RunFolder, renv: RankEnv, jenv: JobEnv, job: JobConfig, device: str,
+                    attempt: int) -> Watchdog:
     """The hang watchdog (``runtime.watchdog``). Under the local executor no batch shell
     outlives the ranks: rank 0's watchdog records a hang itself (no requeue: there is no other
     node to move to)."""

@@ -19,18 +19,26 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from .. import exit_codes
 from ..exit_codes import ExitReason
 from . import collectives
-from .batches import step_loss
+from .batches import BatchFeeder, step_loss
+from .checkpoint.manager import Checkpointer, Loaded
 from .comm_overlap import ParamGatherHooks
+from .context import RankContext
+from .faults import TestHooks
 from .guard import StabilityGuard
 from .log import logger
 from .lr_schedule import LRSchedule
 from .manual_gc import ManualGC
-from .preemption import DeadlinePolicy, PeriodicSaves, SaveEstimate
+from .metrics import MetricsWriter
+from .model import ModelAndOptimizer
+from .preemption import DeadlinePolicy, PeriodicSaves, PreemptionFlag, SaveEstimate
 from .save_interval import AutoInterval
+from .straggler_timing import StragglerWatch
+from .watchdog import Watchdog
 
 
 @dataclass
@@ -73,8 +81,11 @@ def checkpoint_bytes_guess(mo) -> int:
 
 
 class Trainer:
-    def __init__(self, ctx, mo, feeder, checkpointer, hooks, flag, loaded=None, metrics=None,
-                 clock=time.time, watchdog=None, stragglers=None) -> None:
+    def __init__(self, ctx: RankContext, mo: ModelAndOptimizer, feeder: BatchFeeder,
+                 checkpointer: Checkpointer, hooks: TestHooks, flag: PreemptionFlag,
+                 loaded: Loaded | None = None, metrics: MetricsWriter | None = None,
+                 clock: Callable[[], float] = time.time, watchdog: Watchdog | None = None,
+                 stragglers: StragglerWatch | None = None) -> None:
         self.ctx, self.mo, self.feeder = ctx, mo, feeder
         self.ckpt, self.hooks, self.flag = checkpointer, hooks, flag
         job = ctx.job
@@ -106,8 +117,8 @@ class Trainer:
         self.auto_interval = AutoInterval.for_trainer(ctx, self.periodic, self.estimate) \
             if auto and ctx.is_rank0 else None
         self.metrics = metrics
-        self.watchdog = watchdog          # runtime.watchdog.Watchdog: progress for the hang check
-        self.stragglers = stragglers      # runtime.straggler_timing.StragglerWatch
+        self.watchdog = watchdog          # progress for the hang check
+        self.stragglers = stragglers
         self.straggler: dict | None = None   # the node this attempt stopped to exclude
         from megatron.core import parallel_state as ps
         # one rank per loss value: TP rank 0 of the last stage, in every DP replica
@@ -130,11 +141,8 @@ class Trainer:
 
         ctx, lay, mo = self.ctx, self.ctx.layout, self.mo
         number = self.step + 1
-        self.hooks.hold_after(self.step, self._hold_released, waiting=self._held)
-        self.hooks.maybe_crash(number, ctx.rank)
-        self.hooks.maybe_hang_in_collective(number, ctx.rank, logger.info)
-        if self.hooks.step_sleep_s:
-            time.sleep(self.hooks.step_sleep_s)
+        nan = self.hooks.at_step(number, ctx.rank, released=self._hold_released,
+                                 waiting=self._held, log=logger.info)
         lr = self.schedule.lr_at(self.step)
         set_learning_rate(mo.optimizer, lr, ctx.job.train.weight_decay)
         for m in mo.model:
@@ -142,7 +150,7 @@ class Trainer:
         mo.optimizer.zero_grad()
         chunks = len(mo.model)
         losses = get_forward_backward_func()(
-            forward_step_func=self.feeder.forward_step(self.hooks.nan_in(number)),
+            forward_step_func=self.feeder.forward_step(nan),
             data_iterator=self.feeder.iterators(self.consumed, chunks),
             model=mo.model if chunks > 1 else mo.model[0],
             num_microbatches=lay.num_microbatches, seq_length=ctx.job.model.seq_length,

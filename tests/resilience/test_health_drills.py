@@ -187,7 +187,7 @@ def test_a_rank_blocked_inside_a_megatron_collective_is_named_and_its_node_exclu
     assert "wait in a collective it never issued" in hang["why"], hang["why"]
     dumps = stacks(run, 1)
     assert sorted(dumps) == [0, 1, 2, 3]
-    assert "fault_injection.py" in dumps[3] and "megatron/core" in dumps[3]
+    assert "runtime/faults.py" in dumps[3] and "megatron/core" in dumps[3]
     assert "megatron/core" in dumps[0]
 
 

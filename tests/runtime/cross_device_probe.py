@@ -23,7 +23,7 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     run_dir, out = argv
-    from hpctrain.fault_injection import TestHooks
+    from hpctrain.runtime.faults import TestHooks
     from hpctrain.identity import rank_env
     from hpctrain.record.folder import RunFolder
     from hpctrain.runtime import collectives, distributed

@@ -10,11 +10,11 @@ import signal
 import pytest
 
 from hpctrain.errors import UsageError
-from hpctrain.fault_injection import InjectedCrash, TestHooks
 from hpctrain.flops import (forward_flops_per_token, mfu, model_flops_per_step,
                             model_flops_per_step_full_attention)
 from hpctrain.identity import LaunchError, rank_env
 from hpctrain.model_shape import ModelShape, padded_vocab_size, total_parameters
+from hpctrain.runtime.faults import InjectedCrash, TestHooks
 from hpctrain.runtime.guard import StabilityGuard
 from hpctrain.runtime.job_env import job_env
 from hpctrain.runtime.lr_schedule import LRSchedule
@@ -248,6 +248,26 @@ def test_a_hold_waits_after_its_step_until_released_or_timed_out():
     assert h.hold_after(4, lambda: False, sleep, lambda: now[0])                 # once per step
     assert not h.hold_after(9, lambda: False, sleep, lambda: now[0])             # timed out
     assert 30 <= now[0] < 31
+
+
+def test_one_call_per_step_fires_every_step_hook_and_nothing_without_hooks():
+    """The loop's one hook call per step: the hold after the previous step, the crash, the NaN
+    flag of this step; with no hook active it asks nothing (not even whether a hold ended)."""
+    asked = []
+
+    def released():
+        asked.append(True)
+        return True
+    quiet = TestHooks.from_env(ON)
+    assert [quiet.at_step(n, 0, released=released) for n in (1, 2, 3)] == [False] * 3
+    assert asked == []
+    h = TestHooks.from_env({**ON, "HPCTRAIN_TEST_HOLD_AFTER_STEP": "2",
+                            "HPCTRAIN_TEST_NAN_AT_STEP": "3", "HPCTRAIN_TEST_CRASH_AT_STEP": "4@1"})
+    assert h.at_step(2, 1, released=released) is False and asked == []   # no hold after step 1
+    assert h.at_step(3, 1, released=released) is True and asked == [True]  # held after step 2
+    assert h.at_step(4, 0, released=released) is False                    # rank 0: no crash
+    with pytest.raises(InjectedCrash):
+        h.at_step(4, 1, released=released)
 
 
 def test_test_variables_do_nothing_without_the_switch():

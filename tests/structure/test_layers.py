@@ -185,3 +185,22 @@ def test_the_packages_import_each_other_without_a_cycle():
     cycle = find_cycle(packages)
     assert cycle is None, "package import cycle: " + " -> ".join(cycle)
 
+
+
+def test_torch_is_imported_only_from_the_services_layer_up():
+    """The run record, the backends and the values below them never import torch or megatron,
+    lazily or not: the batch shell, the CLI and the Python API use them without a GPU stack."""
+    heavy = {"torch", "megatron", "transformer_engine", "apex"}
+    services = next(i for i, (name, _) in enumerate(LAYERS) if name == "services")
+    wrong = []
+    for name, path in module_files(PACKAGE).items():
+        if name == "hpctrain" or layer_of(name) >= services:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                wrong += [f"{name}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.split(".")[0] in heavy]
+            elif isinstance(node, ast.ImportFrom) and not node.level and \
+                    (node.module or "").split(".")[0] in heavy:
+                wrong.append(f"{name}:{node.lineno} {node.module}")
+    assert wrong == []
