@@ -11,6 +11,7 @@ import is accepted.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 from pathlib import Path
@@ -35,6 +36,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the faces: the Python API and the command line, thin over the use cases
     ("faces", ("api", "cli", "__main__")),
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def hpctrain_graph() -> dict[str, set[str]]:
+    """hpctrain's import graph, read once for the tests of this file."""
+    return import_graph(PACKAGE)[0]
 
 
 def layer_of(module: str, layers=LAYERS) -> int:
@@ -139,7 +146,7 @@ def test_the_text_count_sees_every_way_of_writing_an_import(tmp_path):
 
 
 def test_every_module_of_hpctrain_is_in_a_layer():
-    graph, _ = import_graph(PACKAGE)
+    graph = hpctrain_graph()
     missing = []
     for module in graph:
         try:
@@ -152,7 +159,7 @@ def test_every_module_of_hpctrain_is_in_a_layer():
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
-    graph, _ = import_graph(PACKAGE)
+    graph = hpctrain_graph()
     counted = sum(len(deps) for deps in graph.values())
     assert counted > 500, f"only {counted} imports counted: the graph lost some"
     assert upward_imports(graph) == []
@@ -180,7 +187,7 @@ def test_the_graph_counts_every_import_statement_of_hpctrain():
 
 
 def test_the_packages_import_each_other_without_a_cycle():
-    graph, _ = import_graph(PACKAGE)
+    graph = hpctrain_graph()
     packages = package_graph(graph)
     cycle = find_cycle(packages)
     assert cycle is None, "package import cycle: " + " -> ".join(cycle)
