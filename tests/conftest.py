@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,41 @@ REPO = Path(__file__).resolve().parent.parent
 # The tests' fault injection (hpctrain.fault_injection) works only with this switch; every
 # process the tests start inherits it. A variable in a user's shell without it does nothing.
 os.environ["HPCTRAIN_TEST_HOOKS"] = "1"
+
+
+@functools.lru_cache(maxsize=None)
+def worker_group(path: str) -> str:
+    """Which tests may not run beside each other (``tools/test`` runs pytest-xdist workers with
+    ``--dist loadscope``; the tests of one group run on one worker, one after another), from
+    the test file (``tests/...py``, relative to the repository):
+
+    * ``slurm``: every file with a test that uses the dev Slurm cluster. The cluster is one
+      shared resource (three nodes; a preemption drill takes every node of a partition), so its
+      tests never run beside each other, whatever their folder;
+    * ``megatron-workspace``: the runtime tests that share the session workspace (the prepared
+      corpus, the exported initial weights and the reference runs trained once), made once;
+    * otherwise the file itself, so a module-scoped fixture is made once."""
+    text = (REPO / path).read_text()
+    if "slurm_cluster" in text or "mark.slurm" in text:
+        return "slurm"
+    if re.search(r"def test_\w+\([^)]*\bws\b", text):
+        return "megatron-workspace"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: the suite runs without it too
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with ``worker_group``'s groups as the scopes (pytest-xdist's own
+    ``xdist_group`` marks do not reach its scheduler under pytest 9's node ids)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid.split("::", 1)[0])
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture

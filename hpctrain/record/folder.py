@@ -85,11 +85,12 @@ REOPEN_EVENTS = ("resume", "requeue")
 
 @dataclass
 class RunFolder:
-    """A run folder, and the object ``hpctrain.submit`` returns (``hpctrain.Run``).
+    """A run folder: everything it holds, read when asked. ``hpctrain.Run`` (the API's handle,
+    :class:`hpctrain.api.Run`) is a RunFolder that can also ask the scheduler (state, status,
+    wait); the library passes RunFolders around.
 
-    Cheap to create: it only holds the path, and every question reads the folder (and, for
-    ``status``/``wait``, asks the scheduler) when it is asked. ``Run("runs/tiny-gpt-...")``
-    opens an existing run folder.
+    Cheap to create: it only holds the path, and every question reads the folder when it is
+    asked. ``RunFolder("runs/tiny-gpt-...")`` opens an existing run folder.
     """
 
     path: Path
