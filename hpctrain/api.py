@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from .config import DEFAULT_PROFILE, ClusterProfile
+from .config import DEFAULT_PROFILE, ClusterProfile, JobConfig
 from .errors import RunNotFoundError
 from .record.folder import RUN_FILE, RunFolder
 
@@ -64,13 +64,17 @@ class Run(RunFolder):
         return self.state()
 
 
-def submit(job: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
+def submit(job: str | Path | Mapping | JobConfig,
+           profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
            nodes: int | None = None, chain: int = 1, sweep: Mapping | list[str] | None = None,
            max_parallel: int | None = None, dry_run: bool = False, force: bool = False,
-           runs_dir: str | Path | None = None) -> Run | list[Run]:
-    """Submit a training run of ``job`` (a job file) on ``profile`` (a name, a file, or a
-    loaded profile), as ``hpctrain submit`` does, and return its :class:`Run` without waiting
-    (``run.wait()`` follows it).
+           runs_dir: str | Path | None = None,
+           overrides: Mapping | None = None) -> Run | list[Run]:
+    """Submit a training run of ``job`` (a job file, a mapping holding what a job file holds,
+    or a loaded :class:`hpctrain.config.JobConfig`; relative paths of the last two are relative
+    to the current folder) on ``profile`` (a name, a file, or a loaded profile), as
+    ``hpctrain submit`` does, and return its :class:`Run` without waiting (``run.wait()``
+    follows it). ``overrides`` (``{"train.lr": 3e-4}``) changes values as ``--set`` does.
 
     ``nodes`` resizes the profile; ``chain`` K submits K jobs of the run, each after the
     previous one ended (Slurm); ``sweep`` (``{"train.lr": [1e-4, 3e-4]}`` or
@@ -82,7 +86,8 @@ def submit(job: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFI
     """
     from .submission import submit as submit_job
     done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain, sweep=sweep,
-                      max_parallel=max_parallel, dry_run=dry_run, force=force)
+                      max_parallel=max_parallel, dry_run=dry_run, force=force,
+                      overrides=overrides)
     if done.sweep_dir is not None:
         return [Run(r.path) for r in done.runs]
     return Run(done.run.path)
@@ -106,10 +111,9 @@ def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
 def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> list[Run]:
     """The run folders ``hpctrain runs`` lists, newest first (at most ``limit``), as
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
-    from .ops.listing import sorted_runs
-    from .record.folder import iter_runs, runs_root
-    found = [Run(r.path) for r in sorted_runs(list(iter_runs(runs_root(runs_dir))))]
-    return found if limit is None else found[:limit]
+    from .ops.listing import newest_runs
+    from .record.folder import runs_root
+    return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
 
 
 __all__ = ["Run", "plan", "runs", "submit"]

@@ -53,7 +53,12 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()   # a closed pipe shows here, not at interpreter exit
+        except BrokenPipeError:
+            end_on_closed_pipe()
         except HpcTrainError as e:
             click.echo(f"Error: {e}", err=True)
             ctx.exit(e.exit_code)
@@ -68,6 +73,15 @@ class LazyGroup(click.Group):
             click.echo(f"Error: internal error: {type(e).__name__}: {e} "
                        "(set HPCTRAIN_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def end_on_closed_pipe():
+    """The reader of our output went away (``hpctrain plan ... | head -1``): end quietly, as
+    Unix tools do, with the status of a process killed by SIGPIPE. Whatever is still buffered
+    goes to /dev/null, so the interpreter's own flush at exit does not complain either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(128 + 13)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..config import DEFAULT_PROFILE
-from .common import echo_json, json_option, runs_dir_option
+from .common import complete_profiles, echo_json, json_option, runs_dir_option
 
 
 @click.group()
@@ -20,7 +20,8 @@ def bench():
 
 @bench.command()
 @click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
-@click.option("--profile", "-p", "profile_name", default=DEFAULT_PROFILE, show_default=True,
+@click.option("--profile", "-p", "profile_name", shell_complete=complete_profiles,
+              default=DEFAULT_PROFILE, show_default=True,
               metavar="NAME|FILE", help="Cluster profile to submit to.")
 @click.option("--nodes", "-N", "nodes_text", required=True, metavar="N1,N2,...",
               help="Node counts to run at, e.g. 1,2,4,8 (efficiency is against the smallest).")

@@ -29,11 +29,34 @@ class CheckedPath(click.Path):
         return super().convert(value, param, ctx)
 
 
+def complete_profiles(ctx, param, incomplete: str):
+    """Shell completion of ``-p``: the profile names ``hpctrain profiles list`` shows; what
+    looks like a path (``./``, ``/``, ``~``, ``.yaml``) completes as a file."""
+    from click.shell_completion import CompletionItem
+
+    from ..config.loader import list_profiles
+    if incomplete.startswith((".", "/", "~")) or "/" in incomplete:
+        return [CompletionItem(incomplete, type="file")]
+    return [CompletionItem(name) for name in sorted(list_profiles()) if name.startswith(incomplete)]
+
+
 profile_option = click.option(
     "--profile", "-p", "profile_name", default=DEFAULT_PROFILE, show_default=True, metavar="NAME|FILE",
-    help="Cluster profile: a name from `hpctrain profiles list` or a path to a YAML file.")
+    shell_complete=complete_profiles, help="Cluster profile: a name from `hpctrain profiles list` or a path to a YAML file.")
 nodes_option = click.option("--nodes", "-N", type=click.IntRange(min=1, max=MAX_NODES), default=None,
                             help="Override the profile's node count.")
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Change one value of the job (repeatable), with the keys and values of --sweep: "
+         "--set train.lr=3e-4 --set train.steps=200.")
+
+
+def parsed_overrides(specs) -> dict:
+    """``--set`` specs as a mapping (the errors of ``--sweep``)."""
+    from ..submission.sweep_values import parse_overrides
+    return parse_overrides(list(specs or ()))
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 runs_dir_option = click.option(
     "--runs-dir", type=CheckedPath(file_okay=False, path_type=Path), default=None,
@@ -59,13 +82,15 @@ def complete_runs(ctx, param, incomplete: str):
 
 
 def run_argument(f):
-    """RUN: a run folder, a run id, a unique prefix of one, or a job id the run submitted."""
+    """RUN: a run folder, a run id, a job's name (its newest run), a unique prefix of a run id,
+    or a job id the run submitted."""
     return click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)(f)
 
 
 def find(run_ref: str, runs_dir):
+    """The run RUN names; a job's name is its newest run, and which one goes to stderr."""
     from ..record.folder import find_run
-    return find_run(run_ref, runs_root(runs_dir))
+    return find_run(run_ref, runs_root(runs_dir), note=lambda message: click.echo(message, err=True))
 
 
 def follow_in_terminal(run, *, job=None, quiet: bool = False,

@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import click
 
-from ..config import DEFAULT_PROFILE, load_job
+from ..config import DEFAULT_PROFILE
 from ..config.job import MAX_LAYERS
 from ..config.profile import MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
 from ..errors import UsageError
-from .common import echo_json, json_option
+from .common import complete_profiles, echo_json, json_option, parsed_overrides, set_option
+
+
+def cost_lines(ranked, job, gpus: int) -> list[str]:
+    """Time to train the job's ``train.steps`` and GPU-hours, for each ``(rank, layout)``."""
+    from ..ops.fmt import format_duration, format_gpu_hours
+    from ..planner.cost import training_cost
+    costs = [training_cost(p.step_time_s, job.train.steps, gpus) for _, p in ranked]
+    if all(c.time_s is None for c in costs):
+        return []
+    width = max(len(p.describe()) for _, p in ranked)
+    lines = [f"Cost of train.steps = {job.train.steps:,} on {gpus} GPUs (step time × steps; "
+             "no saves, restarts or queueing):",
+             f"{'#':>4}  {'layout':<{width}} {'time to train':>13} {'GPU-hours':>10}"]
+    for (i, p), c in zip(ranked, costs):
+        lines.append(f"{i:>3}{'*' if p.is_job_layout else ' '}  {p.describe():<{width}} "
+                     f"{format_duration(c.time_s):>13} {format_gpu_hours(c.gpu_hours):>10}")
+    return lines + [""]
 
 
 def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
@@ -22,6 +39,8 @@ def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
                          + "\n".join(f"  - {r}" for r in pinned.reasons))
     for line in explain(plan, target, job):
         click.echo(line)
+    for line in cost_lines([(1, plan)], job, target.world_size)[:-1]:
+        click.echo(f"  {line}")
     if plan.fits is False:
         best = plan_layouts(job, target).best
         if best is not None:
@@ -34,7 +53,8 @@ def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
 
 @click.command()
 @click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
-@click.option("--profile", "-p", "profile_name", default=None, metavar="NAME|FILE",
+@click.option("--profile", "-p", "profile_name", shell_complete=complete_profiles,
+              default=None, metavar="NAME|FILE",
               help=f"Cluster profile: GPU memory, peak TFLOP/s, bandwidths, node size "
                    f"(default: {DEFAULT_PROFILE}; none with --gpus alone).")
 @click.option("--nodes", "-N", type=click.IntRange(min=1, max=MAX_NODES), default=None,
@@ -59,8 +79,10 @@ def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
               help="With a pinned layout: override train.recompute_granularity.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the ranked table.")
+@set_option
 @json_option
-def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, top, as_json):
+def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, top, overrides,
+         as_json):
     """Rank every valid layout of a job (TP, PP, VPP, DP, micro batch, recompute, sequence
     parallel) by estimated step time among those that fit, with each GPU's memory broken down
     into weights, gradients, optimizer state, activations and an allowance.
@@ -75,7 +97,8 @@ def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, t
     from ..planner import plan_layouts
     from ..planner.render import assumptions, explain, reference_parameters, table, unit_for
     from ..planner.request import plan_data, plan_target
-    job = load_job(job_file)
+    from ..submission import load_job_input
+    job, _ = load_job_input(job_file, parsed_overrides(overrides))
     pinned = any(x is not None for x in (tp, pp, vpp, mbs, sp, recompute))
     if as_json:
         data = plan_data(job, profile_name, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
@@ -117,6 +140,10 @@ def plan(job_file, profile_name, nodes, gpus, tp, pp, vpp, mbs, sp, recompute, t
     click.echo("   * the job's own layout" if job_plan else
                "   (the job's own layout is not valid here: pin it with --tp/--pp to see why)")
     click.echo("")
+    ranked = list(enumerate(shown, 1)) + ([(result.layouts.index(job_plan) + 1, job_plan)]
+                                          if job_plan is not None and job_plan not in shown else [])
+    for line in cost_lines(ranked, job, target.world_size):
+        click.echo(line)
     best = result.best
     if best is None:
         click.echo("No layout fits; the one needing the least memory:")

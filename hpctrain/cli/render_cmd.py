@@ -7,15 +7,16 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from .common import (CheckedPath, echo_json, json_option, nodes_option, profile_option,
-                     runs_dir_option)
+from .common import (CheckedPath, echo_json, json_option, nodes_option, parsed_overrides,
+                     profile_option, runs_dir_option, set_option)
 
 
-def load_resolved(job_file: str, profile_name: str, nodes: int | None):
-    """The job on its profile (``hpctrain.submission``), warnings about its layers printed."""
+def load_resolved(job_file: str, profile_name: str, nodes: int | None, overrides=()):
+    """The job (with its ``--set`` values) on its profile (``hpctrain.submission``), warnings
+    about its layers printed."""
     from ..submission import launch_warnings
     from ..submission import load_resolved as load
-    resolved = load(job_file, profile_name, nodes)
+    resolved = load(job_file, profile_name, nodes, parsed_overrides(overrides))
     for warning in launch_warnings(resolved):
         click.echo(f"warning: {warning}", err=True)
     return resolved
@@ -25,15 +26,21 @@ def load_resolved(job_file: str, profile_name: str, nodes: int | None):
 @click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
 @profile_option
 @nodes_option
+@set_option
 @json_option
-def validate(job_file, profile_name, nodes, as_json):
-    """Check a job file on a profile: schema, layout (TP × PP × DP = world size) and safety.
+def validate(job_file, profile_name, nodes, overrides, as_json):
+    """Check a job file on a profile: schema, layout (TP × PP × DP = world size), safety, and
+    every other check `submit` makes that needs no cluster (memory fit, data and vocabulary).
+    Data this machine cannot see is a warning, not an error.
 
     \b
     Example:
       hpctrain validate examples/tiny.yaml --profile dev-slurm
+      hpctrain validate examples/tiny.yaml --set train.steps=500
     """
-    r = load_resolved(job_file, profile_name, nodes)
+    from ..submission import check_offline
+    r = load_resolved(job_file, profile_name, nodes, overrides)
+    check_offline(r, prepare=False, warn=lambda message: click.echo(f"warning: {message}", err=True))
     if as_json:
         lay = r.layout
         echo_json({"valid": True, "profile": r.profile.name, "world_size": r.profile.world_size,
@@ -53,10 +60,12 @@ def validate(job_file, profile_name, nodes, as_json):
 @click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
 @profile_option
 @nodes_option
+@set_option
 @runs_dir_option
 @click.option("--run-dir", type=CheckedPath(file_okay=False, path_type=Path), default=None,
-              help="Run folder to render for (default: <runs dir>/<job name>).")
-def render(job_file, profile_name, nodes, runs_dir, run_dir):
+              help="Run folder to render for (default: a new run id under the runs dir, "
+                   "<job name>-<date>-<time>-<hex>, named as `submit` names it).")
+def render(job_file, profile_name, nodes, overrides, runs_dir, run_dir):
     """Print the sbatch script a submission would use (nothing is written or submitted).
 
     The script is a pure function of the profile, the job and the run folder, rendered from
@@ -67,14 +76,14 @@ def render(job_file, profile_name, nodes, runs_dir, run_dir):
       hpctrain render examples/tiny.yaml --profile dev-slurm > tiny.sbatch
       sbatch --test-only tiny.sbatch
     """
-    from ..record.folder import RunFolder
+    from ..record.folder import RunFolder, new_run_id
     from ..scheduler.choose import backend_for
     from ..submission import render_script, runs_root_for, script_inputs
-    r = load_resolved(job_file, profile_name, nodes)
+    r = load_resolved(job_file, profile_name, nodes, overrides)
     if not backend_for(r.profile).batch_script:
         raise UsageError(f"profile {r.profile.name!r} runs without Slurm (scheduler: "
                          f"{r.profile.scheduler}); render a Slurm profile, e.g. --profile dev-slurm")
     if run_dir is None:
-        run_dir = runs_root_for(runs_dir, r.profile) / r.job.name
+        run_dir = runs_root_for(runs_dir, r.profile) / new_run_id(r.job.name)  # as submit names it
     run = RunFolder(Path(run_dir).resolve())
     click.echo(render_script(script_inputs(run, r.profile), resolved=r), nl=False)

@@ -1,4 +1,5 @@
-"""``hpctrain report``: draw a run's PNG report and print its path and a short summary."""
+"""``hpctrain report``: draw a run's PNG report and print its path and a short summary; or
+several runs (a sweep's) in one PNG."""
 
 from __future__ import annotations
 
@@ -8,27 +9,33 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from .common import echo_json, find, json_option, run_argument, runs_dir_option
+from .common import complete_runs, echo_json, find, json_option, runs_dir_option, runs_root
 
 
 @click.command()
-@run_argument
+@click.argument("run_refs", metavar="RUN... | SWEEP", nargs=-1, required=True,
+                shell_complete=complete_runs)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to write the PNG (default: report.png in the run folder).")
+              help="Where to write the PNG (default: report.png in the run folder; for several "
+                   "runs, compare.png in the sweep's folder or compare-<time>.png in the runs "
+                   "folder).")
 @click.option("--size", default="1200x900", show_default=True, metavar="WxH",
               help="Image size in pixels.")
 @runs_dir_option
 @json_option
-def report(run_ref, output, size, runs_dir, as_json):
+def report(run_refs, output, size, runs_dir, as_json):
     """Draw a PNG of a run: loss, tokens/s and MFU over steps, with preemptions, requeues and
-    checkpoints marked; print its path and the numbers in a short summary.
+    checkpoints marked; print its path and the numbers in a short summary. Several runs, or a
+    sweep, are drawn in one PNG: loss, validation loss and tokens/s, one line per run labelled
+    by what differs between them.
 
     \b
     Example:
       hpctrain report tiny-gpt
       hpctrain report tiny-gpt -o /tmp/tiny.png --size 1600x1000
+      hpctrain report tiny-gpt-20250101-120000-ab12 tiny-gpt-20250102-090000-cd34
+      hpctrain report tiny-gpt-20250101-130000-ef56      # a sweep's id: all its runs
     """
-    from ..ops.report import build_figure, collect, format_summary, summarize, write_png
     try:
         width, height = (int(x) for x in size.lower().split("x"))
         if width < 200 or height < 200:
@@ -36,9 +43,16 @@ def report(run_ref, output, size, runs_dir, as_json):
     except ValueError:
         raise UsageError(f"--size {size!r}: expected WIDTHxHEIGHT in pixels, each at least 200 "
                          "(e.g. 1200x900)") from None
-    run = find(run_ref, runs_dir)
+    from ..ops.compare import runs_of
+    root = runs_root(runs_dir)
+    single = len(run_refs) == 1 and not _is_sweep(run_refs[0], root)
+    run = find(run_refs[0], runs_dir) if single else None
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("hpctrain report needs matplotlib: pip install 'hpctrain[report]'")
+    if not single:
+        _compare(*runs_of(list(run_refs), root), root, output, width, height, as_json)
+        return
+    from ..ops.report import build_figure, collect, format_summary, summarize, write_png
     data = collect(run)
     path = (output or run.path / "report.png").resolve()
     write_png(build_figure(data, width, height), path)
@@ -48,3 +62,33 @@ def report(run_ref, output, size, runs_dir, as_json):
         return
     click.echo(f"Report: {path} ({width}×{height})")
     click.echo(format_summary(summary))
+
+
+def _is_sweep(ref: str, root: Path) -> bool:
+    from ..ops.compare import sweep_folder
+    return sweep_folder(ref, root) is not None
+
+
+def _compare(runs, sweep_id, root: Path, output, width: int, height: int, as_json: bool) -> None:
+    import time
+
+    from ..ops.compare import build_comparison, collect_series, comparison_summary
+    from ..ops.report import write_png
+    from ..submission.sweep_values import SWEEP_DIR
+    series = collect_series(runs)
+    if output is None:
+        output = (root / SWEEP_DIR / sweep_id / "compare.png" if sweep_id else
+                  root / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.png")
+    path = Path(output).resolve()
+    title = f"sweep {sweep_id}: {len(runs)} runs" if sweep_id else f"{len(runs)} runs"
+    write_png(build_comparison(series, width, height, title=title), path)
+    rows = comparison_summary(series)
+    if as_json:
+        echo_json({"report": str(path), "width": width, "height": height, "sweep": sweep_id,
+                   "runs": rows})
+        return
+    click.echo(f"Report: {path} ({width}×{height}), {len(runs)} runs")
+    from ..ops.fmt import format_table
+    click.echo(format_table(["RUN", "STEP", "LOSS", "VAL LOSS", "LABEL"],
+                            [[r["run"], r["last_step"], r["last_loss"], r["last_val_loss"],
+                              r["label"]] for r in rows]))

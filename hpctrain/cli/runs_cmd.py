@@ -8,31 +8,36 @@ from __future__ import annotations
 
 import click
 
-from .common import (echo_json, find, follow_in_terminal, json_option, run_argument,
-                     runs_dir_option, runs_root)
+from .common import (complete_profiles, complete_runs, echo_json, find, follow_in_terminal,
+                     json_option, parsed_overrides, run_argument, runs_dir_option, runs_root,
+                     set_option)
 
 
 # ---- runs ------------------------------------------------------------------------------------
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @runs_dir_option
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="Show the newest N runs.")
 @json_option
-def runs(runs_dir, limit, as_json):
+@click.pass_context
+def runs(ctx, runs_dir, limit, as_json):
     """List run folders, newest first: profile, current job, state, step, attempts, last event.
+    `runs prune` removes dry runs' folders, `runs rm RUN...` removes runs.
 
     \b
     Example:
       hpctrain runs
       hpctrain runs -n 5 --json | jq '.[] | select(.state == "RUNNING") | .run'
+      hpctrain runs prune --dry-run            # the dry runs' folders that would go
     """
-    from ..ops.listing import format_runs, sorted_runs
-    from ..record.folder import iter_runs
-    from ..view.runview import build_views
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..ops.listing import format_runs, newest_runs
+    from ..view.runview import add_usage, build_views
     root = runs_root(runs_dir)
-    found = sorted_runs(list(iter_runs(root)))[:limit]
-    rows = [v.summary() for v in build_views(found)]
+    found = newest_runs(root, limit)
+    rows = [v.summary() for v in add_usage(build_views(found))]
     if as_json:
         echo_json(rows)
         return
@@ -41,6 +46,60 @@ def runs(runs_dir, limit, as_json):
                    "another folder).")
         return
     click.echo(format_runs(rows))
+
+
+dry_run_option = click.option("--dry-run", is_flag=True,
+                              help="Show what would be removed; remove nothing.")
+
+
+@runs.command("rm")
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True, shell_complete=complete_runs)
+@dry_run_option
+@runs_dir_option
+def runs_rm(run_refs, dry_run, runs_dir):
+    """Remove run folders, named by full run id or folder (never a run with a pending or
+    running job; checkpoints kept outside the run folder stay where they are).
+
+    \b
+    Example:
+      hpctrain runs rm tiny-gpt-20250101-120000-ab12 --dry-run
+    """
+    from ..ops.cleanup import exact_runs, plan_removal
+    _remove(plan_removal(exact_runs(list(run_refs), runs_root(_group_runs_dir(runs_dir)))), dry_run)
+
+
+@runs.command("prune")
+@dry_run_option
+@runs_dir_option
+def runs_prune(dry_run, runs_dir):
+    """Remove the folders of dry runs (`submit --dry-run`: a script, never a job).
+
+    \b
+    Example:
+      hpctrain runs prune --dry-run
+      hpctrain runs prune
+    """
+    from ..ops.cleanup import dry_run_folders, plan_removal
+    root = runs_root(_group_runs_dir(runs_dir))
+    found = dry_run_folders(root)
+    if not found:
+        click.echo(f"No dry-run folders under {root}.")
+        return
+    _remove(plan_removal(found), dry_run)
+
+
+def _remove(removals, dry_run: bool) -> None:
+    from ..ops.cleanup import remove
+    for item in removals:
+        kept = f" (checkpoints kept in {item.checkpoints_kept})" if item.checkpoints_kept else ""
+        if not dry_run:
+            remove([item])
+        click.echo(f"{'would remove' if dry_run else 'removed'} {item.run.path}{kept}")
+
+
+def _group_runs_dir(runs_dir):
+    """``hpctrain runs --runs-dir X prune`` means the same as ``runs prune --runs-dir X``."""
+    return runs_dir or click.get_current_context().parent.params.get("runs_dir")
 
 
 # ---- status ------------------------------------------------------------------------------------
@@ -188,27 +247,40 @@ def requeue(run_ref, wait, runs_dir, as_json):
 
 @click.command()
 @run_argument
-@click.option("--profile", "-p", "profile_name", default=None, metavar="NAME|FILE",
+@click.option("--profile", "-p", "profile_name", shell_complete=complete_profiles,
+              default=None, metavar="NAME|FILE",
               help="Resume on another cluster profile (default: the run's own).")
 @click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
               help="Resume on another node count (the layout is checked again; the checkpoint "
                    "is resharded on load).")
+@click.option("--steps", type=click.IntRange(min=1, max=10**9), default=None, metavar="N",
+              help="Train to step N (train.steps): extends a finished run.")
+@set_option
 @click.option("--force", is_flag=True, help="Resume even if the run looks running or finished.")
 @wait_option
 @runs_dir_option
 @json_option
-def resume(run_ref, profile_name, nodes, force, wait, runs_dir, as_json):
+def resume(run_ref, profile_name, nodes, steps, overrides, force, wait, runs_dir, as_json):
     """Resubmit a stopped run from its newest complete checkpoint, possibly on another profile
-    or node count. The old profile is kept as profile.N.yaml in the run folder.
+    or node count, or with values changed (--set, --steps: the learning-rate schedule then runs
+    over the new train.steps). The old profile and job are kept as profile.N.yaml and
+    job.N.yaml in the run folder.
 
     \b
     Example:
       hpctrain resume tiny-gpt
       hpctrain resume tiny-gpt --nodes 1          # after losing a node: DP shrinks
       hpctrain resume tiny-gpt -p h100-ib-pyxis -N 16
+      hpctrain resume tiny-gpt --steps 2000      # a finished run trains on to step 2000
     """
+    from ..errors import UsageError
     from ..ops.control import resume_run
+    changes = parsed_overrides(overrides)
+    if steps is not None:
+        if changes.get("train.steps", steps) != steps:
+            raise UsageError("--steps and --set train.steps disagree; give one of them")
+        changes["train.steps"] = steps
     run = find(run_ref, runs_dir)
-    res = resume_run(run, profile_name, nodes, force=force)
+    res = resume_run(run, profile_name, nodes, force=force, overrides=changes)
     _after_resubmit(run, res, wait, as_json, "Resumed")
 

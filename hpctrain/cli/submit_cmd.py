@@ -6,16 +6,18 @@ from __future__ import annotations
 import click
 
 from ..errors import HpcTrainError
-from .common import (echo_json, follow_in_terminal, json_option, nodes_option, profile_option,
-                     runs_dir_option)
+from .common import (echo_json, follow_in_terminal, json_option, nodes_option, parsed_overrides,
+                     profile_option, runs_dir_option, set_option)
 
 
 @click.command()
 @click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
 @profile_option
 @nodes_option
+@set_option
 @runs_dir_option
-@click.option("--dry-run", is_flag=True, help="Create the run folder and script, do not submit.")
+@click.option("--dry-run", is_flag=True, help="Create the run folder and script, do not submit "
+                                               "(data this machine cannot see is a warning).")
 @click.option("--wait/--no-wait", default=None,
               help="Follow the run to its end (default: wait on the local profile, not on Slurm).")
 @click.option("--force", is_flag=True, help="Submit even if the planner says it does not fit.")
@@ -29,7 +31,7 @@ from .common import (echo_json, follow_in_terminal, json_option, nodes_option, p
 @click.option("--max-parallel", type=int, default=None, metavar="N",
               help="With --sweep: at most N runs at once (the array's %N).")
 @json_option
-def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain, sweeps,
+def submit(job_file, profile_name, nodes, overrides, runs_dir, dry_run, wait, force, chain, sweeps,
            max_parallel, as_json):
     """Submit a training run: validate, plan, create a run folder, submit through submitit.
 
@@ -44,6 +46,7 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain,
       hpctrain submit job.yaml -p h100-ib-pyxis -N 32 --json
       hpctrain submit job.yaml -p dev-slurm --chain 3          # 3 jobs, one after another
       hpctrain submit job.yaml -p dev-slurm --sweep train.lr=1e-4,3e-4 --max-parallel 1
+      hpctrain submit job.yaml -p dev-slurm --set train.steps=2000 --set train.lr=3e-4
     """
     from ..submission import submit as submit_job
     local_sweep = []
@@ -60,6 +63,7 @@ def submit(job_file, profile_name, nodes, runs_dir, dry_run, wait, force, chain,
         return "finished"
     done = submit_job(job_file, profile_name, nodes=nodes, runs_dir=runs_dir, chain=chain,
                       sweep=list(sweeps), max_parallel=max_parallel, dry_run=dry_run, force=force,
+                      overrides=parsed_overrides(overrides),
                       follow_local_run=follow_local_run,
                       warn=lambda message: click.echo(f"warning: {message}", err=True))
     if done.sweep_dir is not None:

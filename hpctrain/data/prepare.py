@@ -20,6 +20,7 @@ from ..errors import UsageError
 from . import indexed
 from .sources import check_inputs, read_pieces, total_input_bytes
 from .tokenizers import load_tokenizer
+from .vocabulary import check_vocab
 
 BATCH_TEXTS = 512  # pieces tokenized together (Hugging Face tokenizers are faster in batches)
 
@@ -126,20 +127,15 @@ def ensure_prepared(job) -> bool:
     """
     data = job.data
     if indexed.exists(data.path):
-        _check_vocab(job, read_meta(data.path).get("vocab_size"))
+        check_vocab(job, read_meta(data.path).get("vocab_size"))
         return False
     if not data.prepare_from:
         raise UsageError(f"data.path: {data.path}.bin/.idx do not exist; prepare them with "
                          f"`hpctrain data prepare FILES --output {data.path}` or set "
                          f"data.prepare_from")
     tok = load_tokenizer(data.tokenizer)
-    _check_vocab(job, tok.vocab_size)
+    check_vocab(job, tok.vocab_size)
     prepare(data.prepare_from, data.path, data.tokenizer, data.json_key)
     return True
 
 
-def _check_vocab(job, tokenizer_vocab: int | None) -> None:
-    if tokenizer_vocab and tokenizer_vocab > job.model.vocab_size:
-        raise UsageError(f"model.vocab_size: {job.model.vocab_size} is smaller than the "
-                         f"tokenizer's vocabulary ({tokenizer_vocab}); set it to at least "
-                         f"{tokenizer_vocab}")

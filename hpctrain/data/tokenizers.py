@@ -5,16 +5,21 @@ vocabulary is 257 and it needs nothing installed: the examples and tests use it.
 holding ``tokenizer.json`` is loaded with the ``tokenizers`` package, offline (nothing is
 ever downloaded). Its end-of-document id comes from ``tokenizer_config.json``'s
 ``eos_token`` when present, else from the usual special tokens.
+
+numpy is imported when text is encoded, not before: ``hpctrain validate`` loads a tokenizer
+to check its vocabulary and must start fast.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
 
@@ -25,6 +30,7 @@ class ByteTokenizer:
     eod = 256
 
     def encode(self, text: str) -> np.ndarray:
+        import numpy as np
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -80,9 +86,11 @@ class HuggingFaceTokenizer:
                          f"{', '.join(names)}); set eos_token in tokenizer_config.json")
 
     def encode(self, text: str) -> np.ndarray:
+        import numpy as np
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        import numpy as np
         out = self._tok.encode_batch(texts, add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) for e in out]
 

@@ -72,8 +72,8 @@ def _newest_step(run: RunFolder) -> int | None:
 
 def _refuse_finished(view: RunView, what: str) -> None:
     raise UsageError(f"run {view.run.id} finished at step {view.step}; nothing to {what} "
-                     f"(to train further, raise train.steps in {view.run.job_file} and run "
-                     f"`hpctrain resume {view.run.id} --force`)")
+                     f"(to train further: `hpctrain resume {view.run.id} --steps N`, N > "
+                     f"{view.step})")
 
 
 def requeue_run(run: RunFolder) -> Resubmitted:
@@ -104,18 +104,23 @@ def requeue_run(run: RunFolder) -> Resubmitted:
 
 
 def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | None = None, *,
-               force: bool = False) -> Resubmitted:
+               force: bool = False, overrides: dict | None = None) -> Resubmitted:
     """Resubmit a stopped run from its newest complete checkpoint, on its profile or another
     one (``profile_name``/``nodes``). The runtime reshards the checkpoint to the new layout.
     A new layout that does not fit the GPUs' memory is refused (as at submit) unless
-    ``force``, before anything changes."""
+    ``force``, before anything changes.
+
+    ``overrides`` (``--set``, ``--steps``) change the run's job before it resumes: raising
+    ``train.steps`` extends a finished run (the old job is kept as ``job.N.yaml``)."""
     view = build_view(run)
     if view.active_jobs and not force:
         job = view.current_job
         raise UsageError(f"run {run.id} is still {view.state.lower()} (job {job.job_id}); a "
                          f"preempted job resumes by itself. `hpctrain cancel {run.id}` first, or "
                          "pass --force if the scheduler's view is wrong")
-    if view.finished and not force:
+    new_job = _job_with(run, view, overrides or {})
+    extends = new_job is not None and new_job.train.steps > (view.step or 0)
+    if view.finished and not force and not extends:
         _refuse_finished(view, "resume")
     old = run.resolved_profile()
     new = load_profile(profile_name) if profile_name else old
@@ -125,16 +130,50 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
                          f"{new.name!r} uses {new.scheduler!r}; a run stays on one kind of "
                          "scheduler (start a new run with `train.init_from` instead)")
     backend_for(new).check_nodes(new.slurm.nodes)
-    resolved = _resolve_for(run, new)
+    resolved = _resolve_for(run, new, new_job)
     check_fits(resolved, force)
     changed = to_dict(new) != to_dict(old)
     if changed:
         _archive_profile(run, old, new, resolved)
-    return _resubmit(run, resolved, "resume", force=force, previous_world_size=old.world_size)
+    if new_job is not None:
+        _archive_job(run, resolved.job, overrides)
+    return _resubmit(run, resolved, "resume", force=force, previous_world_size=old.world_size,
+                     extended=view.finished and extends)
 
 
-def _resolve_for(run: RunFolder, profile: ClusterProfile) -> Resolved:
-    job = run.resolved_job()
+def _job_with(run: RunFolder, view: RunView, overrides: dict):
+    """The run's job with ``overrides`` applied and checked (None: no overrides). A
+    ``train.steps`` the run has already reached is refused: there would be nothing to train."""
+    if not overrides:
+        return None
+    from ..submission.sweep_values import with_overrides
+    job = with_overrides(run.resolved_job(), overrides, run.path, str(run.job_file))
+    reached = view.step or 0
+    if "train.steps" in overrides and job.train.steps <= reached:
+        raise UsageError(f"train.steps: run {run.id} already reached step {reached}; give more "
+                         f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")
+    return job
+
+
+def _archive_job(run: RunFolder, job, overrides: dict) -> str:
+    """Keep the job the run ran with so far as ``job.N.yaml``; write the new one and record the
+    overrides in ``run.yaml`` (under the run's lock)."""
+    with run.lock():
+        n = 1
+        while (run.path / f"job.{n}.yaml").exists():
+            n += 1
+        kept = run.path / f"job.{n}.yaml"
+        yamlio.write_atomic(kept, run.job_file.read_text())
+        yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
+        history = list(run.meta().get("job_history", []))
+        history.append({"file": kept.name, "overrides": dict(overrides), "until": now_iso()})
+        run.update_meta(job_history=history, total_steps=job.train.steps,
+                        overrides={**(run.meta().get("overrides") or {}), **overrides})
+    return kept.name
+
+
+def _resolve_for(run: RunFolder, profile: ClusterProfile, job=None) -> Resolved:
+    job = job if job is not None else run.resolved_job()
     try:
         return resolve(job, profile, source=str(run.job_file))
     except ConfigError as e:
@@ -165,7 +204,7 @@ def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, r
 
 
 def _resubmit(run: RunFolder, resolved: Resolved, event: str, *, force: bool,
-              previous_world_size: int | None = None) -> Resubmitted:
+              previous_world_size: int | None = None, extended: bool = False) -> Resubmitted:
     from ..record import checkpoint_store as store
     store.check_owner(run.checkpoint_dir(), run.id)   # refused before any event is recorded
     from_step = _newest_step(run)
@@ -176,6 +215,8 @@ def _resubmit(run: RunFolder, resolved: Resolved, event: str, *, force: bool,
         data["previous_world_size"] = previous_world_size
     if force:
         data["force"] = True
+    if extended:   # reopens a finished run, as a forced resume does (Run.finished)
+        data["extended_to"] = resolved.job.train.steps
     run.event(event, **data)  # before submitting: it reopens a cancelled run for the new job
     next_attempt = max(run.attempts_started() + [int(r.get("attempt") or 0) for r in run.ledger()]
                        + [0]) + 1

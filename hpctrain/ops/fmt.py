@@ -65,6 +65,15 @@ def format_duration(seconds: float | int | None) -> str:
     return f"{d}d{h:02d}h"
 
 
+def format_gpu_hours(hours: float | None) -> str:
+    """``0.0042``, ``3.21``, ``1,234`` GPU-hours: small rehearsal runs still show a figure."""
+    if hours is None:
+        return "-"
+    if hours >= 100:
+        return f"{hours:,.0f}"
+    return f"{hours:.3g}" if hours < 1 else f"{hours:.2f}"
+
+
 def format_bytes(n: int | None) -> str:
     if n is None:
         return "-"

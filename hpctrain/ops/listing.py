@@ -2,16 +2,61 @@
 
 from __future__ import annotations
 
-from ..record.folder import RunFolder
-from .fmt import format_age, format_number, format_table
+import os
+import re
+from pathlib import Path
+
+from ..errors import HpcTrainError
+from ..record.folder import RUN_FILE, RunFolder, iter_runs
+from .fmt import format_age, format_number, format_table, parse_iso
+
+
+_STAMP = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
 
 def sorted_runs(runs: list[RunFolder]) -> list[RunFolder]:
-    """Newest first, by the creation time run.yaml records (the folder's mtime otherwise)."""
-    def key(run: RunFolder):
-        created = run.meta().get("created")
-        return (str(created) if created else "", run.path.stat().st_mtime, run.id)
-    return sorted(runs, key=key, reverse=True)
+    """Newest first, by creation time: the one a run id carries (``<name>-<YYYYMMDD-HHMMSS>-<hex>``,
+    the local time ``run.yaml``'s ``created`` also records), so ordering reads no file;
+    ``run.yaml``'s ``created`` for a folder named otherwise; ties by run id."""
+    return sorted(runs, key=lambda run: (_stamp(run.path.name, run), run.id), reverse=True)
+
+
+def newest_runs(root: Path, limit: int | None = None) -> list[RunFolder]:
+    """The run folders under ``root``, newest first, at most ``limit``: with a limit, only the
+    folder names are ordered (no file is read or stat'ed for that) and ``run.yaml`` is looked
+    for from the newest down until ``limit`` runs are found."""
+    if limit is None:
+        return sorted_runs(list(iter_runs(root)))
+    try:
+        entries = [e for e in os.scandir(root) if e.is_dir()]
+    except OSError:
+        return []
+    order = sorted(entries, key=lambda e: (_stamp(e.name, None, Path(e.path)), e.name),
+                   reverse=True)
+    found = []
+    for entry in order:
+        if len(found) == limit:
+            break
+        if os.path.isfile(os.path.join(entry.path, RUN_FILE)):
+            found.append(RunFolder(Path(entry.path)))
+    return found
+
+
+def _stamp(name: str, run: RunFolder | None, path: Path | None = None) -> str:
+    m = _STAMP.search(name)
+    if m:
+        return m.group(1)
+    run = run or RunFolder(path)
+    try:
+        return _stamp_of(run.meta().get("created"))
+    except HpcTrainError:          # not a run folder (or a damaged one): last
+        return ""
+
+
+def _stamp_of(created) -> str:
+    """``created`` (ISO, with offset) as the run id's ``YYYYMMDD-HHMMSS`` in local time."""
+    when = parse_iso(str(created)) if created else None
+    return when.astimezone().strftime("%Y%m%d-%H%M%S") if when else ""
 
 
 def format_runs(rows: list[dict]) -> str:

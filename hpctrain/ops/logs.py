@@ -40,6 +40,11 @@ def choose_log(run: RunFolder, *, rank: int, attempt: int | None, batch: bool,
     if must_exist and not path.exists():
         ranks = ranks_logged(run, attempt)
         have = (f"rank logs {', '.join(map(str, ranks))}" if ranks else "no rank logs")
+        if batch:   # the batch shell of a Slurm job writes it; a local run has none
+            fix = ("drop --batch to read a rank's log (--rank)" if ranks else
+                   "pick another attempt with --attempt")
+            raise UsageError(f"no batch.log in attempt {attempt} of run {run.id} (it has {have}; "
+                             f"only a Slurm job's batch shell writes one); {fix}")
         raise UsageError(f"no {path.name} in attempt {attempt} of run {run.id} (it has {have}"
                          f"{' and batch.log' if (run.attempt_dir(attempt) / 'batch.log').exists() else ''}); "
                          "pick one with --rank or --batch")

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..exit_codes import REQUEUE_REASONS, ExitReason
 from ..record.folder import RunFolder
 from .checkpoints import checkpoint_step, inspect_checkpoints
-from .fmt import format_duration, format_number
+from .fmt import format_duration, format_gpu_hours, format_number
 
 WIDTH_PX, HEIGHT_PX, DPI = 1200, 900, 100
 
@@ -35,6 +35,7 @@ class ReportData:
     ledger: list[dict] = field(default_factory=list)
     total_steps: int | None = None
     attempts: int = 0                  # started, recorded or not
+    usage: dict = field(default_factory=dict)   # GpuHours.to_json(): GPU-hours used
 
 
 def per_step(metrics: list[dict]) -> list[dict]:
@@ -81,6 +82,8 @@ def collect(run: RunFolder) -> ReportData:
         data.total_steps = run.resolved_job().train.steps
     except Exception:
         data.total_steps = None
+    from ..view.cost import gpu_hours
+    data.usage = gpu_hours(run).to_json()
     return data
 
 
@@ -169,6 +172,8 @@ def summarize(data: ReportData) -> dict:
         "training_time_s": sum(r.get("duration_s") or 0 for r in data.ledger) or None,
         "stragglers": {node: min(s for s, n in data.stragglers if n == node)
                        for node in sorted({n for _, n in data.stragglers})},
+        "gpu_hours": data.usage.get("gpu_hours"),
+        "gpu_hours_source": data.usage.get("gpu_hours_source"),
     }
 
 
@@ -181,6 +186,9 @@ def format_summary(s: dict) -> str:
         lines.append(f"Steps       {s['first_step']}→{s['last_step']}{total}")
     lines.append(f"Attempts    {s['attempts']} ({s['preemptions']} preempted, {s['requeues']} requeued)"
                  + (f", {format_duration(s['training_time_s'])} in jobs" if s.get("training_time_s") else ""))
+    if s.get("gpu_hours") is not None:
+        lines.append(f"GPU-hours   {format_gpu_hours(s['gpu_hours'])} (from "
+                     f"{s.get('gpu_hours_source')})")
     ck = s["checkpoints"]
     lines.append(f"Checkpoints {len(ck)}" + (f" (steps {', '.join(map(str, ck))})" if ck else ""))
     if s["last_loss"] is not None:

@@ -11,7 +11,7 @@ from ..record.folder import RunFolder
 from ..view.runview import RunView, build_view
 from .checkpoints import (CheckpointFolder, checkpoint_step, describe_checkpoint_ref,
                           inspect_checkpoints)
-from .fmt import format_bytes, format_duration, format_number, format_table
+from .fmt import format_bytes, format_duration, format_gpu_hours, format_number, format_table
 
 
 def _times(view: RunView) -> dict:
@@ -103,6 +103,8 @@ def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
         "expected_start": job.start_time if job and job.state.startswith("PENDING") else None,
         **_times(view),
         "step": view.step, "total_steps": view.total_steps, "loss": view.loss,
+        "val_loss": view.val_loss,
+        **view.gpu_usage.to_json(),
         "tokens_per_s": metric.get("tokens_per_s"), "mfu": metric.get("mfu"),
         "attempts": attempt_rows(view),
         "jobs": [{"job_id": j.job_id, "state": j.state, "reason": j.reason, "nodes": j.nodes,
@@ -185,6 +187,9 @@ def format_status(data: dict) -> str:
             extra.append(f"MFU {100 * data['mfu']:.1f}%")
         lines.append(f"Progress    step {data['step']}" + (f" / {total}" if total else "") + pct
                      + (", " + ", ".join(extra) if extra else ""))
+    if data.get("gpu_hours") is not None:
+        lines.append(f"GPU-hours   {format_gpu_hours(data['gpu_hours'])} used, every attempt and "
+                     f"node (from {data.get('gpu_hours_source')})")
     ck = data.get("checkpoint")
     folder = data.get("checkpoints") or {}
     if ck:

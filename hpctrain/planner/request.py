@@ -84,5 +84,16 @@ def plan_data(job: str | Path | JobConfig, profile: str | Path | ClusterProfile 
         if pinned.plan is None:
             return plan_json(job, PlanResult(target, (), ()), [],
                              [Rejected(pinned.name, tuple(pinned.reasons))])
-        return plan_json(job, PlanResult(target, (pinned.plan,), ()), [pinned.plan], [])
-    return plan_json(job, plan_layouts(job, target))
+        return with_cost(plan_json(job, PlanResult(target, (pinned.plan,), ()), [pinned.plan], []),
+                         job)
+    return with_cost(plan_json(job, plan_layouts(job, target)), job)
+
+
+def with_cost(data: dict, job: JobConfig) -> dict:
+    """Each layout of ``plan --json`` with what training the job's ``train.steps`` costs on
+    it: ``cost.time_to_train_s`` and ``cost.gpu_hours`` (``hpctrain.planner.cost``)."""
+    from .cost import training_cost
+    for layout in data["layouts"]:
+        layout["cost"] = training_cost(layout.get("step_time_s"), job.train.steps,
+                                       data["world_size"]).to_json()
+    return data

@@ -4,6 +4,9 @@ Why: NCCL falls back from InfiniBand to TCP sockets without an error (a missing 
 wrong ``NCCL_IB_HCA``, a container without ``/dev/infiniband``); the job runs 5x slower and
 nobody notices. The log says it plainly: ``Using network IB`` vs ``Using network Socket``, and
 per channel ``via NET/IB/0/GDRDMA``, ``via NET/Socket/0``, ``via P2P/IPC``, ``via SHM``.
+Older NCCL versions (2.4, 2.5) print no ``Using network`` line: they only announce the
+fallback as ``NET/IB : No device found.`` followed by ``NET/Socket : Using [0]eth0:...``,
+and a rank whose ring neighbours are on its own node logs no ``NET/`` channel at all.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ _NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
 _VIA = re.compile(r"\bvia (NET/[A-Za-z]+(?:/\d+)?(?:/GDRDMA)?|P2P/\w+|SHM(?:/\w+)*|"
                   r"direct shared memory|P2P|COLLNET\w*)")
 _NET_IB_USING = re.compile(r"NET/IB : Using (.*?)(?:; OOB|$)")
+_NET_SOCKET_USING = re.compile(r"NET/Socket : Using ")
 _VERSION = re.compile(r"NCCL version (\S+)")
 
 
@@ -38,21 +42,26 @@ def parse_nccl_transport(text: str) -> dict:
     version = _VERSION.search(text)
     return {"networks": dict(networks), "via": dict(via), "gdr_channels": gdr, "ib_hcas": hcas,
             "no_ib_device": "NET/IB : No device found" in text,
+            "socket_announced": bool(_NET_SOCKET_USING.search(text)),
             "version": version.group(1) if version else None}
 
 
 def check_transport(summary: dict | None, profile, node: str, nodes: int) -> Check:
     if profile.node.device != "cuda":
         return Check(node, "nccl.transport", SKIP, "gloo (cpu profile)", "")
-    if not summary or not (summary["networks"] or summary["via"]):
+    # older NCCL: no "Using network" line; the socket transport is only announced
+    announced_socket = bool(summary and not summary["networks"] and summary["no_ib_device"]
+                            and summary.get("socket_announced"))
+    if not summary or not (summary["networks"] or summary["via"] or announced_socket):
         return Check(node, "nccl.transport", WARN, "no NCCL INFO lines found", "NET/IB",
                      "NCCL_DEBUG_FILE was not honoured; rerun with NCCL_DEBUG=INFO to see the transport")
     ib = profile.interconnect.kind in ("infiniband", "roce")
     via = summary["via"]
-    net = ", ".join(summary["networks"]) or "-"
+    net = ", ".join(summary["networks"]) or ("Socket (announced: NET/Socket : Using)"
+                                             if announced_socket else "-")
     measured = f"network {net}; channels " + (", ".join(f"{k} x{v}" for k, v in sorted(via.items()))
                                                 or "none")
-    if ib and (via.get("NET/Socket") or "Socket" in summary["networks"]):
+    if ib and (via.get("NET/Socket") or "Socket" in summary["networks"] or announced_socket):
         why = " (NCCL found no IB device)" if summary["no_ib_device"] else ""
         return Check(node, "nccl.transport", FAIL, measured + why, "NET/IB",
                      "NCCL fell back to TCP sockets: check NCCL_IB_HCA, that /dev/infiniband is in "

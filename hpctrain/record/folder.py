@@ -35,7 +35,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..config import yamlio
 from ..errors import HpcTrainError, RunNotFoundError, UsageError
@@ -267,14 +267,15 @@ class RunFolder:
         return ledger[start:]
 
     def finished(self, ledger: list[dict] | None = None, events: list[dict] | None = None) -> bool:
-        """The last attempt reached train.steps (and no forced resume reopened the run since)."""
+        """The last attempt reached train.steps (and no forced resume, nor one that raised
+        train.steps, reopened the run since)."""
         ledger = self.ledger() if ledger is None else ledger
         if not ledger or ledger[-1].get("exit_reason") != ExitReason.FINISHED:
             return False
         for e in reversed(self.events() if events is None else events):
             if e.get("event") == "attempt_end":
                 return True
-            if e.get("event") == "resume" and e.get("force"):
+            if e.get("event") == "resume" and (e.get("force") or e.get("extended_to")):
                 return False
         return True
 
@@ -375,8 +376,24 @@ def _job_ids_or_none(run: RunFolder) -> list[str]:
         return []
 
 
-def find_run(ref: str, root: Path) -> RunFolder:
-    """A run by folder path, run id, unique id prefix, or a Slurm/local job id it submitted."""
+def runs_named(name: str, runs: list[RunFolder]) -> list[RunFolder]:
+    """The runs of the job called ``name``, newest first (by the creation time run.yaml
+    records); a run whose run.yaml cannot be read is left out."""
+    def name_and_created(run: RunFolder):
+        try:
+            meta = run.meta()
+        except RunFileError:
+            return None, ""
+        return meta.get("name"), str(meta.get("created") or "")
+    found = [(created, run.id, run) for run in runs if run.id.startswith(f"{name}-")
+             for got, created in [name_and_created(run)] if got == name]
+    return [run for _, _, run in sorted(found, key=lambda t: t[:2], reverse=True)]
+
+
+def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) -> RunFolder:
+    """A run by folder path, run id, a job name (its newest run; ``note`` is told which when
+    there are several), a unique id prefix, or a Slurm/local job id it submitted. A prefix
+    that matches several runs of different jobs is an error listing them."""
     p = Path(ref).expanduser()
     if (p / RUN_FILE).is_file():
         return RunFolder(p.resolve())
@@ -388,6 +405,11 @@ def find_run(ref: str, root: Path) -> RunFolder:
     if len(by_job) == 1:
         return by_job[0]
     prefix = [r for r in runs if r.id.startswith(ref)]
+    named = runs_named(ref, prefix)
+    if named:
+        if note is not None and len(named) > 1:
+            note(f"{ref}: the newest of {len(named)} runs of that job, {named[0].id}")
+        return named[0]
     if len(prefix) == 1:
         return prefix[0]
     if len(prefix) > 1:

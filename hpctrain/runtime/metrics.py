@@ -19,6 +19,7 @@ import json
 
 from ..flops import mfu, model_flops_per_step
 from ..model_shape import ModelShape
+from ..ops.fmt import format_duration
 from .log import logger
 
 
@@ -99,7 +100,7 @@ class MetricsWriter:
 
     def progress_line(self, rec: dict) -> str:
         left = (self.total_steps - rec["step"]) * rec["step_time_s"]
-        eta = f"{int(left // 60)}m{int(left % 60):02d}s"
+        eta = format_duration(left)     # the CLI's own format: 42s, 3m05s, 2h03m, 6d10h
         gn = rec["grad_norm"]
         parts = [f"step {rec['step']}/{self.total_steps}",
                  f"loss {rec['loss']:.4f}" if isinstance(rec["loss"], float) else f"loss {rec['loss']}",

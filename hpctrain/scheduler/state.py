@@ -19,13 +19,14 @@ def job_states(run: RunFolder, kind: str | None = "train") -> list[JobState]:
     return job_states_of_runs([run], kind)[run.path]
 
 
-def job_states_of_runs(runs: list[RunFolder],
-                       kind: str | None = "train") -> dict[Path, list[JobState]]:
-    """``job_states`` of many runs, asking each backend once for all of them."""
+def job_states_of_runs(runs: list[RunFolder], kind: str | None = "train",
+                       metas: dict[Path, dict] | None = None) -> dict[Path, list[JobState]]:
+    """``job_states`` of many runs, asking each backend once for all of them (``metas``: their
+    run.yaml, when the caller has read it already)."""
     wanted: dict[Path, tuple[str, list[JobRef]]] = {}
     by_backend: dict[str, list[JobRef]] = {}
     for run in runs:
-        meta = run.meta()
+        meta = (metas or {}).get(run.path) or run.meta()
         backend = backend_named(meta.get("scheduler")).name
         refs = [JobRef(run, j["job_id"], j.get("kind", "train")) for j in meta.get("jobs", [])
                 if kind is None or j.get("kind") == kind]

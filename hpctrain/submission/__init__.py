@@ -5,7 +5,8 @@ profile (``checks``), refuse a layout that does not fit or data that is missing,
 folder (``folders``), render its batch script (``scripts``) and hand the job to the scheduler
 (``jobs``: one job or a chain; ``sweep_jobs``: a job array, or the runs one after another on
 this machine, one run per combination of ``sweep_values``). With ``dry_run`` everything up to the script is done and nothing is submitted: the
-script written is the one a real submission would have handed to sbatch.
+script written is the one a real submission would have handed to sbatch; the data is not
+prepared, and data this machine cannot see is a warning (a dry run off the cluster).
 
 Following a submitted run to its end is ``hpctrain.view.follow``'s; a run folder is a
 ``hpctrain.record.folder.RunFolder``. Nothing here imports torch: the ranks import it, in their
@@ -20,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..config import DEFAULT_PROFILE, ClusterProfile, Resolved
+from ..config import DEFAULT_PROFILE, ClusterProfile, JobConfig, Resolved
 from ..errors import UsageError
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for
-from .checks import (check_data, check_fits, decided, launch_warnings, load_profile_for,
-                     load_resolved, resolve_job)
+from .checks import (check_data, check_fits, check_offline, decided, job_source,
+                     launch_warnings, load_job_input, load_profile_for, load_resolved, resolve_job)
 from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep,
                       remove_refused_run, runs_root_for, write_sweep_file)
 from .jobs import (Submitted, chain_dependency, check_chain, claim_checkpoints,
@@ -36,8 +37,9 @@ from .sweep_jobs import (SweepSubmission, check_max_parallel, run_sweep_locally,
                          write_array_script)
 
 __all__ = ["Submission", "Submitted", "SweepRun", "SweepSubmission", "chain_dependency",
-           "check_chain", "check_data", "check_fits", "check_max_parallel", "claim_checkpoints",
-           "decided", "launch_warnings", "load_profile_for", "load_resolved",
+           "check_chain", "check_data", "check_fits", "check_max_parallel", "check_offline",
+           "claim_checkpoints", "decided", "job_source", "launch_warnings", "load_job_input",
+           "load_profile_for", "load_resolved",
            "prepare_preflight_run", "prepare_run", "prepare_sweep", "release_checkpoints",
            "render_script", "resolve_job", "run_sweep_locally", "runs_root_for", "script_inputs",
            "script_path", "submit", "submit_chain", "submit_function", "submit_preflight",
@@ -93,10 +95,12 @@ def sweep_specs(sweep: Mapping | list[str] | tuple[str, ...] | None) -> list[str
     return specs
 
 
-def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
+def submit(job_file: str | Path | Mapping | JobConfig,
+           profile: str | Path | ClusterProfile = DEFAULT_PROFILE, *,
            nodes: int | None = None, runs_dir: str | Path | None = None, chain: int = 1,
            sweep: Mapping | list[str] | None = None, max_parallel: int | None = None,
            dry_run: bool = False, force: bool = False,
+           overrides: Mapping | list[str] | None = None,
            follow_local_run: Callable[[Submitted], str] | None = None,
            warn: Callable[[str], None] | None = None) -> Submission:
     """Validate, plan, prepare the data, create the run folder(s), write the script, submit.
@@ -106,28 +110,37 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
     profile the runs one after another, each followed by ``follow_local_run`` (default: quietly
     to its end), so a local sweep returns when its runs ended. ``force`` submits a layout the
     planner says does not fit. What can be said now about the layers the ranks will pick goes
-    to ``warn`` (default: Python's ``warnings``).
+    to ``warn`` (default: Python's ``warnings``). ``job_file`` may also be a mapping (what a
+    job file holds) or a loaded ``JobConfig``; ``overrides`` (``{"train.lr": 3e-4}`` or
+    ``--set`` specs) change values of it, recorded in the run's resolved job and ``run.yaml``.
     """
     if not isinstance(chain, int) or isinstance(chain, bool) or chain < 1:
         raise UsageError(f"--chain: expected a number of jobs, at least 1, got {chain!r}")
-    resolved = load_resolved(job_file, profile, nodes)
+    from .sweep_values import override_mapping
+    warn = warn or _python_warning
+    overrides = override_mapping(overrides)
+    resolved = load_resolved(job_file, profile, nodes, overrides)
     for message in launch_warnings(resolved):
-        (warn or _python_warning)(message)
+        warn(message)
     specs = sweep_specs(sweep)
     if specs:
         if chain > 1:
             raise UsageError("--chain with --sweep: submit the sweep, then extend a run with "
                              "`hpctrain resume RUN`")
-        return _submit_sweep(job_file, resolved.profile, specs, runs_dir=runs_dir,
+        return _submit_sweep(job_file, overrides, resolved.profile, specs, runs_dir=runs_dir,
                              max_parallel=max_parallel, dry_run=dry_run, force=force,
-                             follow_local_run=follow_local_run)
+                             follow_local_run=follow_local_run, warn=warn)
     if max_parallel is not None:
         raise UsageError("--max-parallel limits a sweep; add --sweep KEY=V1,V2 or drop it")
     check_chain(chain, resolved.profile)
     backend = backend_for(resolved.profile)
-    check_fits(resolved, force)
-    check_data(resolved.job)
-    run = prepare_run(resolved, runs_root_for(runs_dir, resolved.profile), source=str(job_file))
+    # a dry run writes nothing outside its run folder and may run off the cluster: what it
+    # cannot see here (data on the cluster's file system) is a warning
+    check_offline(resolved, force=force, prepare=not dry_run, warn=warn if dry_run else None)
+    run = prepare_run(resolved, runs_root_for(runs_dir, resolved.profile),
+                      source=job_source(job_file))
+    if overrides:
+        run.update_meta(overrides=overrides)
     if dry_run:
         script = None
         if backend.batch_script:
@@ -147,19 +160,29 @@ def submit(job_file: str | Path, profile: str | Path | ClusterProfile = DEFAULT_
     return Submission(resolved, [run], subs, script=script)
 
 
-def _submit_sweep(job_file, profile: ClusterProfile, specs: list[str], *, runs_dir, max_parallel,
+def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: list[str], *,
+                  runs_dir, max_parallel,
                   dry_run: bool, force: bool,
-                  follow_local_run: Callable[[Submitted], str] | None) -> Submission:
-    from .sweep_values import expand
+                  follow_local_run: Callable[[Submitted], str] | None,
+                  warn: Callable[[str], None]) -> Submission:
+    from .sweep_values import expand, parse_axes
     backend = backend_for(profile)
     check_max_parallel(max_parallel, backend)
-    points = expand(str(job_file), profile, specs)
+    both = sorted({a.key for a in parse_axes(specs)} & set(overrides))
+    if both:
+        raise UsageError(f"--set and --sweep both give {', '.join(both)}; keep one of them")
+    job, folder = load_job_input(job_file, overrides)
+    points = expand(job, profile, specs, folder=folder, source=job_source(job_file))
     for p in points:
         check_fits(p.resolved, force)
     for path in sorted({p.resolved.job.data.path for p in points}):
-        check_data(next(p.resolved.job for p in points if p.resolved.job.data.path == path))
+        check_data(next(p.resolved.job for p in points if p.resolved.job.data.path == path),
+                   prepare=not dry_run, warn=warn if dry_run else None)
     sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
-                                          source=str(job_file))
+                                          source=job_source(job_file))
+    if overrides:
+        for r in sweep_runs:
+            r.run.update_meta(overrides=overrides)
     out = Submission(points[0].resolved, [r.run for r in sweep_runs], dry_run=dry_run,
                      sweep_dir=sweep_dir, sweep_runs=sweep_runs)
     if backend.arrays:

@@ -2,14 +2,19 @@
 
 ``load_resolved`` is the one way a job file meets a profile for validate, render, plan's fit
 check, submit and sweeps alike; ``check_fits`` and ``check_data`` are the two refusals a
-submission makes before it creates a run folder.
+submission makes before it creates a run folder, together ``check_offline`` (what ``validate``
+runs too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Callable, Union
 
-from ..config import ClusterProfile, JobConfig, Resolved, load_job, load_profile, resolve
+from ..config import (ClusterProfile, JobConfig, Resolved, job_from_mapping, load_job,
+                      load_profile, resolve)
+from ..config.loader import resolve_job_paths
 from ..errors import UsageError
 from ..scheduler.choose import backend_for
 
@@ -39,11 +44,42 @@ def resolve_job(job: JobConfig, profile: ClusterProfile, source: str = "job") ->
     return decided(resolve(job, profile, source=source))
 
 
-def load_resolved(job_file: str | Path, profile: str | Path | ClusterProfile,
-                  nodes: int | None = None) -> Resolved:
-    """Job file + profile (+ ``nodes``) checked together and decided (:func:`resolve_job`)."""
-    job = load_job(str(job_file))
-    return resolve_job(job, load_profile_for(profile, nodes), source=str(job_file))
+JobInput = Union[str, Path, Mapping, JobConfig]
+
+
+def job_source(job: JobInput) -> str:
+    """How a job is named in errors and in the run's ``job_source``."""
+    if isinstance(job, (str, Path)):
+        return str(job)
+    return f"job {job.name!r}" if isinstance(job, JobConfig) else "job mapping"
+
+
+def load_job_input(job: JobInput, overrides: Mapping | None = None) -> tuple[JobConfig, Path]:
+    """A job given as a file, a mapping (what a job file holds) or a loaded job, with
+    ``overrides`` (``{"train.lr": 3e-4}``, the ``--set`` values) applied and checked; and the
+    folder its relative paths are relative to (the job file's, else the current one)."""
+    from .sweep_values import with_overrides
+    if isinstance(job, JobConfig):    # checked again as a file would be: it may have been edited
+        from ..config.schema import to_dict
+        folder = Path.cwd()
+        loaded = resolve_job_paths(job_from_mapping(to_dict(job), job_source(job)), folder)
+    elif isinstance(job, Mapping):
+        folder = Path.cwd()
+        loaded = resolve_job_paths(job_from_mapping(dict(job), job_source(job)), folder)
+    elif isinstance(job, (str, Path)):
+        loaded, folder = load_job(str(job)), Path(job).resolve().parent
+    else:
+        raise UsageError(f"job: expected a job file, a mapping or a JobConfig, got "
+                         f"{type(job).__name__}")
+    return with_overrides(loaded, overrides or {}, folder, job_source(job)), folder
+
+
+def load_resolved(job_file: JobInput, profile: str | Path | ClusterProfile,
+                  nodes: int | None = None, overrides: Mapping | None = None) -> Resolved:
+    """Job (a file, a mapping or a loaded job; ``overrides`` applied) + profile (+ ``nodes``)
+    checked together and decided (:func:`resolve_job`)."""
+    job, _ = load_job_input(job_file, overrides)
+    return resolve_job(job, load_profile_for(profile, nodes), source=job_source(job_file))
 
 
 def launch_warnings(resolved: Resolved) -> list[str]:
@@ -61,13 +97,46 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
                          "pass --force to submit anyway.")
 
 
-def check_data(job) -> None:
-    """Prepare the example corpus on first use; refuse a job whose data is missing."""
-    from ..data.prepare import ensure_prepared
-    ensure_prepared(job)
+def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None = None) -> None:
+    """The job's data: there, or preparable (the example corpus is prepared on first use), and
+    tokenized with a vocabulary the model holds.
+
+    ``prepare=False`` writes nothing (validate, dry runs). With ``warn``, what this machine
+    cannot see (data, or a tokenizer folder, that lives on the cluster's file system) is a
+    warning instead of a refusal; a vocabulary too small for the tokenizer is always refused.
+    """
+    from ..data.vocabulary import check_vocab, recorded_vocab_size
     prefix = Path(job.data.path)
     missing = [str(p) for p in (prefix.with_name(prefix.name + ".bin"),
                                 prefix.with_name(prefix.name + ".idx")) if not p.exists()]
-    if missing:
-        raise UsageError(f"data.path: {missing[0]} does not exist; prepare it with `hpctrain data "
-                         f"prepare FILES --output {job.data.path}` or set data.prepare_from")
+    if not missing:
+        check_vocab(job, recorded_vocab_size(job.data.path))
+        return
+    if not job.data.prepare_from:
+        message = (f"data.path: {missing[0]} does not exist; prepare it with `hpctrain data "
+                   f"prepare FILES --output {job.data.path}` or set data.prepare_from")
+        if warn is None:
+            raise UsageError(message)
+        warn(f"{message} (not on this machine; the job cannot start where it is missing)")
+    try:
+        from ..data.tokenizers import load_tokenizer
+        vocab = load_tokenizer(job.data.tokenizer).vocab_size
+    except UsageError as e:
+        if warn is None:
+            raise
+        warn(f"data.tokenizer: {e}")
+        vocab = None
+    check_vocab(job, vocab)
+    if job.data.prepare_from and prepare:
+        from ..data.prepare import ensure_prepared
+        ensure_prepared(job)
+
+
+def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = True,
+                  warn: Callable[[str], None] | None = None) -> None:
+    """Every check ``submit`` makes before it creates a run folder that needs no cluster: the
+    layout fits the GPUs' memory (:func:`check_fits`) and the data fits the model
+    (:func:`check_data`). ``validate`` and ``submit --dry-run`` run this same function with
+    ``prepare=False`` and a ``warn``, so a job ``validate`` calls ok is one ``submit`` takes."""
+    check_fits(resolved, force)
+    check_data(resolved.job, prepare=prepare, warn=warn)

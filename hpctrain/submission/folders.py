@@ -50,6 +50,7 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     run.update_meta(run_id=run.id, name=job.name, profile=profile.name, scheduler=profile.scheduler,
                     created=now_iso(), hpctrain_version=__version__, job_source=source,
                     layout=resolved.layout.describe(), world_size=profile.world_size,
+                    total_steps=job.train.steps,
                     checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
     run.logs_dir.mkdir(parents=True, exist_ok=True)
     return run

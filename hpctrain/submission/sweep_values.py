@@ -7,6 +7,10 @@ a sweep value gets exactly the error the same value would get in the job file; a
 breaks the parallel layout on the chosen profile is refused, naming the combination. A relative
 path given as a value (``checkpoint.dir``, ``data.path``, ``train.init_from``) is relative to
 the job file's folder, as in the job file.
+
+``--set KEY=VALUE`` (validate, render, plan, submit, resume) is parsed by the same function as
+``--sweep``: the same keys, values and errors, one value per key; the job with its overrides
+is checked as the job file would be.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import copy
 import itertools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from ..config import ClusterProfile, Resolved, job_from_mapping, load_job, resolve
+from ..config import ClusterProfile, JobConfig, Resolved, job_from_mapping, load_job, resolve
 from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
@@ -45,30 +50,76 @@ class SweepPoint:
         return ", ".join(f"{k}={v}" for k, v in self.values.items())
 
 
-def parse_axis(spec: str) -> SweepAxis:
-    """``train.lr=1e-4,3e-4`` -> SweepAxis('train.lr', (0.0001, 0.0003))."""
+def parse_axis(spec: str, option: str = "--sweep") -> SweepAxis:
+    """``train.lr=1e-4,3e-4`` -> SweepAxis('train.lr', (0.0001, 0.0003)). ``option`` names the
+    flag in errors: ``--set`` parses its KEY=VALUE with this same function."""
+    example = "train.lr=1e-4,3e-4" if option == "--sweep" else "train.lr=3e-4"
     key, sep, rest = spec.partition("=")
     key = key.strip()
     if not sep or not rest.strip():
-        raise UsageError(f"--sweep {spec!r}: expected KEY=V1,V2,... (e.g. --sweep train.lr=1e-4,3e-4)")
+        shape = "KEY=V1,V2,..." if option == "--sweep" else "KEY=VALUE"
+        raise UsageError(f"{option} {spec!r}: expected {shape} (e.g. {option} {example})")
     if not KEY_RE.match(key):
-        raise UsageError(f"--sweep {spec!r}: {key!r} is not a dotted job-file key "
+        raise UsageError(f"{option} {spec!r}: {key!r} is not a dotted job-file key "
                          "(e.g. train.lr, batch.global_batch_size)")
     values = []
     for raw in rest.split(","):
         raw = raw.strip()
         if not raw:
-            raise UsageError(f"--sweep {spec!r}: empty value in the list")
+            raise UsageError(f"{option} {spec!r}: empty value in the list")
         try:
             v = yaml.safe_load(raw)
         except yaml.YAMLError:
             v = raw
         if isinstance(v, (dict, list)):
-            raise UsageError(f"--sweep {spec!r}: {raw!r} is not a single value")
+            raise UsageError(f"{option} {spec!r}: {raw!r} is not a single value")
         values.append(v)
     if len(set(map(repr, values))) != len(values):
-        raise UsageError(f"--sweep {spec!r}: a value is listed twice")
+        raise UsageError(f"{option} {spec!r}: a value is listed twice")
     return SweepAxis(key, tuple(values))
+
+
+def parse_overrides(specs: list[str] | tuple[str, ...]) -> dict:
+    """``--set train.lr=3e-4 --set train.steps=200`` -> ``{"train.lr": 0.0003, ...}``: the
+    keys, values and errors of ``--sweep``, one value per key."""
+    overrides: dict = {}
+    for spec in specs:
+        axis = parse_axis(spec, option="--set")
+        if len(axis.values) != 1:
+            raise UsageError(f"--set {spec!r}: one value per --set (several values, one run "
+                             "each, is --sweep)")
+        if axis.key in overrides:
+            raise UsageError(f"--set: {axis.key} is given twice")
+        overrides[axis.key] = axis.values[0]
+    return overrides
+
+
+def override_mapping(overrides: Mapping | list[str] | tuple[str, ...] | None) -> dict:
+    """Overrides as given to the API (``{"train.lr": 3e-4}``) or the CLI (``["train.lr=3e-4"]``),
+    as a mapping whose keys are checked as ``--set`` checks them."""
+    if not overrides:
+        return {}
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    if not isinstance(overrides, Mapping):
+        return parse_overrides(list(overrides))
+    for key in overrides:
+        if not isinstance(key, str) or not KEY_RE.match(key):
+            raise UsageError(f"overrides: {key!r} is not a dotted job-file key "
+                             "(e.g. train.lr, batch.global_batch_size)")
+    return dict(overrides)
+
+
+def with_overrides(job: JobConfig, overrides: Mapping, folder: Path, source: str) -> JobConfig:
+    """``job`` with ``overrides`` applied and checked as the same values in the job file would
+    be (a relative path is relative to ``folder``, the job file's)."""
+    if not overrides:
+        return job
+    data = to_dict(job)
+    for key, value in overrides.items():
+        set_path(data, key, value, option="--set")
+    label = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    return resolve_job_paths(job_from_mapping(data, f"{source} [--set {label}]"), folder)
 
 
 def parse_axes(specs: list[str]) -> list[SweepAxis]:
@@ -87,14 +138,14 @@ def combinations(axes: list[SweepAxis]) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(a.values for a in axes))]
 
 
-def set_path(data: dict, key: str, value) -> None:
+def set_path(data: dict, key: str, value, option: str = "--sweep") -> None:
     parts = key.split(".")
     node = data
     for i, p in enumerate(parts[:-1]):
         child = node.get(p)
         if not isinstance(child, dict):
             where = ".".join(parts[:i + 1])
-            raise UsageError(f"--sweep {key}: {where} is not a section of the job file")
+            raise UsageError(f"{option} {key}: {where} is not a section of the job file")
         node = child
     node[parts[-1]] = value
 
@@ -105,22 +156,28 @@ def get_path(data: dict, key: str):
     return data
 
 
-def expand(job_file: str, profile: ClusterProfile, specs: list[str]) -> list[SweepPoint]:
-    """Every combination as a resolved job on ``profile``; all problems raised at once."""
+def expand(job: str | JobConfig, profile: ClusterProfile, specs: list[str], *,
+           folder: Path | None = None, source: str | None = None) -> list[SweepPoint]:
+    """Every combination as a resolved job on ``profile``; all problems raised at once.
+    ``job``: a job file, or a loaded job (with ``--set`` applied) whose relative values are
+    relative to ``folder``."""
     axes = parse_axes(specs)
-    base = to_dict(load_job(job_file))
-    job_folder = Path(job_file).resolve().parent
+    if isinstance(job, JobConfig):
+        base, job_folder, job_file = to_dict(job), folder or Path.cwd(), source or job.name
+    else:
+        base = to_dict(load_job(job))
+        job_folder, job_file = Path(job).resolve().parent, job
     points, problems = [], []
     for i, values in enumerate(combinations(axes)):
         data = copy.deepcopy(base)
         for k, v in values.items():
             set_path(data, k, v)
         label = ", ".join(f"{k}={v}" for k, v in values.items())
-        source = f"{job_file} [sweep {label}]"
+        where = f"{job_file} [sweep {label}]"
         try:
-            job = resolve_job_paths(job_from_mapping(data, source), job_folder)
-            typed = {k: get_path(to_dict(job), k) for k in values}  # "1e-4" -> 0.0001
-            points.append(SweepPoint(i, typed, resolve(job, profile, source=source)))
+            point_job = resolve_job_paths(job_from_mapping(data, where), job_folder)
+            typed = {k: get_path(to_dict(point_job), k) for k in values}  # "1e-4" -> 0.0001
+            points.append(SweepPoint(i, typed, resolve(point_job, profile, source=where)))
         except ConfigError as e:
             problems.append(str(e))
     if problems:

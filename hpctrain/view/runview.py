@@ -14,6 +14,7 @@ from ..record.folder import RunFolder
 from ..scheduler.backend import Backend, JobState
 from ..scheduler.choose import backend_of
 from ..scheduler.state import job_states_of_runs
+from .cost import GpuHours
 
 NOT_SUBMITTED = "NOT SUBMITTED"
 FINISHED = "FINISHED"
@@ -30,6 +31,7 @@ class RunView:
     events: list[dict]
     last_metric: dict | None = None
     attempts_started: list[int] = field(default_factory=list)
+    usage: GpuHours | None = None          # GPU-hours used so far (``view.cost``)
 
     # ---- jobs ------------------------------------------------------------------------------
     @property
@@ -116,18 +118,40 @@ class RunView:
 
     @property
     def total_steps(self) -> int | None:
+        """train.steps: as run.yaml records it (no job.yaml to parse), else the resolved job's."""
+        if isinstance(self.meta.get("total_steps"), int):
+            return self.meta["total_steps"]
         try:
             return int(self.run.resolved_job().train.steps)
         except Exception:
             return None
 
+    @property
+    def gpu_usage(self) -> GpuHours:
+        """GPU-hours used so far (``view.cost``), asked for on first use."""
+        if self.usage is None:
+            add_usage([self])
+        return self.usage
+
+    @property
+    def val_loss(self) -> float | None:
+        """The newest metrics record's validation loss, when the metrics carry one."""
+        for key in ("val_loss", "validation_loss"):
+            if self.last_metric and isinstance(self.last_metric.get(key), (int, float)):
+                return self.last_metric[key]
+        return None
+
     def summary(self) -> dict:
-        """The row ``hpctrain runs`` shows (and prints as JSON)."""
+        """The row ``hpctrain runs`` shows (and prints as JSON): enough to rank a sweep's
+        runs in one line of pandas (loss, validation loss, steps, state, GPU-hours)."""
         job = self.current_job
         ev = self.last_event
+        usage = self.gpu_usage.to_json()
         return {"run": self.run.id, "name": self.meta.get("name"), "profile": self.meta.get("profile"),
                 "job_id": job.job_id if job else None, "state": self.state,
-                "detail": self.state_detail, "step": self.step, "loss": self.loss,
+                "detail": self.state_detail, "step": self.step,
+                "total_steps": self.total_steps, "loss": self.loss, "val_loss": self.val_loss,
+                **usage,
                 "attempts": self.attempts, "created": self.meta.get("created"),
                 "last_event": ev.get("event") if ev else None,
                 "last_event_time": ev.get("time") if ev else None,
@@ -135,10 +159,24 @@ class RunView:
 
 
 def build_views(runs: list[RunFolder]) -> list[RunView]:
-    states = job_states_of_runs(runs, kind="train")
-    return [RunView(run=r, meta=r.meta(), jobs=states[r.path], ledger=r.ledger(), events=r.events(),
-                    last_metric=r.latest_metrics(),
-                    attempts_started=r.attempts_started()) for r in runs]
+    """Views of ``runs``: one squeue/sacct call for their states."""
+    metas = {r.path: r.meta() for r in runs}        # each run.yaml read once
+    states = job_states_of_runs(runs, kind="train", metas=metas)
+    views = [RunView(run=r, meta=metas[r.path], jobs=states[r.path], ledger=r.ledger(),
+                     events=r.events(), last_metric=r.latest_metrics(),
+                     attempts_started=r.attempts_started()) for r in runs]
+    return views
+
+
+def add_usage(views: list[RunView]) -> list[RunView]:
+    """Fill in the views' GPU-hours with one accounting call for all of them (``hpctrain runs``;
+    a single view asks on first use, and polling a run's state never asks)."""
+    from .cost import gpu_hours_of_runs
+    usage = gpu_hours_of_runs([v.run for v in views], metas={v.run.path: v.meta for v in views},
+                              ledgers={v.run.path: v.ledger for v in views})
+    for view in views:
+        view.usage = usage[view.run.path]
+    return views
 
 
 def build_view(run: RunFolder) -> RunView:

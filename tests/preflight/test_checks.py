@@ -258,3 +258,20 @@ def test_a_real_one_gpu_h100_node_passes_its_gpu_and_topology_checks():
     assert topo.gpus == ["GPU0"] and topo.cpu_affinity == {"GPU0": "0-15"}
     checks = by_check(check_topology(topo, "", profile, "n1"))
     assert checks["topology.nvlink"].status == "skip"
+
+
+def test_transport_older_nccl_announcing_sockets_only_fails_on_an_ib_profile():
+    """NCCL 2.4/2.5 print no `Using network` line: `NET/IB : No device found.` then
+    `NET/Socket : Using ...` is the whole announcement, and this rank's channels are all P2P."""
+    summary = parse_nccl_transport(fixture_text("nccl_log/socket-announced-older-nccl.log"))
+    assert summary["networks"] == {} and summary["via"] == {"P2P/IPC": 2}
+    assert summary["no_ib_device"] and summary["socket_announced"]
+    row = check_transport(summary, h100_profile(), "n1", 2)
+    assert row.status == "fail" and "no IB device" in row.measured and "Socket" in row.measured
+    # the same log where the profile expects Ethernet is not a failure
+    eth = check_transport(summary, h100_profile(interconnect={"kind": "ethernet"}), "n1", 2)
+    assert eth.status != "fail"
+    # the newer IB log, which also says `NET/Socket`-free things, still passes
+    ib = check_transport(parse_nccl_transport(fixture_text("nccl_log/roce-net-ib.log")),
+                         h100_profile(interconnect={"kind": "roce"}), "n2", 2)
+    assert ib.status == "pass" and not ib.detail["socket_announced"]

@@ -60,9 +60,12 @@ def test_find_run_by_id_prefix_and_job_id(run, tmp_path):
     assert find_run("4242", root).path == run.path
     assert find_run(str(run.path), root).path == run.path
     other = create_run(root, "tiny-gpt")
-    other.update_meta(name="tiny-gpt")
-    with pytest.raises(RunNotFoundError, match="matches 2 runs"):
-        find_run("tiny-gpt", root)
+    other.update_meta(name="tiny-gpt", created="2999-01-01T00:00:00+00:00")
+    told = []
+    assert find_run("tiny-gpt", root, note=told.append).path == other.path   # the job's newest
+    assert told == [f"tiny-gpt: the newest of 2 runs of that job, {other.id}"]
+    with pytest.raises(RunNotFoundError, match="matches 2 runs"):         # a partial id
+        find_run("tiny-g", root)
     with pytest.raises(RunNotFoundError, match="no run 'nope'"):
         find_run("nope", root)
 

@@ -133,6 +133,17 @@ def sacct(job_ids: list[str], *, duplicates: bool = False) -> list[dict]:
     return parse_sacct(proc.stdout)
 
 
+def sacct_usage(job_ids: list[str]) -> list[dict]:
+    """What each allocation of the jobs used: ``JobID``, ``ElapsedRaw`` (seconds) and
+    ``AllocTRES`` (``gres/gpu=N``), one row per incarnation of a requeued job (allocations
+    only, no steps). Empty when accounting is not there."""
+    if not job_ids:
+        return []
+    proc = run(["sacct", "--parsable2", "-X", "--duplicates", "-o", "JobID,ElapsedRaw,AllocTRES",
+                "-j", ",".join(job_ids)], check=False)
+    return parse_sacct(proc.stdout) if proc.returncode == 0 else []
+
+
 # ---- srun ------------------------------------------------------------------------------------
 
 _TASK_EXIT = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): "

@@ -1,0 +1,183 @@
+"""What a new user runs into first, each as the user meets it: a closed pipe, a job `validate`
+calls ok and `submit` refuses, a dry run off the cluster, a job name that names several runs,
+dry-run folders piling up, a long ETA, `render`'s run folder, `logs --batch` without a batch
+log, and completing `-p`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.config import yamlio
+from hpctrain.record.folder import RunFolder as Run
+from tests.conftest import REPO
+from tests.ops.helpers import cli, crafted_run
+
+RUN_ID = r"[A-Za-z0-9_.+-]+-\d{8}-\d{6}-[0-9a-f]{4}"
+
+
+def hpctrain_into_closed_pipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``hpctrain ARGS | head -0``: the reader is gone before the first line is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "hpctrain", *args], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=300,
+                              env={**os.environ, **(env or {})})
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("args", [["plan", "examples/tiny.yaml"], ["profiles", "list"],
+                                  ["render", "examples/tiny.yaml", "-p", "dev-slurm"],
+                                  ["runs", "--json"]])
+def test_a_closed_pipe_ends_quietly(args, tmp_path):
+    proc = hpctrain_into_closed_pipe(*args, env={"HPCTRAIN_RUNS_DIR": str(tmp_path)})
+    assert proc.stderr == ""                 # no "Error: internal error: BrokenPipeError"
+    assert proc.returncode == 128 + 13       # as a Unix tool killed by SIGPIPE
+
+
+@pytest.fixture
+def small_vocab_job(tmp_path) -> str:
+    """examples/tiny.yaml with a vocabulary smaller than its byte tokenizer's 257 ids."""
+    data = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
+    data["model"]["vocab_size"] = 200
+    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
+    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    path = tmp_path / "small-vocab.yaml"
+    yamlio.write_atomic(path, yamlio.dump(data))
+    return str(path)
+
+
+def test_validate_refuses_what_submit_refuses(small_vocab_job, tmp_path):
+    root = tmp_path / "runs"
+    expected = "model.vocab_size: 200 is smaller than the tokenizer's vocabulary (257)"
+    for args in (["validate", small_vocab_job], ["validate", small_vocab_job, "-p", "dev-slurm"],
+                 ["submit", small_vocab_job, "-p", "dev-slurm", "--dry-run"]):
+        res = cli(root, *args, check=False)
+        assert res.returncode == 2 and expected in res.stderr, (args, res.stderr)
+    assert not root.exists()                # nothing was created for the refused job
+    fixed = cli(root, "validate", small_vocab_job, "--set", "model.vocab_size=257")
+    assert fixed.stdout.startswith(f"{small_vocab_job}: ok on local")
+
+
+def test_a_dry_run_off_the_cluster_writes_the_script_and_warns(tmp_path):
+    """The data lives on the cluster's file system: here it is missing, and that is a warning
+    for validate and a dry run, a refusal for a real submission."""
+    data = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
+    data["data"] = {"path": "/lustre/team/tokens/kjv_byte", "tokenizer": "byte"}
+    job = tmp_path / "on-cluster.yaml"
+    yamlio.write_atomic(job, yamlio.dump(data))
+    root = tmp_path / "runs"
+    validated = cli(root, "validate", str(job), "-p", "dev-slurm")
+    assert validated.returncode == 0 and "ok on dev-slurm" in validated.stdout
+    assert "warning: data.path: /lustre/team/tokens/kjv_byte.bin does not exist" in validated.stderr
+    dry = cli(root, "submit", str(job), "-p", "dev-slurm", "--dry-run")
+    assert "warning: data.path: /lustre/team/tokens/kjv_byte.bin does not exist" in dry.stderr
+    (run_dir,) = root.iterdir()
+    run = Run(run_dir)
+    assert run.meta()["dry_run"] is True and run.script_file.is_file()
+    refused = cli(root, "submit", str(job), "-p", "local", check=False)
+    assert refused.returncode == 2 and "data.path: /lustre/team/tokens/kjv_byte.bin" in refused.stderr
+    assert list(root.iterdir()) == [run_dir]   # the refused submission created nothing
+
+
+def test_a_job_name_is_its_newest_run_and_a_partial_id_lists_the_candidates(tmp_path):
+    root = tmp_path / "runs"
+    older, newer = crafted_run(root), crafted_run(root)
+    older.update_meta(created="2026-01-01T10:00:00+00:00")
+    newer.update_meta(created="2026-01-02T10:00:00+00:00")
+    res = cli(root, "status", "tiny-ops", "--json")
+    assert res.returncode == 0
+    assert f"tiny-ops: the newest of 2 runs of that job, {newer.id}" in res.stderr
+    assert f'"run": "{newer.id}"' in res.stdout
+    common = os.path.commonprefix([older.id, newer.id])
+    ambiguous = cli(root, "status", common, check=False)
+    assert ambiguous.returncode == 2
+    assert older.id in ambiguous.stderr and newer.id in ambiguous.stderr
+    assert "give more of the name" in ambiguous.stderr
+
+
+def test_runs_prune_removes_dry_run_folders_only(tmp_path):
+    root = tmp_path / "runs"
+    dry_a, dry_b, kept = crafted_run(root), crafted_run(root), crafted_run(root)
+    for run in (dry_a, dry_b):
+        run.update_meta(dry_run=True)
+    kept.add_job_id("4242")                      # submitted once: never a dry-run folder
+    listing = cli(root, "runs", "prune", "--dry-run").stdout.splitlines()
+    assert sorted(listing) == sorted(f"would remove {r.path}" for r in (dry_a, dry_b))
+    assert dry_a.path.exists() and dry_b.path.exists()
+    removed = cli(root, "runs", "prune").stdout.splitlines()
+    assert sorted(removed) == sorted(f"removed {r.path}" for r in (dry_a, dry_b))
+    assert sorted(p.name for p in root.iterdir()) == [kept.id]
+    assert cli(root, "runs", "prune").stdout.startswith("No dry-run folders under")
+
+
+def test_runs_rm_needs_the_full_id_and_keeps_checkpoints_outside_the_run(tmp_path):
+    root = tmp_path / "runs"
+    run, other = crafted_run(root), crafted_run(root)
+    outside = tmp_path / "ck" / run.id
+    outside.mkdir(parents=True)
+    run.update_meta(checkpoint_dir=str(outside))
+    vague = cli(root, "runs", "rm", "tiny-ops", check=False)
+    assert vague.returncode == 2 and "a job name or prefix is not enough" in vague.stderr
+    assert run.path.exists() and other.path.exists()
+    shown = cli(root, "runs", "rm", run.id, "--dry-run").stdout
+    assert shown.strip() == f"would remove {run.path} (checkpoints kept in {outside})"
+    assert run.path.exists()
+    cli(root, "runs", "rm", run.id)
+    assert not run.path.exists() and outside.exists() and other.path.exists()
+
+
+def test_an_eta_over_an_hour_uses_the_cli_duration_format():
+    from hpctrain.runtime.metrics import MetricsWriter
+    writer = object.__new__(MetricsWriter)     # progress_line reads total_steps only
+    writer.total_steps = 1_000_010
+    rec = {"step": 10, "loss": 2.5, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1000.0,
+           "step_time_s": 0.5, "mfu": None, "skipped": None}
+    line = writer.progress_line(rec)
+    assert line.endswith("ETA 5d18h")          # 500,000 s; not "8333m20s"
+    assert writer.progress_line({**rec, "step_time_s": 0.001}).endswith("ETA 16m40s")
+
+
+def test_render_names_the_run_folder_as_submit_does(tmp_path):
+    root = tmp_path / "runs"
+    script = cli(root, "render", "examples/tiny.yaml", "-p", "dev-slurm").stdout
+    rendered = set(re.findall(re.escape(str(root)) + r"/([^/\s'\"]+)", script))
+    assert len(rendered) == 1
+    (name,) = rendered
+    assert re.fullmatch(RUN_ID, name) and name.startswith("tiny-gpt-")
+    assert not root.exists()                  # render writes nothing
+    cli(root, "submit", "examples/tiny.yaml", "-p", "dev-slurm", "--dry-run")
+    (created,) = (p.name for p in root.iterdir())
+    assert re.fullmatch(RUN_ID, created) and created[:-21] == name[:-21] == "tiny-gpt"
+
+
+def test_logs_batch_without_a_batch_log_does_not_suggest_batch(tmp_path):
+    root = tmp_path / "runs"
+    run = crafted_run(root)
+    run.begin_attempt()
+    run.rank_log(1, 0).parent.mkdir(parents=True, exist_ok=True)
+    run.rank_log(1, 0).write_text("step 1\n")
+    res = cli(root, "logs", run.id, "--batch", check=False)
+    assert res.returncode == 2
+    assert "no batch.log in attempt 1" in res.stderr and "drop --batch" in res.stderr
+    assert "--rank or --batch" not in res.stderr
+    assert cli(root, "logs", run.id).stdout == "step 1\n"
+
+
+def test_profile_names_complete_after_p(tmp_path):
+    from tests.conftest import hpctrain
+    env = {"_HPCTRAIN_COMPLETE": "bash_complete", "HPCTRAIN_RUNS_DIR": str(tmp_path)}
+    for words, cword in (("hpctrain submit job.yaml -p dev", "4"),
+                         ("hpctrain plan job.yaml --profile dev", "4"),
+                         ("hpctrain resume RUN -p dev", "4")):
+        out = hpctrain(env={**env, "COMP_WORDS": words, "COMP_CWORD": cword}, check=True)
+        assert out.stdout.split() == ["plain,dev-slurm"], words
+    files = hpctrain(env={**env, "COMP_WORDS": "hpctrain validate job.yaml -p ./my", "COMP_CWORD": "4"},
+                     check=True)
+    assert files.stdout.split() == ["file,./my"]

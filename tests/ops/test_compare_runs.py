@@ -1,0 +1,53 @@
+"""Several runs in one PNG: ``hpctrain report RUN RUN...`` and ``report SWEEP`` overlay loss,
+validation loss and tokens/s by step, one line per run, labelled by what differs."""
+
+from __future__ import annotations
+
+import json
+
+from hpctrain.ops.compare import build_comparison, collect_series
+from hpctrain.submission.sweep_values import expand
+from hpctrain.record.files import append_jsonl
+from hpctrain.submission import prepare_sweep
+from tests.ops.helpers import OPS_JOB, cli, crafted_run, ops_job, ops_profile, png_size
+
+
+def metrics(loss0: float, n: int = 5, val: bool = False) -> list[dict]:
+    return [{"step": s, "loss": loss0 - 0.1 * s, "tokens_per_s": 1000.0 + s,
+             **({"val_loss": loss0 - 0.05 * s} if val and s % 2 == 0 else {})}
+            for s in range(1, n + 1)]
+
+
+def test_runs_are_labelled_by_the_job_settings_that_differ(tmp_path):
+    root = tmp_path / "runs"
+    short = crafted_run(root, steps=20, metrics=metrics(3.0))
+    long = crafted_run(root, steps=30, metrics=metrics(3.5, val=True))
+    series = collect_series([short, long])
+    assert [s.label for s in series] == ["train.steps=20", "train.steps=30"]
+    fig = build_comparison(series)
+    loss_ax, val_ax, speed_ax = fig.axes
+    assert [line.get_label() for line in loss_ax.get_lines()] == ["train.steps=20", "train.steps=30"]
+    assert [line.get_gid() for line in val_ax.get_lines()] == [f"val_loss:{long.id}"]
+    assert list(val_ax.get_lines()[0].get_xdata()) == [2, 4]
+    assert list(speed_ax.get_lines()[1].get_ydata()) == [1001.0, 1002.0, 1003.0, 1004.0, 1005.0]
+    out = json.loads(cli(root, "report", short.id, long.id, "-o", str(tmp_path / "c.png"),
+                         "--size", "800x600", "--json").stdout)
+    assert png_size(tmp_path / "c.png") == (800, 600)
+    assert [(r["run"], r["label"], r["last_step"], r["last_val_loss"]) for r in out["runs"]] == \
+        [(short.id, "train.steps=20", 5, None), (long.id, "train.steps=30", 5, 3.3)]
+
+
+def test_a_sweep_is_one_png_in_its_folder_labelled_by_its_values(tmp_path):
+    root = tmp_path / "runs"
+    points = expand(ops_job(), ops_profile(ranks_per_node=2), ["train.lr=1e-3,2e-3,3e-3"])
+    sweep_dir, runs = prepare_sweep(points, root, source=str(OPS_JOB))
+    for i, r in enumerate(runs):
+        for m in metrics(3.0 + i):
+            append_jsonl(r.run.metrics_file, m)
+    text = cli(root, "report", sweep_dir.name).stdout
+    assert text.startswith(f"Report: {sweep_dir / 'compare.png'} (1200×900), 3 runs")
+    assert png_size(sweep_dir / "compare.png") == (1200, 900)
+    for r in runs:
+        assert f"train.lr={r.point.values['train.lr']}" in text and r.run.id in text
+    one = cli(root, "report", runs[0].run.id, runs[0].run.id, check=False)
+    assert one.returncode == 2 and "comparing needs at least two runs" in one.stderr

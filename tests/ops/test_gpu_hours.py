@@ -1,0 +1,67 @@
+"""GPU-hours a run used, every attempt and every node: from Slurm's accounting where the jobs
+ran on Slurm (a requeued job counted once per incarnation), else from the ledger's attempt
+times × ranks; in ``status``, ``report`` and ``runs --json``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpctrain.view.cost import accounted_seconds, gpus_of_tres
+from hpctrain.scheduler.slurm import commands
+from hpctrain.submission import submit_training
+from tests.ops.helpers import (cli, crafted_run, ops_profile, ops_resolved, ops_run, record,
+                               wait_stopped)
+
+
+def test_without_accounting_the_ledger_times_the_ranks(tmp_path):
+    root = tmp_path / "runs"
+    run = crafted_run(root, ledger=[record(1, 0, 10, "preempted", True, saved=10),
+                                    record(2, 10, 30, "finished", False, loaded=10)],
+                      metrics=[{"step": 30, "loss": 2.25, "val_loss": 2.5}])
+    ranks = run.meta()["world_size"]
+    expected = 2 * 65.0 * ranks / 3600                 # two attempts of 65 s on every rank
+    status = json.loads(cli(root, "status", run.id, "--json").stdout)
+    assert status["gpu_hours"] == pytest.approx(expected, abs=1e-4)
+    assert status["gpu_hours_source"] == "attempt times"
+    assert "GPU-hours   0.0722 used, every attempt and node (from attempt times)" in \
+        cli(root, "status", run.id).stdout
+    (row,) = json.loads(cli(root, "runs", "--json").stdout)
+    assert (row["run"], row["state"], row["step"], row["total_steps"], row["loss"],
+            row["val_loss"]) == (run.id, "FINISHED", 30, 30, 2.25, 2.5)
+    assert row["gpu_hours"] == status["gpu_hours"]
+    import hpctrain
+    (api_row,) = [r.summary() for r in hpctrain.runs(root)]
+    assert api_row["gpu_hours"] == row["gpu_hours"] and api_row["val_loss"] == 2.5
+
+
+def test_accounting_rows_count_gpus_per_incarnation():
+    rows = [{"JobID": "41", "ElapsedRaw": "100", "AllocTRES": "billing=8,cpu=8,gres/gpu=8,node=1"},
+            {"JobID": "41", "ElapsedRaw": "50",
+             "AllocTRES": "billing=8,cpu=8,gres/gpu:h100=8,gres/gpu=8,node=1"},   # requeued
+            {"JobID": "41", "ElapsedRaw": "0", "AllocTRES": ""},                  # pending again
+            {"JobID": "99", "ElapsedRaw": "100", "AllocTRES": "gres/gpu=8"}]      # another run's
+    assert accounted_seconds(rows, {"41": 4}) == {"41": 150.0 * 8}
+    assert gpus_of_tres("billing=2,cpu=2,node=1", tasks=2) == 2     # no GPU resource: its ranks
+
+
+@pytest.mark.slurm
+@pytest.mark.megatron
+def test_a_slurm_run_is_costed_from_slurm_accounting(slurm_cluster, tmp_path):
+    root = tmp_path / "runs"
+    resolved = ops_resolved(ops_profile(ranks_per_node=2, step_s=0.0), steps=4)
+    run = ops_run(root, resolved)
+    job_id = submit_training(resolved, run).job_id
+    wait_stopped(run, timeout=600)
+    rows = [r for r in commands.sacct_usage([job_id]) if r["JobID"] == job_id]
+    assert rows and "gres/gpu=2" in rows[0]["AllocTRES"]      # 1 node × 2 GPUs
+    accounted = sum(int(r["ElapsedRaw"]) for r in rows) * 2 / 3600
+    status = json.loads(cli(root, "status", run.id, "--json").stdout)
+    assert status["gpu_hours_source"] == "slurm accounting"
+    assert status["gpu_hours"] == pytest.approx(accounted, abs=1e-4) and accounted > 0
+    # the allocation outlives the attempt it holds (integer seconds aside)
+    (attempt,) = run.ledger()
+    assert accounted >= (attempt["duration_s"] - 1) * 2 / 3600
+    report = json.loads(cli(root, "report", run.id, "--json").stdout)
+    assert report["gpu_hours"] == status["gpu_hours"]
