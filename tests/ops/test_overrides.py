@@ -12,7 +12,7 @@ import pytest
 import hpctrain
 from hpctrain.config import load_job, yamlio
 from hpctrain.errors import UsageError
-from hpctrain.record.folder import RunFolder as Run
+from hpctrain.api import Run
 from tests.conftest import REPO
 from tests.ops.helpers import OPS_JOB, cli, ops_job
 
