@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime as _dt
 
+from ..config.durations import format_duration  # noqa: F401  (the CLI's one duration format)
+
 
 def format_table(headers: list[str], rows: list[list], *, indent: str = "") -> str:
     """Left-aligned columns separated by two spaces; ``None`` shows as ``-``; the last column is
@@ -44,25 +46,6 @@ def format_number(x: float | int | None) -> str:
     if abs(x) >= 1e5 or abs(x) < 1e-3:
         return f"{x:.3e}"
     return f"{x:.4g}"
-
-
-def format_duration(seconds: float | int | None) -> str:
-    """``42s``, ``3m05s``, ``2h03m``, ``1d04h`` (None: ``-``)."""
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    if s < 0:
-        return "-" + format_duration(-s)
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
 
 
 def format_gpu_hours(hours: float | None) -> str:

@@ -19,7 +19,7 @@ import json
 
 from ..flops import mfu, model_flops_per_step
 from ..model_shape import ModelShape
-from ..ops.fmt import format_duration
+from ..config.durations import format_duration
 from .log import logger
 
 

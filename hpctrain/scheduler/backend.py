@@ -90,6 +90,12 @@ class Backend(ABC):
     def cancel(self, run: RunFolder, job_ids: list[str]) -> None:
         """Stop these jobs of ``run`` (the ranks get the backend's usual stop signal)."""
 
+    def accounted_gpu_seconds(self, ranks_of_job: dict[str, int]) -> dict[str, float]:
+        """GPU-seconds each job has used by the scheduler's own accounting (every incarnation
+        of a requeued job, a running one up to now), asking once for all of them; ``ranks_of_job``
+        is what a job that allocates no GPU resource counts. {} without accounting."""
+        return {}
+
     def requeue(self, job_id: str) -> None:
         """Requeue a running job in place (backends with ``requeues_in_place``)."""
         raise NotImplementedError(f"the {self.name} backend cannot requeue a job in place")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hpctrain.view.cost import accounted_seconds, gpus_of_tres
+from hpctrain.scheduler.slurm.accounting import accounted_seconds, gpus_of_tres
 from hpctrain.scheduler.slurm import commands
 from hpctrain.submission import submit_training
 from tests.ops.helpers import (cli, crafted_run, ops_profile, ops_resolved, ops_run, record,

@@ -21,6 +21,10 @@ class SlurmBackend(Backend):
     arrays = True
     requeues_in_place = True
 
+    def accounted_gpu_seconds(self, ranks_of_job: dict[str, int]) -> dict[str, float]:
+        from .accounting import gpu_seconds
+        return gpu_seconds(ranks_of_job)
+
     def submit(self, run: RunFolder, profile: ClusterProfile, function: Callable, args: tuple,
                *, script: str | None = None, env: dict | None = None) -> Any:
         if script is None:

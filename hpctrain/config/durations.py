@@ -1,0 +1,25 @@
+"""The one way hpctrain writes a duration: ``42s``, ``3m05s``, ``2h03m``, ``1d04h``.
+
+A value (no I/O), so the CLI's tables and the ranks' progress lines (their ETA) share it.
+"""
+
+from __future__ import annotations
+
+
+def format_duration(seconds: float | int | None) -> str:
+    """``42s``, ``3m05s``, ``2h03m``, ``1d04h`` (None: ``-``)."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 0:
+        return "-" + format_duration(-s)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
