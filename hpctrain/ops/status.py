@@ -103,6 +103,8 @@ def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
         "expected_start": job.start_time if job and job.state.startswith("PENDING") else None,
         **_times(view),
         "step": view.step, "total_steps": view.total_steps, "loss": view.loss,
+        "validation_loss": (view.last_validation or {}).get("loss"),
+        "validation_step": (view.last_validation or {}).get("step"),
         "tokens_per_s": metric.get("tokens_per_s"), "mfu": metric.get("mfu"),
         "attempts": attempt_rows(view),
         "jobs": [{"job_id": j.job_id, "state": j.state, "reason": j.reason, "nodes": j.nodes,
@@ -185,6 +187,9 @@ def format_status(data: dict) -> str:
             extra.append(f"MFU {100 * data['mfu']:.1f}%")
         lines.append(f"Progress    step {data['step']}" + (f" / {total}" if total else "") + pct
                      + (", " + ", ".join(extra) if extra else ""))
+    if data.get("validation_loss") is not None:
+        lines.append(f"Validation  loss {format_number(data['validation_loss'])} at step "
+                     f"{data.get('validation_step')}")
     ck = data.get("checkpoint")
     folder = data.get("checkpoints") or {}
     if ck:

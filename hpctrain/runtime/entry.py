@@ -125,8 +125,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
            result: AttemptResult) -> tuple[Outcome, dict]:
     """One attempt of training on this rank, filling ``result`` in as it goes (what a
     failure midway leaves there is what result.json says)."""
-    from ..data.gpt_dataset import GPTSamples
-    from ..data.indexed import IndexedDataset
+    from ..data.blend import split_samples
     from . import collectives, distributed
     from .batches import BatchFeeder
     from .checkpoint.manager import Checkpointer
@@ -183,9 +182,12 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         logger.info(f"communication: {describe_overlap(mo.model, mo.config)}")
         for note in mo.notes:
             logger.info(f"note: {note}")
-    samples = GPTSamples(IndexedDataset(job.data.path), job.model.seq_length, job.train.seed,
-                         vocab_size=job.model.vocab_size)
+    datasets: dict = {}
+    samples = split_samples(job.data, "train", job.model.seq_length, job.train.seed,
+                            job.model.vocab_size, datasets)
     feeder = BatchFeeder(samples, layout, device, job.data.num_workers)
+    if ctx.is_rank0:
+        logger.info(f"data: training {samples.describe()}")
     stragglers = _straggler_watch(ctx, feeder, hooks)
     ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
     loaded = ckpt.resume()
@@ -196,8 +198,9 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
     metrics = MetricsWriter(ctx, job.train.steps)
+    evaluator = _evaluator(ctx, mo, datasets, flag, metrics, hooks)
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
-                      watchdog=ctx.watchdog, stragglers=stragglers)
+                      watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step
     ctx.watchdog.progress(step=trainer.step, phase="step")
     ctx.watchdog.start_step = trainer.step
@@ -233,6 +236,34 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
                "last_loss": outcome.last_loss, "checkpoint_saved": result.checkpoint_saved,
                "weights_digest": result.weights_digest}
     return outcome, summary
+
+
+def _evaluator(ctx, mo, datasets, flag, metrics, hooks):
+    """The validation/test readers and their evaluator (None when the job evaluates nothing)."""
+    from ..data.blend import split_samples
+    from .batches import BatchFeeder
+    from .evaluation import Evaluator
+    from .log import logger
+    job = ctx.job
+    feeders = {}
+    for kind, split, wanted in (("validation", "valid", job.train.eval_interval),
+                                ("test", "test", job.train.eval_at_end)):
+        if wanted:
+            notes: list[str] = []
+            samples = split_samples(job.data, split, job.model.seq_length, job.train.seed,
+                                    job.model.vocab_size, datasets, notes)
+            for note in notes if ctx.is_rank0 else []:
+                logger.info(f"note: {note}")
+            if samples is not None:
+                feeders[kind] = BatchFeeder(samples, ctx.layout, ctx.device,
+                                            job.data.num_workers)
+                if ctx.is_rank0:
+                    logger.info(f"data: {kind} {samples.describe()}")
+    if not feeders:
+        return None
+    return Evaluator(ctx, mo, feeders, flag, watchdog=ctx.watchdog, metrics=metrics, hooks=hooks,
+                     released=lambda: flag.check_file() or
+                     (ctx.run.path / "hold-release").exists())
 
 
 def _log_model(ctx, local: int) -> None:

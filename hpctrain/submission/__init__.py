@@ -156,8 +156,15 @@ def _submit_sweep(job_file, profile: ClusterProfile, specs: list[str], *, runs_d
     points = expand(str(job_file), profile, specs)
     for p in points:
         check_fits(p.resolved, force)
-    for path in sorted({p.resolved.job.data.path for p in points}):
-        check_data(next(p.resolved.job for p in points if p.resolved.job.data.path == path))
+    checked = set()
+    for p in points:
+        d = p.resolved.job.data
+        key = repr((d.path, d.blend, d.split, d.valid_blend, d.test_blend,
+                    p.resolved.job.model.seq_length, p.resolved.job.train.eval_interval,
+                    p.resolved.job.train.eval_at_end))
+        if key not in checked:
+            checked.add(key)
+            check_data(p.resolved.job)
     sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
                                           source=str(job_file))
     out = Submission(points[0].resolved, [r.run for r in sweep_runs], dry_run=dry_run,

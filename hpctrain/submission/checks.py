@@ -62,12 +62,18 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
 
 
 def check_data(job) -> None:
-    """Prepare the example corpus on first use; refuse a job whose data is missing."""
+    """Prepare the example corpora on first use; refuse a job whose data is missing, a corpus
+    too small for one sample, or a split that leaves the training, validation or test data
+    the job uses empty (each error names its field)."""
+    from ..data.blend import check_splits
     from ..data.prepare import ensure_prepared
+    from ..data.splits import all_prefixes
     ensure_prepared(job)
-    prefix = Path(job.data.path)
-    missing = [str(p) for p in (prefix.with_name(prefix.name + ".bin"),
-                                prefix.with_name(prefix.name + ".idx")) if not p.exists()]
-    if missing:
-        raise UsageError(f"data.path: {missing[0]} does not exist; prepare it with `hpctrain data "
-                         f"prepare FILES --output {job.data.path}` or set data.prepare_from")
+    for field, prefix, _ in all_prefixes(job.data):
+        p = Path(prefix)
+        missing = [str(f) for f in (p.with_name(p.name + ".bin"), p.with_name(p.name + ".idx"))
+                   if not f.exists()]
+        if missing:
+            raise UsageError(f"{field}: {missing[0]} does not exist; prepare it with `hpctrain "
+                             f"data prepare FILES --output {prefix}` or set its prepare_from")
+    check_splits(job)

@@ -29,6 +29,7 @@ class RunView:
     ledger: list[dict]
     events: list[dict]
     last_metric: dict | None = None
+    last_validation: dict | None = None     # the newest validation-loss record
     attempts_started: list[int] = field(default_factory=list)
 
     # ---- jobs ------------------------------------------------------------------------------
@@ -138,6 +139,7 @@ def build_views(runs: list[RunFolder]) -> list[RunView]:
     states = job_states_of_runs(runs, kind="train")
     return [RunView(run=r, meta=r.meta(), jobs=states[r.path], ledger=r.ledger(), events=r.events(),
                     last_metric=r.latest_metrics(),
+                    last_validation=r.latest_metrics("validation"),
                     attempts_started=r.attempts_started()) for r in runs]
 
 
