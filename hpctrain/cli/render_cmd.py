@@ -33,7 +33,9 @@ def validate(job_file, profile_name, nodes, as_json):
     Example:
       hpctrain validate examples/tiny.yaml --profile dev-slurm
     """
+    from ..submission.checks import check_data
     r = load_resolved(job_file, profile_name, nodes)
+    check_data(r.job, prepare=False)      # corpora, blends and splits that are already there
     if as_json:
         lay = r.layout
         echo_json({"valid": True, "profile": r.profile.name, "world_size": r.profile.world_size,

@@ -78,8 +78,17 @@ class BlendedSamples:
         return self.parts[corpus].sample(within, check)
 
     def check_tokens(self, largest: int) -> None:
-        for part in self.parts:
-            part.check_tokens(largest)
+        """A UsageError when a token id read is beyond the vocabulary (naming every corpus of
+        the blend: the reader does not know which one the batch's largest id came from)."""
+        if len(self.parts) == 1:
+            self.parts[0].check_tokens(largest)
+            return
+        vocab = self.parts[0].vocab_size
+        if vocab is not None and largest >= vocab:
+            names = ", ".join(f"{p.field} ({p.dataset.prefix})" for p in self.parts)
+            raise UsageError(f"one of {names} holds token id {largest}, beyond "
+                             f"model.vocab_size ({vocab}); a corpus was prepared with another "
+                             f"tokenizer, or raise model.vocab_size")
 
     def describe(self) -> str:
         return ", ".join(f"{p.dataset.prefix} ({w:.3g}, {p.num_samples} samples)"

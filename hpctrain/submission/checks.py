@@ -61,14 +61,20 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
                          "pass --force to submit anyway.")
 
 
-def check_data(job) -> None:
+def check_data(job, prepare: bool = True) -> None:
     """Prepare the example corpora on first use; refuse a job whose data is missing, a corpus
     too small for one sample, or a split that leaves the training, validation or test data
-    the job uses empty (each error names its field)."""
+    the job uses empty (each error names its field). ``prepare=False`` (validate, which may
+    run where the cluster's data is not mounted): prepare nothing, and check only when every
+    corpus is there."""
+    from ..data import indexed
     from ..data.blend import check_splits
     from ..data.prepare import ensure_prepared
     from ..data.splits import all_prefixes
-    ensure_prepared(job)
+    if prepare:
+        ensure_prepared(job)
+    elif any(not indexed.exists(prefix) for _, prefix, _ in all_prefixes(job.data)):
+        return                                   # submit prepares or refuses it
     for field, prefix, _ in all_prefixes(job.data):
         p = Path(prefix)
         missing = [str(f) for f in (p.with_name(p.name + ".bin"), p.with_name(p.name + ".idx"))

@@ -167,3 +167,19 @@ def test_metrics_kinds_are_read_apart(tmp_path):
     assert run.latest_metrics()["step"] == 1999
     assert run.latest_metrics("validation") == records[2]      # far back: the tail read grows
     assert run.latest_metrics("test")["loss"] == 4.1
+
+
+def test_validate_checks_the_splits_of_data_that_is_there(tmp_path):
+    import yaml
+    from tests.conftest import REPO, hpctrain
+    one_doc = _corpus(tmp_path / "one", 1, 400)
+    job = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
+    job["data"] = {"path": one_doc, "split": "969,30,1"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = hpctrain("validate", str(tmp_path / "job.yaml"), "--profile", "local")
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "Error: data.split: '969,30,1' leaves no validation documents in any corpus"), proc.stderr
+    job["data"] = {"path": str(tmp_path / "elsewhere"), "split": "969,30,1"}   # not mounted here
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = hpctrain("validate", str(tmp_path / "job.yaml"), "--profile", "local")
+    assert proc.returncode == 0, proc.stderr
