@@ -133,6 +133,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     from .comm_overlap import describe as describe_overlap
     from .context import RankContext
     from .digest import weights_digest
+    from .evaluation import build_evaluator
     from .faults import TestHooks
     from .log import logger
     from .loop import Trainer
@@ -198,7 +199,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
     metrics = MetricsWriter(ctx, job.train.steps)
-    evaluator = _evaluator(ctx, mo, datasets, flag, metrics, hooks)
+    evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks)
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
                       watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step
@@ -236,34 +237,6 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
                "last_loss": outcome.last_loss, "checkpoint_saved": result.checkpoint_saved,
                "weights_digest": result.weights_digest}
     return outcome, summary
-
-
-def _evaluator(ctx, mo, datasets, flag, metrics, hooks):
-    """The validation/test readers and their evaluator (None when the job evaluates nothing)."""
-    from ..data.blend import split_samples
-    from .batches import BatchFeeder
-    from .evaluation import Evaluator
-    from .log import logger
-    job = ctx.job
-    feeders = {}
-    for kind, split, wanted in (("validation", "valid", job.train.eval_interval),
-                                ("test", "test", job.train.eval_at_end)):
-        if wanted:
-            notes: list[str] = []
-            samples = split_samples(job.data, split, job.model.seq_length, job.train.seed,
-                                    job.model.vocab_size, datasets, notes)
-            for note in notes if ctx.is_rank0 else []:
-                logger.info(f"note: {note}")
-            if samples is not None:
-                feeders[kind] = BatchFeeder(samples, ctx.layout, ctx.device,
-                                            job.data.num_workers)
-                if ctx.is_rank0:
-                    logger.info(f"data: {kind} {samples.describe()}")
-    if not feeders:
-        return None
-    return Evaluator(ctx, mo, feeders, flag, watchdog=ctx.watchdog, metrics=metrics, hooks=hooks,
-                     released=lambda: flag.check_file() or
-                     (ctx.run.path / "hold-release").exists())
 
 
 def _log_model(ctx, local: int) -> None:

@@ -109,3 +109,29 @@ class Evaluator:
         if loss is not None:
             flags[0] += loss
         return collectives.start_sum(flags)()
+
+
+def build_evaluator(ctx, mo, datasets, flag, metrics, hooks):
+    """The validation/test readers and their evaluator (None when the job evaluates nothing)."""
+    from ..data.blend import split_samples
+    from .batches import BatchFeeder
+    job = ctx.job
+    feeders = {}
+    for kind, split, wanted in (("validation", "valid", job.train.eval_interval),
+                                ("test", "test", job.train.eval_at_end)):
+        if wanted:
+            notes: list[str] = []
+            samples = split_samples(job.data, split, job.model.seq_length, job.train.seed,
+                                    job.model.vocab_size, datasets, notes)
+            for note in notes if ctx.is_rank0 else []:
+                logger.info(f"note: {note}")
+            if samples is not None:
+                feeders[kind] = BatchFeeder(samples, ctx.layout, ctx.device,
+                                            job.data.num_workers)
+                if ctx.is_rank0:
+                    logger.info(f"data: {kind} {samples.describe()}")
+    if not feeders:
+        return None
+    return Evaluator(ctx, mo, feeders, flag, watchdog=ctx.watchdog, metrics=metrics, hooks=hooks,
+                     released=lambda: flag.check_file() or
+                     (ctx.run.path / "hold-release").exists())
