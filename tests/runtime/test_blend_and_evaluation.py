@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from hpctrain import exit_codes
-from hpctrain.runtime.checkpoint import store
+from hpctrain.record import checkpoint_store as store
 from tests.conftest import REPO, hpctrain, wait_until
 from tests.launch import Launch, launch
 from tests.runtime.conftest import _explain
