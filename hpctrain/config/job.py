@@ -303,7 +303,7 @@ def check_job(j: JobConfig, problems: Problems) -> None:
 def _check_data(j: JobConfig, problems: Problems) -> None:
     """One corpus or a blend; a split or separate validation/test corpora; evaluation only
     where there is data to evaluate on."""
-    from ..data.splits import parse_split
+    from .split import parse_split
     d, t = j.data, j.train
     for name in ("blend", "valid_blend", "test_blend"):
         for i, entry in enumerate(getattr(d, name) or []):

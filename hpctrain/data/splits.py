@@ -2,34 +2,18 @@
 
 A split (Megatron-LM's ``--split 969,30,1``) cuts every corpus's *documents* into three
 contiguous ranges, in proportion to the three numbers, exactly as megatron-core's
-``BlendedMegatronDatasetBuilder`` does; separate ``valid_blend``/``test_blend`` corpora are used whole.
-Pure Python: the config checks and the CLI import this without numpy.
+``BlendedMegatronDatasetBuilder`` does; separate ``valid_blend``/``test_blend`` corpora are
+used whole. Pure Python: the submit checks and the CLI import this without numpy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.split import parse_split
+
 SPLITS = ("train", "valid", "test")
-
-
-def parse_split(text: str) -> tuple[float, float, float]:
-    """``"969,30,1"`` -> the normalised shares (a ValueError saying what is wrong)."""
-    parts = [p.strip() for p in str(text).replace("/", ",").split(",")]
-    if not 1 <= len(parts) <= 3:
-        raise ValueError(f"{text!r}: expected up to three numbers train,valid,test such as "
-                         f"\"969,30,1\"")
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"{text!r}: expected numbers such as \"969,30,1\"") from None
-    numbers += [0.0] * (3 - len(numbers))
-    if any(not (n >= 0) or n == float("inf") for n in numbers):
-        raise ValueError(f"{text!r}: the shares must be finite and not negative")
-    total = sum(numbers)
-    if numbers[0] <= 0:
-        raise ValueError(f"{text!r}: the training share must be above 0")
-    return tuple(n / total for n in numbers)
+__all__ = ["SPLITS", "Corpus", "all_prefixes", "corpora", "parse_split", "split_ranges"]
 
 
 def split_ranges(num_documents: int, shares) -> list[tuple[int, int]]:
