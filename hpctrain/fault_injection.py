@@ -31,6 +31,11 @@ VARIABLES = {
                                      "stop (a handled signal, or the batch shell's flag file) or "
                                      "the file RUN/hold-release appears: a test acts on a run "
                                      "that is certainly mid-way, however fast the machine trains",
+    "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "=N: in the evaluation after step N, after its "
+                                          "first batch, every rank waits as "
+                                          "HPCTRAIN_TEST_HOLD_AFTER_STEP does (a test signals "
+                                          "a run that is certainly evaluating); first attempt "
+                                          "only",
     "HPCTRAIN_TEST_HOLD_MAX_S": "=600: the longest a hold waits",
     "HPCTRAIN_TEST_KILL_DURING_SAVE": "=R[@N]: rank R SIGKILLs itself after writing its shards of "
                                       "a checkpoint (of step N, or the first one) and before it "

@@ -136,6 +136,12 @@ class TrainSection:
                     at_most=2**32 - 1)
     log_interval: int = doc("Print/record metrics every N steps.", default=1, at_least=1,
                             at_most=10**9)
+    eval_interval: int | None = doc("Validation loss every N steps, on the validation split "
+                                    "(null: no evaluation).", default=None, at_least=1,
+                                    at_most=10**9)
+    eval_iters: int = doc("Global batches per evaluation (the same samples every time).",
+                          default=10, at_least=1, at_most=10**6)
+    eval_at_end: bool = doc("Test loss on the test split when training finishes.", default=False)
     init_from: str | None = doc("Model-only checkpoint to start from (a fresh run's weights).",
                                 default=None)
     init_timeout_s: int = doc("Give up forming the process group after this long (names host:port).",
@@ -148,9 +154,30 @@ class TrainSection:
 
 
 @dataclass(kw_only=True)
-class DataSection:
+class CorpusEntry:
     path: str = doc("Prefix of a Megatron indexed dataset (PATH.bin + PATH.idx), relative to the "
                     "job file.")
+    weight: float = doc("Share of the samples drawn from this corpus (weights are normalised; "
+                        "Megatron-LM's --data-path WEIGHT PATH).", default=1.0, above=0,
+                        at_most=1e12)
+    prepare_from: list[str] = doc("Text/JSONL files to prepare into `path` when it does not exist "
+                                  "yet.", default_factory=list)
+
+
+@dataclass(kw_only=True)
+class DataSection:
+    path: str | None = doc("Prefix of a Megatron indexed dataset (PATH.bin + PATH.idx), relative "
+                           "to the job file: one corpus (or give `blend`).", default=None)
+    blend: list[CorpusEntry] = doc("Several corpora, each {path, weight, prepare_from}: the "
+                                   "training samples are drawn from them in proportion to their "
+                                   "weights (instead of `path`).", default_factory=list)
+    split: str | None = doc("Megatron-LM's train,valid,test split of every corpus's documents, "
+                            "e.g. \"969,30,1\" (null: all for training, or the validation/test "
+                            "corpora of valid_blend/test_blend).", default=None)
+    valid_blend: list[CorpusEntry] = doc("Separate validation corpora (instead of a split).",
+                                         default_factory=list)
+    test_blend: list[CorpusEntry] = doc("Separate test corpora (instead of a split).",
+                                        default_factory=list)
     tokenizer: str = doc("byte (built in) or a local Hugging Face tokenizer folder (for prepare).",
                          default="byte")
     prepare_from: list[str] = doc("Text/JSONL files to prepare into `path` when it does not exist "
@@ -238,6 +265,7 @@ def check_job(j: JobConfig, problems: Problems) -> None:
     safety.check_sbatch_value(j.name, "name", problems)
     d = j.data
     safety.check_path(d.path, "data.path", problems)
+    _check_data(j, problems)
     for i, f in enumerate(d.prepare_from or []):
         safety.check_path(f, f"data.prepare_from[{i}]", problems)
     if d.tokenizer != "byte":
@@ -270,3 +298,52 @@ def check_job(j: JobConfig, problems: Problems) -> None:
     if isinstance(t.min_lr, float) and isinstance(t.lr, float) and t.min_lr > t.lr:
         problems.add("train.min_lr", f"{t.min_lr} is above train.lr ({t.lr})")
 
+
+
+def _check_data(j: JobConfig, problems: Problems) -> None:
+    """One corpus or a blend; a split or separate validation/test corpora; evaluation only
+    where there is data to evaluate on."""
+    from .split import parse_split
+    d, t = j.data, j.train
+    for name in ("blend", "valid_blend", "test_blend"):
+        for i, entry in enumerate(getattr(d, name) or []):
+            if entry is None:
+                continue
+            safety.check_path(entry.path, f"data.{name}[{i}].path", problems)
+            for k, f in enumerate(entry.prepare_from or []):
+                safety.check_path(f, f"data.{name}[{i}].prepare_from[{k}]", problems)
+    if d.path and d.blend:
+        problems.add("data.blend", "give either data.path (one corpus) or data.blend, not both")
+    elif not d.path and not d.blend and d.blend is not None:
+        problems.add("data.path", "missing: give data.path (one corpus) or data.blend (a list "
+                                  "of {path, weight})")
+    if d.prepare_from and not d.path:
+        problems.add("data.prepare_from", "prepares data.path; with data.blend give each "
+                                          "corpus its own prepare_from")
+    separate = bool(d.valid_blend or d.test_blend)
+    shares = None
+    if d.split is not None:
+        try:
+            shares = parse_split(d.split)
+        except ValueError as e:
+            problems.add("data.split", str(e))
+        if separate:
+            problems.add("data.split", "give either data.split or data.valid_blend/test_blend, "
+                                       "not both")
+    if not isinstance(t.eval_interval, int) and not t.eval_at_end:
+        return
+    has_valid = bool(d.valid_blend) or (shares is not None and shares[1] > 0)
+    has_test = bool(d.test_blend) or (shares is not None and shares[2] > 0)
+    if isinstance(t.eval_interval, int) and not has_valid and (shares is not None or
+                                                               d.split is None):
+        problems.add("data.split" if d.split is not None else "data.valid_blend",
+                     f"train.eval_interval is set but "
+                     + (f"the split {d.split!r} leaves no validation data; give the validation "
+                        f"part a share (e.g. \"969,30,1\")" if d.split is not None else
+                        "there is no validation data; set data.split (e.g. \"969,30,1\") or "
+                        "data.valid_blend"))
+    if t.eval_at_end is True and not has_test and (shares is not None or d.split is None):
+        problems.add("data.split" if d.split is not None else "data.test_blend",
+                     "train.eval_at_end is set but "
+                     + (f"the split {d.split!r} leaves no test data" if d.split is not None
+                        else "there is no test data; set data.split or data.test_blend"))

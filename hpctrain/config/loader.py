@@ -110,9 +110,15 @@ def load_job(path: str | os.PathLike) -> JobConfig:
 def resolve_job_paths(job: JobConfig, base: Path) -> JobConfig:
     """Make the job's paths absolute, relative ones against ``base`` (the job file's folder;
     absolute ones stay as they are): the same for a job file and for a sweep's values."""
-    job.data.path = str((base / os.path.expanduser(job.data.path)).resolve())
-    job.data.prepare_from = [str((base / os.path.expanduser(f)).resolve())
-                             for f in job.data.prepare_from]
+    def resolved(f: str) -> str:
+        return str((base / os.path.expanduser(f)).resolve())
+
+    if job.data.path:
+        job.data.path = resolved(job.data.path)
+    job.data.prepare_from = [resolved(f) for f in job.data.prepare_from]
+    for entry in [*job.data.blend, *job.data.valid_blend, *job.data.test_blend]:
+        entry.path = resolved(entry.path)
+        entry.prepare_from = [resolved(f) for f in entry.prepare_from]
     if job.data.tokenizer != "byte":
         job.data.tokenizer = str((base / os.path.expanduser(job.data.tokenizer)).resolve())
     if job.train.init_from:
@@ -131,6 +137,11 @@ def _check_resolved_paths(job: JobConfig) -> None:
     fields = [("data.path", d.path), ("train.init_from", job.train.init_from),
               ("checkpoint.dir", job.checkpoint.dir)]
     fields += [(f"data.prepare_from[{i}]", f) for i, f in enumerate(d.prepare_from)]
+    for name in ("blend", "valid_blend", "test_blend"):
+        for i, e in enumerate(getattr(d, name)):
+            fields.append((f"data.{name}[{i}].path", e.path))
+            fields += [(f"data.{name}[{i}].prepare_from[{k}]", f)
+                       for k, f in enumerate(e.prepare_from)]
     if d.tokenizer != "byte":
         fields.append(("data.tokenizer", d.tokenizer))
     for path, value in fields:

@@ -21,24 +21,34 @@ from .indexed import IndexedDataset
 
 
 class GPTSamples:
+    """The samples of one corpus (or of one split of it: ``tokens`` is then the token range of
+    that split's documents). ``stream`` is added to the order's seed so every corpus and split
+    has its own order; the whole of one corpus keeps the empty stream (the order it always had)."""
+
     def __init__(self, dataset: IndexedDataset, seq_length: int, seed: int,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, tokens=None, stream: tuple = (),
+                 field: str = "data.path") -> None:
         self.dataset = dataset
+        self.tokens = dataset.tokens if tokens is None else tokens
         self.seq_length = seq_length
         self.seed = seed
+        self.stream = tuple(stream)
+        self.field = field
         self.vocab_size = vocab_size
-        self.num_samples = (dataset.num_tokens - 1) // seq_length if dataset.num_tokens else 0
+        n = int(self.tokens.size)
+        self.num_samples = (n - 1) // seq_length if n else 0
         if self.num_samples < 1:
-            raise UsageError(f"data.path: {dataset.prefix} holds {dataset.num_tokens} tokens, fewer "
-                             f"than one sample of model.seq_length + 1 = {seq_length + 1}; use "
-                             f"more data or a shorter seq_length")
+            raise UsageError(f"{field}: {dataset.prefix} holds {n} tokens"
+                             f"{' in this split' if tokens is not None else ''}, fewer than one "
+                             f"sample of model.seq_length + 1 = {seq_length + 1}; use more data, "
+                             f"a larger share of data.split or a shorter seq_length")
         self._epoch = -1
         self._order: np.ndarray | None = None
 
     def order(self, epoch: int) -> np.ndarray:
         """The sample order of ``epoch`` (a permutation of all samples)."""
         if epoch != self._epoch:
-            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+            rng = np.random.Generator(np.random.PCG64([self.seed, epoch, *self.stream]))
             self._order = rng.permutation(self.num_samples)
             self._epoch = epoch
         return self._order
@@ -52,7 +62,7 @@ class GPTSamples:
         (``check``: refuse token ids beyond the vocabulary, see :meth:`check_tokens`)."""
         j = self.sample_index(position)
         start = j * self.seq_length
-        window = np.asarray(self.dataset.tokens[start:start + self.seq_length + 1], dtype=np.int64)
+        window = np.asarray(self.tokens[start:start + self.seq_length + 1], dtype=np.int64)
         if check and window.size:
             self.check_tokens(int(window.max()))
         return window
@@ -60,7 +70,7 @@ class GPTSamples:
     def check_tokens(self, largest: int) -> None:
         """A UsageError when ``largest`` (a token id read) is beyond ``vocab_size``."""
         if self.vocab_size is not None and largest >= self.vocab_size:
-            raise UsageError(f"data.path: {self.dataset.prefix} holds token id {largest}, "
+            raise UsageError(f"{self.field}: {self.dataset.prefix} holds token id {largest}, "
                              f"beyond model.vocab_size ({self.vocab_size}); the data was prepared "
                              f"with another tokenizer, or raise model.vocab_size")
 

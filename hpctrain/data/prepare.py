@@ -119,23 +119,29 @@ def _append(arr, value):
 
 
 def ensure_prepared(job) -> bool:
-    """Prepare ``job.data.path`` from ``job.data.prepare_from`` if it does not exist yet.
+    """Prepare every corpus the job names (``data.path`` or the blends' paths) from its
+    ``prepare_from`` if it does not exist yet.
 
-    Returns True when it prepared the data, False when the data was already there. Raises a
-    UsageError naming the field when the data is missing and cannot be prepared, or when the
+    Returns True when it prepared data, False when all of it was already there. Raises a
+    UsageError naming the field when a corpus is missing and cannot be prepared, or when the
     tokenizer's vocabulary does not fit ``model.vocab_size``.
     """
+    from .splits import all_prefixes
     data = job.data
-    if indexed.exists(data.path):
-        check_vocab(job, read_meta(data.path).get("vocab_size"))
-        return False
-    if not data.prepare_from:
-        raise UsageError(f"data.path: {data.path}.bin/.idx do not exist; prepare them with "
-                         f"`hpctrain data prepare FILES --output {data.path}` or set "
-                         f"data.prepare_from")
-    tok = load_tokenizer(data.tokenizer)
-    check_vocab(job, tok.vocab_size)
-    prepare(data.prepare_from, data.path, data.tokenizer, data.json_key)
-    return True
+    prepared = False
+    for field, prefix, sources in all_prefixes(data):
+        if indexed.exists(prefix):
+            check_vocab(job, read_meta(prefix).get("vocab_size"))
+            continue
+        if not sources:
+            hint = "data.prepare_from" if field == "data.path" else \
+                field.replace(".path", ".prepare_from")
+            raise UsageError(f"{field}: {prefix}.bin/.idx do not exist; prepare them with "
+                             f"`hpctrain data prepare FILES --output {prefix}` or set {hint}")
+        tok = load_tokenizer(data.tokenizer)
+        check_vocab(job, tok.vocab_size)
+        prepare(sources, prefix, data.tokenizer, data.json_key)
+        prepared = True
+    return prepared
 
 

@@ -106,9 +106,10 @@ def collect_series(runs: list[RunFolder]) -> list[Series]:
     series = []
     for run, label in zip(runs, labels(runs)):
         records = per_step(run.metrics())
+        validation = {m["step"]: m.get("loss") for m in per_step(run.metrics(kind="validation"))}
         series.append(Series(run, label, [m["step"] for m in records],
                              [num(m.get("loss")) for m in records],
-                             [num(m.get("val_loss", m.get("validation_loss"))) for m in records],
+                             [num(validation.get(m["step"])) for m in records],
                              [num(m.get("tokens_per_s")) for m in records]))
     return series
 

@@ -1,5 +1,6 @@
-"""``hpctrain report``: one PNG of a run (loss, tokens/s and MFU over steps, with preemptions,
-requeues and checkpoints marked) and the same story in a few lines of text.
+"""``hpctrain report``: one PNG of a run (training and validation loss, tokens/s and MFU over
+steps, with preemptions, requeues and checkpoints marked) and the same story in a few lines of
+text.
 
 matplotlib is imported only here, when a report is drawn, with its Agg canvas (no display, no
 pyplot state). ``build_figure`` returns the Figure so tests can read the plotted data back.
@@ -33,6 +34,8 @@ class ReportData:
     checkpoints: list[int] = field(default_factory=list)
     stragglers: list[tuple[int, str]] = field(default_factory=list)    # (step, node) named
     ledger: list[dict] = field(default_factory=list)
+    validation: list[tuple[int, float]] = field(default_factory=list)   # (step, loss)
+    test: list[tuple[int, float]] = field(default_factory=list)         # (step, loss)
     total_steps: int | None = None
     attempts: int = 0                  # started, recorded or not
     usage: dict = field(default_factory=dict)   # GpuHours.to_json(): GPU-hours used
@@ -59,6 +62,9 @@ def collect(run: RunFolder) -> ReportData:
                       tokens_per_s=[_num(m.get("tokens_per_s")) for m in records],
                       mfu=[_num(m.get("mfu")) for m in records], ledger=ledger,
                       attempts=max([len(ledger)] + run.attempts_started()))
+    for kind, into in (("validation", data.validation), ("test", data.test)):
+        into.extend((m["step"], _num(m.get("loss"))) for m in per_step(run.metrics(kind=kind))
+                    if _num(m.get("loss")) is not None)
     data.stragglers = [(m["step"], n.get("node")) for m in records
                        for n in (m.get("stragglers") or []) if isinstance(n, dict)]
     for i, rec in enumerate(ledger):
@@ -118,6 +124,14 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
         for i, (step, reason) in enumerate(data.other_ends):
             ax.axvline(step, color="black", linestyle="-.", linewidth=1,
                        label="attempt ended" if i == 0 else None, gid=f"ended-{reason}")
+    if data.validation:
+        xs, ys = zip(*data.validation)
+        axes[0].plot(xs, ys, color="tab:orange", linewidth=1.4, marker="o", markersize=4,
+                     label="validation loss", gid="validation_loss")
+    if data.test:
+        xs, ys = zip(*data.test)
+        axes[0].plot(xs, ys, linestyle="none", marker="*", markersize=10, color="tab:brown",
+                     label="test loss", gid="test_loss")
     speed_ax, at_step = axes[1], dict(zip(data.steps, data.tokens_per_s))
     for node in sorted({n for _, n in data.stragglers}):
         pts = [(s, at_step.get(s) or 0.0) for s, n in data.stragglers if n == node]
@@ -168,6 +182,9 @@ def summarize(data: ReportData) -> dict:
         "checkpoints": data.checkpoints,
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "min_loss": best[1] if best else None, "min_loss_step": best[0] if best else None,
+        "last_validation_loss": data.validation[-1][1] if data.validation else None,
+        "last_validation_step": data.validation[-1][0] if data.validation else None,
+        "test_loss": data.test[-1][1] if data.test else None,
         "mean_tokens_per_s": mean(data.tokens_per_s), "mean_mfu": mean(data.mfu),
         "training_time_s": sum(r.get("duration_s") or 0 for r in data.ledger) or None,
         "stragglers": {node: min(s for s, n in data.stragglers if n == node)
@@ -194,6 +211,11 @@ def format_summary(s: dict) -> str:
     if s["last_loss"] is not None:
         lines.append(f"Loss        {format_number(s['first_loss'])} → {format_number(s['last_loss'])} "
                      f"(min {format_number(s['min_loss'])} at step {s['min_loss_step']})")
+    if s.get("last_validation_loss") is not None:
+        lines.append(f"Validation  {format_number(s['last_validation_loss'])} at step "
+                     f"{s['last_validation_step']}"
+                     + (f"; test {format_number(s['test_loss'])}" if s.get("test_loss") is not None
+                        else ""))
     if s["mean_tokens_per_s"] is not None:
         lines.append(f"Throughput  {format_number(s['mean_tokens_per_s'])} tokens/s (mean)")
     if s["mean_mfu"] is not None:

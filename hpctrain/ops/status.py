@@ -103,8 +103,9 @@ def status_data(view: RunView, checkpoints: CheckpointFolder | None) -> dict:
         "expected_start": job.start_time if job and job.state.startswith("PENDING") else None,
         **_times(view),
         "step": view.step, "total_steps": view.total_steps, "loss": view.loss,
-        "val_loss": view.val_loss,
         **view.gpu_usage.to_json(),
+        "validation_loss": view.val_loss,
+        "validation_step": (view.last_validation or {}).get("step"),
         "tokens_per_s": metric.get("tokens_per_s"), "mfu": metric.get("mfu"),
         "attempts": attempt_rows(view),
         "jobs": [{"job_id": j.job_id, "state": j.state, "reason": j.reason, "nodes": j.nodes,
@@ -190,6 +191,9 @@ def format_status(data: dict) -> str:
     if data.get("gpu_hours") is not None:
         lines.append(f"GPU-hours   {format_gpu_hours(data['gpu_hours'])} used, every attempt and "
                      f"node (from {data.get('gpu_hours_source')})")
+    if data.get("validation_loss") is not None:
+        lines.append(f"Validation  loss {format_number(data['validation_loss'])} at step "
+                     f"{data.get('validation_step')}")
     ck = data.get("checkpoint")
     folder = data.get("checkpoints") or {}
     if ck:

@@ -128,16 +128,36 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def read_last_jsonl(path: Path, max_bytes: int = 1 << 16) -> dict | None:
-    """The last complete record of a JSONL file, reading only its end (metrics files grow)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            tail = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
+def record_kind(record: dict) -> str:
+    """A metrics record's kind: "train" (also the records written before kinds existed),
+    "validation" or "test"."""
+    return str(record.get("kind", "train"))
+
+
+def read_last_jsonl(path: Path, max_bytes: int = 1 << 16, accept=None,
+                    give_up_bytes: int = 1 << 24) -> dict | None:
+    """The last complete record of a JSONL file (the last one ``accept(record)`` takes, when
+    given), reading only its end (metrics files grow): the tail read doubles until a record
+    is found, up to ``give_up_bytes``."""
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                tail = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        for line in reversed(tail.splitlines()):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line, or the first line cut by the seek
+            if isinstance(record, dict) and (accept is None or accept(record)):
+                return record
+        if max_bytes >= size or max_bytes >= give_up_bytes:
+            return None
+        max_bytes *= 4
     for line in reversed(tail.splitlines()):
         try:
             record = json.loads(line)

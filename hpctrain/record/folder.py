@@ -41,7 +41,8 @@ from ..config import yamlio
 from ..errors import HpcTrainError, RunNotFoundError, UsageError
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
-from .files import RunFileError, append_jsonl, folder_lock, now_iso, read_jsonl, read_last_jsonl
+from .files import (RunFileError, append_jsonl, folder_lock, now_iso, read_jsonl,
+                    read_last_jsonl, record_kind)
 
 RUN_FILE = "run.yaml"
 LOCK_FILE = ".lock"
@@ -225,11 +226,14 @@ class RunFolder:
         append_jsonl(self.events_file, record)
         return record
 
-    def metrics(self, as_frame: bool = False):
-        """The training metrics, one record per logged step (``metrics.jsonl``): a list of
-        dicts, or with ``as_frame=True`` a pandas DataFrame with one row per record (pandas is
-        not a dependency: it is imported only then)."""
-        records = read_jsonl(self.metrics_file)
+    def metrics(self, as_frame: bool = False, kind: str | None = "train"):
+        """The metrics records (``metrics.jsonl``) of one ``kind``: "train" (one per logged
+        step, the default), "validation" (one per evaluation), "test" (the end-of-training
+        test loss) or None for all of them; a list of dicts, or with ``as_frame=True`` a pandas
+        DataFrame with one row per record (pandas is not a dependency: it is imported only
+        then)."""
+        records = [r for r in read_jsonl(self.metrics_file)
+                   if kind is None or record_kind(r) == kind]
         if not as_frame:
             return records
         try:
@@ -239,9 +243,9 @@ class RunFolder:
                              "(or call metrics() for a list of dicts)") from None
         return pandas.DataFrame.from_records(records)
 
-    def latest_metrics(self) -> dict | None:
-        """The newest metrics record, reading only the end of the file."""
-        return read_last_jsonl(self.metrics_file)
+    def latest_metrics(self, kind: str = "train") -> dict | None:
+        """The newest metrics record of ``kind``, reading only the end of the file."""
+        return read_last_jsonl(self.metrics_file, accept=lambda r: record_kind(r) == kind)
 
     def cancelled(self, events: list[dict] | None = None) -> bool:
         """A user cancelled the run and did not requeue or resume it since."""

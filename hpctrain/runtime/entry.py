@@ -125,8 +125,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
            result: AttemptResult) -> tuple[Outcome, dict]:
     """One attempt of training on this rank, filling ``result`` in as it goes (what a
     failure midway leaves there is what result.json says)."""
-    from ..data.gpt_dataset import GPTSamples
-    from ..data.indexed import IndexedDataset
+    from ..data.blend import split_samples
     from . import collectives, distributed
     from .batches import BatchFeeder
     from .checkpoint.manager import Checkpointer
@@ -134,6 +133,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     from .comm_overlap import describe as describe_overlap
     from .context import RankContext
     from .digest import weights_digest
+    from .evaluation import build_evaluator
     from .faults import TestHooks
     from .log import logger
     from .loop import Trainer
@@ -183,9 +183,12 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         logger.info(f"communication: {describe_overlap(mo.model, mo.config)}")
         for note in mo.notes:
             logger.info(f"note: {note}")
-    samples = GPTSamples(IndexedDataset(job.data.path), job.model.seq_length, job.train.seed,
-                         vocab_size=job.model.vocab_size)
+    datasets: dict = {}
+    samples = split_samples(job.data, "train", job.model.seq_length, job.train.seed,
+                            job.model.vocab_size, datasets)
     feeder = BatchFeeder(samples, layout, device, job.data.num_workers)
+    if ctx.is_rank0:
+        logger.info(f"data: training {samples.describe()}")
     stragglers = _straggler_watch(ctx, feeder, hooks)
     ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
     loaded = ckpt.resume()
@@ -196,8 +199,9 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
     metrics = MetricsWriter(ctx, job.train.steps)
+    evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks)
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
-                      watchdog=ctx.watchdog, stragglers=stragglers)
+                      watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step
     ctx.watchdog.progress(step=trainer.step, phase="step")
     ctx.watchdog.start_step = trainer.step

@@ -54,6 +54,7 @@ class TestHooks:
     attempt: int | None = None
     hold_steps: set[int] = field(default_factory=set)
     hold_max_s: float = 600.0
+    eval_hold_steps: set[int] = field(default_factory=set)
     hang_step: int | None = None
     hang_rank: int | None = None
     slow_rank: int | None = None
@@ -78,6 +79,10 @@ class TestHooks:
             hooks.hold_steps = _steps(get("HPCTRAIN_TEST_HOLD_AFTER_STEP"),
                                       "HPCTRAIN_TEST_HOLD_AFTER_STEP")
             hooks.hold_max_s = float(get("HPCTRAIN_TEST_HOLD_MAX_S") or hooks.hold_max_s)
+        if get("HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP"):
+            hooks.eval_hold_steps = _steps(get("HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP"),
+                                           "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP")
+            hooks.hold_max_s = float(get("HPCTRAIN_TEST_HOLD_MAX_S") or hooks.hold_max_s)
         if get("HPCTRAIN_TEST_KILL_DURING_SAVE"):
             hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
                                                    "HPCTRAIN_TEST_KILL_DURING_SAVE")
@@ -96,6 +101,7 @@ class TestHooks:
     @property
     def active(self) -> bool:
         return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
+                    or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
                     or self.slow_rank is not None)
 
@@ -145,6 +151,15 @@ class TestHooks:
                 waiting()
             sleep(0.05)
         return True
+
+    def hold_in_evaluation(self, step: int, released, waiting=None) -> bool:
+        """HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP: hold (once, first attempt) in the evaluation
+        after ``step``, as :meth:`hold_after` holds."""
+        if step not in self.eval_hold_steps or not self.first_attempt():
+            return True
+        self.eval_hold_steps.discard(step)
+        self.hold_steps.add(step)
+        return self.hold_after(step, released, waiting=waiting)
 
     def maybe_crash(self, step: int, rank: int) -> None:
         if self.crash_step == step and self.crash_rank in (None, rank):

@@ -28,6 +28,7 @@ from .batches import BatchFeeder, step_loss
 from .checkpoint.manager import Checkpointer, Loaded
 from .comm_overlap import ParamGatherHooks
 from .context import RankContext
+from .evaluation import Evaluator
 from .faults import TestHooks
 from .guard import StabilityGuard
 from .log import logger
@@ -85,7 +86,8 @@ class Trainer:
                  checkpointer: Checkpointer, hooks: TestHooks, flag: PreemptionFlag,
                  loaded: Loaded | None = None, metrics: MetricsWriter | None = None,
                  clock: Callable[[], float] = time.time, watchdog: Watchdog | None = None,
-                 stragglers: StragglerWatch | None = None) -> None:
+                 stragglers: StragglerWatch | None = None,
+                 evaluator: Evaluator | None = None) -> None:
         self.ctx, self.mo, self.feeder = ctx, mo, feeder
         self.ckpt, self.hooks, self.flag = checkpointer, hooks, flag
         job = ctx.job
@@ -95,12 +97,15 @@ class Trainer:
         self.step = 0
         self.consumed = 0
         self.updates = 0
+        self.evaluated_step = self.tested_step = None   # the last step evaluated (or tested)
         previous_save = None
         if loaded is not None:
             common = loaded.common
             self.step, self.consumed = int(common["step"]), int(common["consumed_samples"])
             self.updates = int(common["optimizer_updates"])
             self.guard.load_state_dict(common.get("guard", {}))
+            self.evaluated_step = common.get("evaluated_step")
+            self.tested_step = common.get("tested_step")
             previous_save = loaded.manifest.get("save_seconds")
         self.start_step = self.step
         self.estimate = SaveEstimate(previous_s=previous_save,
@@ -119,6 +124,7 @@ class Trainer:
         self.metrics = metrics
         self.watchdog = watchdog          # progress for the hang check
         self.stragglers = stragglers
+        self.evaluator = evaluator        # None: no evaluation
         self.straggler: dict | None = None   # the node this attempt stopped to exclude
         from megatron.core import parallel_state as ps
         # one rank per loss value: TP rank 0 of the last stage, in every DP replica
@@ -133,7 +139,8 @@ class Trainer:
     def common_state(self) -> dict:
         return {"step": self.step, "consumed_samples": self.consumed,
                 "optimizer_updates": self.updates, "lr_schedule": self.schedule.state_dict(),
-                "guard": self.guard.state_dict(), "job": self.ctx.job.name}
+                "guard": self.guard.state_dict(), "job": self.ctx.job.name,
+                "evaluated_step": self.evaluated_step, "tested_step": self.tested_step}
 
     # --------------------------------------------------------------------- one step
     def train_step(self) -> dict:
@@ -214,8 +221,9 @@ class Trainer:
 
     # --------------------------------------------------------------------- the loop
     def run(self) -> Outcome:
-        ck = self.ctx.job.checkpoint
         if self.step >= self.total_steps:
+            if not self._evaluations():      # a test loss the last attempt did not finish
+                return self._preempted_in_evaluation()
             return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
                                  f"already at step {self.step} of {self.total_steps}", None)
         if self.ctx.is_rank0:
@@ -233,6 +241,8 @@ class Trainer:
 
     def _steps(self) -> Outcome:
         ck = self.ctx.job.checkpoint
+        if not self._evaluations():   # an evaluation the last attempt was stopped in
+            return self._preempted_in_evaluation()
         while self.step < self.total_steps:
             started = time.time()
             if self.first_step_started is None:
@@ -276,6 +286,8 @@ class Trainer:
             if info["stop"]:
                 self.ckpt.wait()
                 return self._outcome(ExitReason.UNSTABLE, exit_codes.UNSTABLE, info["stop"], None)
+            if not self._evaluations():
+                return self._preempted_in_evaluation()
             final = self.step >= self.total_steps
             if final and ck.save_at_end:
                 saved = self._save("final", sync=True)
@@ -294,6 +306,42 @@ class Trainer:
         self.ckpt.wait()
         return self._outcome(ExitReason.FINISHED, exit_codes.FINISHED,
                              f"finished {self.total_steps} steps", None)
+
+    def _evaluations(self) -> bool:
+        """The evaluations due after this step and not done yet (validation every
+        ``train.eval_interval`` steps, test at the end); False when a signal stopped one."""
+        ev = self.evaluator
+        if ev is None:
+            return True
+        wanted = []
+        if self.step > 0 and ev.due(self.step) and self.evaluated_step != self.step:
+            wanted.append("validation")
+        if ev.at_end and self.step >= self.total_steps and self.tested_step != self.step:
+            wanted.append("test")
+        for kind in wanted:
+            self.param_gather.sync()    # overlap_param_gather: the parameters must be current
+            if ev.evaluate(kind, self.step).loss is None:
+                return False
+            if kind == "validation":
+                self.evaluated_step = self.step
+            else:
+                self.tested_step = self.step
+        if wanted and self.watchdog is not None:
+            self.watchdog.progress(step=self.step, phase="step")
+        return True
+
+    def _preempted_in_evaluation(self) -> Outcome:
+        """A signal during an evaluation: save the training step (unless it is the one this
+        attempt loaded) and exit to be requeued; the next attempt evaluates again."""
+        if self.ctx.is_rank0:
+            logger.info(f"step {self.step}: signal during evaluation; saving an emergency "
+                        f"checkpoint" if self.step != self.start_step else
+                        f"step {self.step}: signal during evaluation; the loaded checkpoint "
+                        f"holds this step")
+        saved = self._save("emergency", sync=True) if self.step != self.start_step else None
+        return self._outcome(ExitReason.PREEMPTED, exit_codes.PREEMPTED,
+                             f"signal {self.flag.received or 'on another rank'} during "
+                             f"evaluation: step {self.step} saved, exiting to be requeued", saved)
 
     def _stop_for_straggler(self, node) -> Outcome:
         """health.exclude_stragglers: every rank reached the same decision from the same

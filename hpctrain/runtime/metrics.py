@@ -5,8 +5,11 @@ one JSON record: step, loss, grad_norm, lr, tokens_per_s, step_time_s (mean over
 interval), the straggler nodes named (``stragglers``) and the median and largest rank compute
 time (``runtime.straggler_timing``), mfu (model FLOPs from ``hpctrain.flops`` over world size × the profile's
 ``node.peak_tflops``; null when the peak is unknown), skipped and the skip reason.
+Every evaluation (``runtime.evaluation``) adds a record of its own kind: ``{"kind":
+"validation"|"test", "step", "loss", "iters", "samples", "seconds", ...}``; training records
+say ``"kind": "train"`` (records without a kind, from older runs, are training records).
 TensorBoard event files go to ``RUN/tensorboard/`` when the ``tensorboard`` package is
-installed (it is optional).
+installed (it is optional): ``train/*``, ``validation/loss`` and ``test/loss``.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class MetricsWriter:
         mean_time = sum(self._times) / len(self._times)
         self._times.clear()
         util = mfu(self.flops_per_step, mean_time, self.ctx.world_size, self.peak)
-        rec = {"step": step, "loss": _finite(loss), "grad_norm": _finite(grad_norm), "lr": lr,
+        rec = {"kind": "train", "step": step, "loss": _finite(loss), "grad_norm": _finite(grad_norm), "lr": lr,
                "tokens_per_s": round(self.tokens_per_step / mean_time, 1) if mean_time else None,
                "step_time_s": round(mean_time, 4), "mfu": None if util is None else round(util, 5),
                "skipped": skipped is not None, "skip_reason": skipped,
@@ -96,6 +99,23 @@ class MetricsWriter:
                 if isinstance(value, (int, float)):
                     self.tb.add_scalar(f"train/{key}", value, step)
         logger.info(self.progress_line(rec))
+        return rec
+
+    def record_eval(self, kind: str, step: int, loss: float, iters: int, samples: int,
+                    seconds: float) -> dict | None:
+        """An evaluation's loss (``kind``: "validation" or "test"), on rank 0."""
+        if not self.ctx.is_rank0:
+            return None
+        rec = {"kind": kind, "step": step, "loss": _finite(loss), "iters": iters,
+               "samples": samples, "seconds": round(seconds, 3), "attempt": self.ctx.attempt,
+               "time": round(time.time(), 3)}
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
+        if self.tb is not None and isinstance(rec["loss"], float):
+            self.tb.add_scalar(f"{kind}/loss", rec["loss"], step)
+        shown = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
+        logger.info(f"step {step}/{self.total_steps} | {kind} loss {shown} | {iters} batches "
+                    f"({samples} samples) in {seconds:.2f} s")
         return rec
 
     def progress_line(self, rec: dict) -> str:

@@ -175,9 +175,15 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
     points = expand(job, profile, specs, folder=folder, source=job_source(job_file))
     for p in points:
         check_fits(p.resolved, force)
-    for path in sorted({p.resolved.job.data.path for p in points}):
-        check_data(next(p.resolved.job for p in points if p.resolved.job.data.path == path),
-                   prepare=not dry_run, warn=warn if dry_run else None)
+    checked = set()
+    for p in points:
+        d = p.resolved.job.data
+        key = repr((d.path, d.blend, d.split, d.valid_blend, d.test_blend,
+                    p.resolved.job.model.seq_length, p.resolved.job.train.eval_interval,
+                    p.resolved.job.train.eval_at_end))
+        if key not in checked:
+            checked.add(key)
+            check_data(p.resolved.job, prepare=not dry_run, warn=warn if dry_run else None)
     sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
                                           source=job_source(job_file))
     if overrides:

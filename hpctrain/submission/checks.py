@@ -98,38 +98,51 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
 
 
 def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None = None) -> None:
-    """The job's data: there, or preparable (the example corpus is prepared on first use), and
-    tokenized with a vocabulary the model holds.
+    """The job's corpora (``data.path`` or the blends' paths): there, or preparable (the example
+    corpora are prepared on first use), tokenized with a vocabulary the model holds, and split so
+    that the training, validation or test data the job uses is not empty (each error names its
+    field).
 
-    ``prepare=False`` writes nothing (validate, dry runs). With ``warn``, what this machine
-    cannot see (data, or a tokenizer folder, that lives on the cluster's file system) is a
-    warning instead of a refusal; a vocabulary too small for the tokenizer is always refused.
+    ``prepare=False`` writes nothing (validate, dry runs); the splits are then checked only when
+    every corpus is there. With ``warn``, what this machine cannot see (data, or a tokenizer
+    folder, that lives on the cluster's file system) is a warning instead of a refusal; a
+    vocabulary too small for the tokenizer is always refused.
     """
+    from ..data.blend import check_splits
+    from ..data.splits import all_prefixes
     from ..data.vocabulary import check_vocab, recorded_vocab_size
-    prefix = Path(job.data.path)
-    missing = [str(p) for p in (prefix.with_name(prefix.name + ".bin"),
-                                prefix.with_name(prefix.name + ".idx")) if not p.exists()]
-    if not missing:
-        check_vocab(job, recorded_vocab_size(job.data.path))
-        return
-    if not job.data.prepare_from:
-        message = (f"data.path: {missing[0]} does not exist; prepare it with `hpctrain data "
-                   f"prepare FILES --output {job.data.path}` or set data.prepare_from")
-        if warn is None:
-            raise UsageError(message)
-        warn(f"{message} (not on this machine; the job cannot start where it is missing)")
-    try:
-        from ..data.tokenizers import load_tokenizer
-        vocab = load_tokenizer(job.data.tokenizer).vocab_size
-    except UsageError as e:
-        if warn is None:
-            raise
-        warn(f"data.tokenizer: {e}")
-        vocab = None
-    check_vocab(job, vocab)
-    if job.data.prepare_from and prepare:
+    missing_any = False
+    for field, prefix, sources in all_prefixes(job.data):
+        p = Path(prefix)
+        missing = [str(f) for f in (p.with_name(p.name + ".bin"), p.with_name(p.name + ".idx"))
+                   if not f.exists()]
+        if not missing:
+            check_vocab(job, recorded_vocab_size(prefix))
+            continue
+        missing_any = True
+        if not sources:
+            hint = ("data.prepare_from" if field == "data.path"
+                    else field.replace(".path", ".prepare_from"))
+            message = (f"{field}: {missing[0]} does not exist; prepare it with `hpctrain data "
+                       f"prepare FILES --output {prefix}` or set {hint}")
+            if warn is None:
+                raise UsageError(message)
+            warn(f"{message} (not on this machine; the job cannot start where it is missing)")
+    if missing_any:
+        try:
+            from ..data.tokenizers import load_tokenizer
+            vocab = load_tokenizer(job.data.tokenizer).vocab_size
+        except UsageError as e:
+            if warn is None:
+                raise
+            warn(f"data.tokenizer: {e}")
+            vocab = None
+        check_vocab(job, vocab)
+        if not prepare:
+            return                                   # submit prepares or refuses it
         from ..data.prepare import ensure_prepared
         ensure_prepared(job)
+    check_splits(job)
 
 
 def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = True,

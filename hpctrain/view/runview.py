@@ -30,6 +30,7 @@ class RunView:
     ledger: list[dict]
     events: list[dict]
     last_metric: dict | None = None
+    last_validation: dict | None = None     # the newest validation-loss record
     attempts_started: list[int] = field(default_factory=list)
     usage: GpuHours | None = None          # GPU-hours used so far (``view.cost``)
 
@@ -135,11 +136,9 @@ class RunView:
 
     @property
     def val_loss(self) -> float | None:
-        """The newest metrics record's validation loss, when the metrics carry one."""
-        for key in ("val_loss", "validation_loss"):
-            if self.last_metric and isinstance(self.last_metric.get(key), (int, float)):
-                return self.last_metric[key]
-        return None
+        """The newest validation loss (the last ``validation`` metrics record), if any."""
+        loss = (self.last_validation or {}).get("loss")
+        return loss if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
 
     def summary(self) -> dict:
         """The row ``hpctrain runs`` shows (and prints as JSON): enough to rank a sweep's
@@ -164,6 +163,7 @@ def build_views(runs: list[RunFolder]) -> list[RunView]:
     states = job_states_of_runs(runs, kind="train", metas=metas)
     views = [RunView(run=r, meta=metas[r.path], jobs=states[r.path], ledger=r.ledger(),
                      events=r.events(), last_metric=r.latest_metrics(),
+                     last_validation=r.latest_metrics("validation"),
                      attempts_started=r.attempts_started()) for r in runs]
     return views
 

@@ -45,6 +45,10 @@ def test_examples_resolve(example, profile):
 
 def test_relative_paths_resolve_against_the_job_file():
     j = load_job(REPO / "examples" / "tiny.yaml")
+    assert [e.path for e in j.data.blend] == [str(REPO / "examples" / "data" / "kjv_byte"),
+                                             str(REPO / "examples" / "data" / "python_docs_byte")]
+    assert j.data.blend[0].prepare_from == [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    j = load_job(REPO / "examples" / "tiny-dp.yaml")
     assert j.data.path == str(REPO / "examples" / "data" / "kjv_byte")
     assert j.data.prepare_from == [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
 

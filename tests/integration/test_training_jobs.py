@@ -32,8 +32,10 @@ def short_tiny(folder: Path, steps: int, **checkpoint) -> Path:
     data = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
     data["train"].update(steps=steps, log_interval=2, warmup_steps=2)
     data["checkpoint"].update({"interval_steps": 0, **checkpoint})
-    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
-    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    data["train"].update(eval_interval=8)
+    for entry in data["data"]["blend"]:
+        entry["path"] = str(REPO / "examples" / entry["path"])
+        entry["prepare_from"] = [str(REPO / "examples" / f) for f in entry["prepare_from"]]
     path = folder / "tiny-short.yaml"
     yamlio.write_atomic(path, yamlio.dump(data))
     return path
@@ -77,6 +79,15 @@ def test_main_job_on_the_local_profile(main_job):
     assert rec["scheduler"] == "local" and rec["exit_reason"] == "finished"
     first, last = falls(run)
     assert last < first - 0.5, (first, last)
+    valid = run.metrics(kind="validation")          # the two-corpus blend's validation split
+    assert [v["step"] for v in valid] == [8, 16] and valid[1]["loss"] < valid[0]["loss"]
+    assert "validation loss" in proc.stdout
+    env = {"HPCTRAIN_RUNS_DIR": str(runs)}
+    status = json.loads(hpctrain("status", run.id, "--json", env=env, check=True).stdout)
+    assert status["validation_loss"] == valid[1]["loss"] and status["validation_step"] == 16
+    assert "Validation  loss" in hpctrain("status", run.id, env=env, check=True).stdout
+    report = json.loads(hpctrain("report", str(run.path), "--json", env=env, check=True).stdout)
+    assert report["last_validation_loss"] == valid[1]["loss"]
 
 
 def test_readme_quick_start_output_is_what_the_main_job_prints(main_job):

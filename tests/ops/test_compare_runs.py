@@ -13,9 +13,10 @@ from tests.ops.helpers import OPS_JOB, cli, crafted_run, ops_job, ops_profile, p
 
 
 def metrics(loss0: float, n: int = 5, val: bool = False) -> list[dict]:
-    return [{"step": s, "loss": loss0 - 0.1 * s, "tokens_per_s": 1000.0 + s,
-             **({"val_loss": loss0 - 0.05 * s} if val and s % 2 == 0 else {})}
-            for s in range(1, n + 1)]
+    train = [{"step": s, "loss": loss0 - 0.1 * s, "tokens_per_s": 1000.0 + s}
+             for s in range(1, n + 1)]
+    return train + [{"kind": "validation", "step": s, "loss": loss0 - 0.05 * s}
+                    for s in range(2, n + 1, 2) if val]
 
 
 def test_runs_are_labelled_by_the_job_settings_that_differ(tmp_path):

@@ -19,7 +19,8 @@ def test_without_accounting_the_ledger_times_the_ranks(tmp_path):
     root = tmp_path / "runs"
     run = crafted_run(root, ledger=[record(1, 0, 10, "preempted", True, saved=10),
                                     record(2, 10, 30, "finished", False, loaded=10)],
-                      metrics=[{"step": 30, "loss": 2.25, "val_loss": 2.5}])
+                      metrics=[{"step": 30, "loss": 2.25},
+                               {"kind": "validation", "step": 30, "loss": 2.5}])
     ranks = run.meta()["world_size"]
     expected = 2 * 65.0 * ranks / 3600                 # two attempts of 65 s on every rank
     status = json.loads(cli(root, "status", run.id, "--json").stdout)

@@ -106,3 +106,29 @@ def test_status_says_which_straggler_node_a_requeue_kept_in_and_why(tmp_path):
     assert any(ln.startswith("Stragglers  n2: rank 1 at 2× ") and
                ln.endswith("; kept in after attempt 1") for ln in lines), lines
     assert f"  attempt 1: {why}" in lines
+
+
+def test_validation_loss_in_status_and_in_the_report_next_to_the_training_curve(tmp_path):
+    valid = [{"kind": "validation", "step": s, "loss": 4.5 - s / 30, "iters": 2, "attempt": 1}
+             for s in (10, 20, 30)]
+    test = [{"kind": "test", "step": 30, "loss": 3.3, "iters": 2, "attempt": 2}]
+    metrics = METRICS[:12] + valid[:1] + METRICS[12:22] + valid[1:] + METRICS[22:] + test
+    run = crafted_run(tmp_path, ledger=LEDGER, metrics=metrics, checkpoints=[10, 12, 30])
+    assert run.metrics() == METRICS and run.metrics(kind="validation") == valid
+    data = collect(run)
+    fig = build_figure(data)
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid()}
+    assert list(lines["validation_loss"].get_xdata()) == [10, 20, 30]
+    assert list(lines["validation_loss"].get_ydata()) == [v["loss"] for v in valid]
+    assert list(lines["test_loss"].get_ydata()) == [3.3]
+    assert lines["validation_loss"].axes is lines["loss"].axes      # one panel, two curves
+    assert list(lines["loss"].get_xdata()) == sorted({m["step"] for m in METRICS})
+    s = summarize(data)
+    assert (s["last_validation_loss"], s["last_validation_step"], s["test_loss"]) == \
+        (valid[-1]["loss"], 30, 3.3)
+    view = RunView(run=run, meta=run.meta(), jobs=[JobState("41", "COMPLETED")],
+                   ledger=run.ledger(), events=run.events(), last_metric=run.latest_metrics(),
+                   last_validation=run.latest_metrics("validation"))
+    status = status_data(view, inspect_checkpoints(run))
+    assert status["loss"] == 2.5 and status["validation_loss"] == valid[-1]["loss"]
+    assert "Validation  loss 3.5 at step 30" in format_status(status).splitlines()

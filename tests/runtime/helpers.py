@@ -31,6 +31,7 @@ LAYOUTS = {
     "tp2": dict(tensor_model_parallel_size=2),
     "single_zero1": dict(use_distributed_optimizer=True),
     "tp2_zero1": dict(tensor_model_parallel_size=2, use_distributed_optimizer=True),
+    "dp4": dict(),
 }
 WORLD = {"single": 1, "tp2": 2, "dp2_zero1": 2, "single_zero1": 1, "tp2_zero1": 2}
 

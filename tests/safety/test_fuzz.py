@@ -61,6 +61,11 @@ def absolute_paths(data: dict, folder: Path) -> dict:
         d["path"] = str((folder / d["path"]).resolve())
     if d.get("prepare_from"):
         d["prepare_from"] = [str((folder / f).resolve()) for f in d["prepare_from"]]
+    for name in ("blend", "valid_blend", "test_blend"):
+        for entry in d.get(name) or []:
+            entry["path"] = str((folder / entry["path"]).resolve())
+            entry["prepare_from"] = [str((folder / f).resolve())
+                                     for f in entry.get("prepare_from", [])]
     if d.get("tokenizer") not in (None, "byte"):
         d["tokenizer"] = str((folder / d["tokenizer"]).resolve())
     return data
