@@ -1,0 +1,87 @@
+"""Who caused a failed attempt (``hpctrain.record.culprit``): the rank that died first on its
+own, over the peers that failed because it vanished. Pure: records, srun's lines, beats."""
+
+from __future__ import annotations
+
+from hpctrain.record.attempt_records import FailureRecord
+from hpctrain.record.culprit import culprit, peer_vanished, task_ranks
+from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
+
+# srun's lines when rank 3 (on n2) is SIGKILLed and its peers then fail (--kill-on-bad-exit)
+SIGKILL_LOG = """\
+srun: error: n2: task 3: Killed
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+srun: error: n1: task 1: Exited with exit code 1
+srun: error: n2: task 2: Exited with exit code 1
+srun: error: n1: task 0: Terminated
+"""
+
+BEATS = {0: ("n1", 100.0), 1: ("n1", 101.0), 2: ("n2", 102.0), 3: ("n2", 99.5)}
+
+
+def peer(rank, node, at):
+    return FailureRecord(rank=rank, node=node, time=at,
+                         message="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
+                                 " Connection closed by peer [10.0.0.2]:4242")
+
+
+def test_a_killed_rank_is_named_over_the_peers_that_noticed_first():
+    exits = parse_srun_task_exits(SIGKILL_LOG)
+    # the peers' records are the only ones written, and the earliest is rank 1's
+    found = culprit([peer(1, "n1", 103.0), peer(2, "n2", 103.2)], exits, BEATS)
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+    assert found.time == 99.5 and "Killed" in found.message
+    assert found.failure().to_dict()["cause"] == "signal"
+
+
+def test_without_the_schedulers_view_the_first_record_is_named_as_before():
+    found = culprit([peer(2, "n2", 103.2), peer(1, "n1", 103.0)], [], BEATS)
+    assert (found.rank, found.cause) == (1, "peer")
+
+
+def test_a_ranks_own_error_beats_peers_that_noticed_it_even_when_written_later():
+    own = FailureRecord(rank=2, node="n2", time=104.0, message="ValueError: loss is nan")
+    found = culprit([peer(1, "n1", 103.0), own], [], BEATS)
+    assert (found.rank, found.cause) == (2, "error")
+
+
+def test_the_earlier_of_an_own_error_and_a_kill_is_named():
+    own = FailureRecord(rank=0, node="n1", time=90.0, message="OSError: disk full")
+    exits = parse_srun_task_exits(SIGKILL_LOG)
+    assert culprit([own], exits, BEATS).rank == 0
+    late = FailureRecord(rank=0, node="n1", time=120.0, message="OSError: disk full")
+    assert culprit([late], exits, BEATS).rank == 3
+
+
+def test_the_teardown_signal_srun_sends_to_survivors_names_no_one():
+    exits = parse_srun_task_exits("srun: error: n1: task 0: Terminated\n"
+                                  "srun: error: n2: task 2: Exited with exit code 1\n")
+    found = culprit([peer(2, "n2", 103.0)], exits, BEATS)
+    assert (found.rank, found.cause) == (2, "peer")
+
+
+def test_among_killed_ranks_srun_order_decides_not_the_coarse_heartbeats():
+    exits = parse_srun_task_exits("srun: error: n1: task 1: Out Of Memory\n"
+                                  "srun: error: n2: task 3: Killed\n")
+    # rank 3's last beat is older than rank 1's (beats come every few seconds)
+    found = culprit([], exits, BEATS)
+    assert (found.rank, found.node) == (1, "n1") and "Out Of Memory" in found.message
+
+
+def test_a_rank_on_a_node_slurm_no_longer_hears_from_is_named():
+    found = culprit([peer(0, "n1", 103.0), peer(1, "n1", 103.1)], [], BEATS,
+                    silent_nodes={"n2": "DOWN*"})
+    assert (found.rank, found.node, found.cause) == (3, "n2", "node")
+    assert "stopped responding" in found.message and "DOWN*" in found.message
+
+
+def test_no_failure_names_no_one():
+    assert culprit([], [], {}) is None
+
+
+def test_peer_messages_and_task_lists():
+    assert peer_vanished("Connection reset by peer")
+    assert peer_vanished("NCCL communicator was aborted on rank 2")
+    assert not peer_vanished("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not peer_vanished(None)
+    assert task_ranks("0-2,5") == [0, 1, 2, 5] and task_ranks("x") == []
