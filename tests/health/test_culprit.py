@@ -7,28 +7,39 @@ from hpctrain.record.attempt_records import FailureRecord
 from hpctrain.record.culprit import culprit, peer_vanished, task_ranks
 from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
 
-# srun's lines when rank 3 (on n2) is SIGKILLed and its peers then fail (--kill-on-bad-exit)
+# srun's lines in the batch log of the dev cluster's SIGKILL drill
+# (tests/resilience/test_attribution_drill.py): rank 3 on n2 killed, its peers then fail
 SIGKILL_LOG = """\
+srun: cluster configuration lacks support for cpu binding
 srun: error: n2: task 3: Killed
-srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
-srun: error: n1: task 1: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=1.0
+srun: error: n1: task 0: Exited with exit code 1
 srun: error: n2: task 2: Exited with exit code 1
-srun: error: n1: task 0: Terminated
+srun: error: n1: task 1: Exited with exit code 1
+srun: Force Terminated StepId=1.0
 """
 
 BEATS = {0: ("n1", 100.0), 1: ("n1", 101.0), 2: ("n2", 102.0), 3: ("n2", 99.5)}
 
 
-def peer(rank, node, at):
-    return FailureRecord(rank=rank, node=node, time=at,
-                         message="RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534]"
-                                 " Connection closed by peer [10.0.0.2]:4242")
+# the peers' own records in that drill (gloo's words)
+RESET = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+         "Read error [127.0.0.1]:16294: Connection reset by peer. This is typically caused by a "
+         "remote worker hanging or bugs in the application.")
+CLOSED = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+          "Connection closed by peer [127.0.0.1]:33921. This is typically caused by a remote "
+          "worker crashing.")
+
+
+def peer(rank, node, at, message=RESET):
+    return FailureRecord(rank=rank, node=node, time=at, message=message)
 
 
 def test_a_killed_rank_is_named_over_the_peers_that_noticed_first():
     exits = parse_srun_task_exits(SIGKILL_LOG)
-    # the peers' records are the only ones written, and the earliest is rank 1's
-    found = culprit([peer(1, "n1", 103.0), peer(2, "n2", 103.2)], exits, BEATS)
+    # the peers' records are the only ones written, and the earliest is rank 2's
+    found = culprit([peer(2, "n2", 103.0), peer(0, "n1", 103.1), peer(1, "n1", 115.0, CLOSED)],
+                    exits, BEATS)
     assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
     assert found.time == 99.5 and "Killed" in found.message
     assert found.failure().to_dict()["cause"] == "signal"
