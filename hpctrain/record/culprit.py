@@ -15,7 +15,9 @@ The first of the first kind is the culprit; only when there is none is the first
 kind named. A rank killed by a signal left no time of its own: its last heartbeat
 (``health.heartbeat``) stands for it, when it was last known alive. Heartbeats come every few
 seconds, too coarse to order ranks killed one after the other, so among those srun's order
-decides (it reports each task as its node's slurmstepd sees it end).
+decides (it reports each task as its node's slurmstepd sees it end). Only signals srun reports
+before any task exited with an error code count: after that, srun is tearing the step down
+(SIGTERM, then SIGKILL after KillWait) and a killed task is its doing.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def culprit(failures: list[FailureRecord], task_exits: list[dict],
             own.append(c)
     killed = []   # srun's order is the order the tasks died in: the first one counts
     for t in task_exits:
+        if t.get("exit_code"):
+            break   # a task exited on its error: srun tears the rest down, KILL after KillWait
         sig = t.get("signal")
         if not sig or sig in TEARDOWN_SIGNALS:
             continue

@@ -71,6 +71,15 @@ def test_the_teardown_signal_srun_sends_to_survivors_names_no_one():
     assert (found.rank, found.cause) == (2, "peer")
 
 
+def test_a_rank_killed_by_srun_tearing_the_step_down_is_not_blamed():
+    # rank 0 fails on a socket error (read as a peer's), srun tears down, rank 2 ignores
+    # SIGTERM and is killed after KillWait
+    exits = parse_srun_task_exits("srun: error: n1: task 0: Exited with exit code 1\n"
+                                  "srun: error: n2: task 2: Killed\n")
+    found = culprit([peer(0, "n1", 103.0)], exits, BEATS)
+    assert (found.rank, found.cause) == (0, "peer")
+
+
 def test_among_killed_ranks_srun_order_decides_not_the_coarse_heartbeats():
     exits = parse_srun_task_exits("srun: error: n1: task 1: Out Of Memory\n"
                                   "srun: error: n2: task 3: Killed\n")
