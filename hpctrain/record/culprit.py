@@ -17,7 +17,9 @@ kind named. A rank killed by a signal left no time of its own: its last heartbea
 seconds, too coarse to order ranks killed one after the other, so among those srun's order
 decides (it reports each task as its node's slurmstepd sees it end). Only signals srun reports
 before any task exited with an error code count: after that, srun is tearing the step down
-(SIGTERM, then SIGKILL after KillWait) and a killed task is its doing.
+(SIGTERM, then SIGKILL after KillWait) and a killed task is its doing. A node Slurm reports
+not responding names its lowest rank, unless srun reported a task there killed: then that
+node answered (a loaded node's slurmd is often late for a moment) and the kill is the cause.
 """
 
 from __future__ import annotations
@@ -105,12 +107,15 @@ def culprit(failures: list[FailureRecord], task_exits: list[dict],
                                   f"ended by a signal: {sig} (as srun saw it)", "signal"))
     if killed:
         own.append(killed[0])
+    explained = {c.node for c in killed}
     for node, state in (silent_nodes or {}).items():
+        if node in explained:
+            continue   # its slurmstepd reported a task killed: the node answered, the task died
         ranks = sorted(r for r, (n, _) in last_beats.items() if n == node)
-        for rank in ranks or [None]:
-            at = last_beats.get(rank, (node, None))[1] if rank is not None else None
-            own.append(Culprit(rank, node, at, f"its node {node} stopped responding "
-                               f"(Slurm: {state})", "node"))
+        # one candidate per node: its lowest rank, as of the last beat any of its ranks wrote
+        seen = [last_beats[r][1] for r in ranks if last_beats[r][1] is not None]
+        own.append(Culprit(ranks[0] if ranks else None, node, max(seen) if seen else None,
+                           f"its node {node} stopped responding (Slurm: {state})", "node"))
     for pool in (own, echoes):
         if pool:
             inf = float("inf")

@@ -91,8 +91,17 @@ def test_among_killed_ranks_srun_order_decides_not_the_coarse_heartbeats():
 def test_a_rank_on_a_node_slurm_no_longer_hears_from_is_named():
     found = culprit([peer(0, "n1", 103.0), peer(1, "n1", 103.1)], [], BEATS,
                     silent_nodes={"n2": "DOWN*"})
-    assert (found.rank, found.node, found.cause) == (3, "n2", "node")
+    # one candidate for the node (its lowest rank, as of its ranks' last beat)
+    assert (found.rank, found.node, found.cause, found.time) == (2, "n2", "node", 102.0)
     assert "stopped responding" in found.message and "DOWN*" in found.message
+
+
+def test_a_kill_on_a_node_that_is_late_to_answer_names_the_killed_rank():
+    # the dev cluster, loaded: n2 went MIXED+NOT_RESPONDING for a moment after rank 3 was killed
+    exits = parse_srun_task_exits(SIGKILL_LOG)
+    found = culprit([peer(2, "n2", 103.0), peer(1, "n1", 115.0, CLOSED)], exits, BEATS,
+                    silent_nodes={"n2": "MIXED+NOT_RESPONDING"})
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
 
 
 def test_no_failure_names_no_one():
