@@ -41,6 +41,8 @@ PEER_VANISHED = re.compile(
 # ("Terminated" is what srun's own --kill-on-bad-exit sends to the survivors.)
 TEARDOWN_SIGNALS = {"Terminated"}
 
+BEAT_S = 5.0    # how often a rank's heartbeat is written (runtime.watchdog.BEAT_S)
+
 
 @dataclass(frozen=True)
 class Culprit:
@@ -72,14 +74,17 @@ def task_ranks(tasks: str) -> list[int]:
 
 
 def culprit(failures: list[FailureRecord], task_exits: list[dict],
-            last_beats: dict[int, tuple[str, float]], silent_nodes: dict[str, str] | None = None
-            ) -> Culprit | None:
+            last_beats: dict[int, tuple[str, float]], silent_nodes: dict[str, str] | None = None,
+            beat_s: float = BEAT_S) -> Culprit | None:
     """The rank that failed first on its own, else the first that failed at all.
 
     ``failures``: the ranks' own records; ``task_exits``: srun's per-task exit lines in order
     (``commands.parse_srun_task_exits``); ``last_beats``: rank -> (node, time of its last
     heartbeat); ``silent_nodes``: node -> Slurm's state, for the step's nodes Slurm no longer
-    hears from (down, not responding).
+    hears from (down, not responding). A silent node's ranks were alive at their last beat and
+    may have been up to ``beat_s`` later: the node is placed at the latest, so that a rank's own
+    error written in that gap (its node's ranks then torn down before their next beat) is not
+    outweighed by a node that was only late to answer.
     """
     said = {f.rank: f for f in failures if f.rank is not None}
     own: list[Culprit] = []
@@ -114,7 +119,8 @@ def culprit(failures: list[FailureRecord], task_exits: list[dict],
         ranks = sorted(r for r, (n, _) in last_beats.items() if n == node)
         # one candidate per node: its lowest rank, as of the last beat any of its ranks wrote
         seen = [last_beats[r][1] for r in ranks if last_beats[r][1] is not None]
-        own.append(Culprit(ranks[0] if ranks else None, node, max(seen) if seen else None,
+        own.append(Culprit(ranks[0] if ranks else None, node,
+                           max(seen) + beat_s if seen else None,
                            f"its node {node} stopped responding (Slurm: {state})", "node"))
     for pool in (own, echoes):
         if pool:

@@ -91,8 +91,8 @@ def test_among_killed_ranks_srun_order_decides_not_the_coarse_heartbeats():
 def test_a_rank_on_a_node_slurm_no_longer_hears_from_is_named():
     found = culprit([peer(0, "n1", 103.0), peer(1, "n1", 103.1)], [], BEATS,
                     silent_nodes={"n2": "DOWN*"})
-    # one candidate for the node (its lowest rank, as of its ranks' last beat)
-    assert (found.rank, found.node, found.cause, found.time) == (2, "n2", "node", 102.0)
+    # one candidate for the node: its lowest rank, alive up to a beat after its last one
+    assert (found.rank, found.node, found.cause, found.time) == (2, "n2", "node", 107.0)
     assert "stopped responding" in found.message and "DOWN*" in found.message
 
 
@@ -102,6 +102,14 @@ def test_a_kill_on_a_node_that_is_late_to_answer_names_the_killed_rank():
     found = culprit([peer(2, "n2", 103.0), peer(1, "n1", 115.0, CLOSED)], exits, BEATS,
                     silent_nodes={"n2": "MIXED+NOT_RESPONDING"})
     assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+
+
+def test_an_own_error_within_a_beat_of_a_silent_nodes_last_beat_is_named():
+    own = FailureRecord(rank=0, node="n1", time=104.0, message="OSError: disk full")
+    found = culprit([own, peer(1, "n1", 104.5)], [], BEATS, silent_nodes={"n2": "IDLE*"})
+    assert (found.rank, found.cause) == (0, "error")
+    late = FailureRecord(rank=0, node="n1", time=108.0, message="OSError: disk full")
+    assert culprit([late], [], BEATS, silent_nodes={"n2": "IDLE*"}).node == "n2"
 
 
 def test_no_failure_names_no_one():
