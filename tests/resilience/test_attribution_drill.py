@@ -26,7 +26,10 @@ def root(tmp_path_factory):
 
 
 def test_a_sigkilled_rank_is_blamed_not_the_peers_that_noticed(slurm_cluster, root):
-    run, _ = submit(root, "blame-sigkill", env={"HPCTRAIN_TEST_HOLD_AFTER_STEP": "10"})
+    # the hang watcher stays out of it: on a loaded machine srun's teardown of the survivors
+    # (KillWait) can outlast the drills' usual 30 s hang limit, and the attempt would end as hung
+    run, _ = submit(root, "blame-sigkill", env={"HPCTRAIN_TEST_HOLD_AFTER_STEP": "10"},
+                    hang_timeout_s=900)
     beat = wait_until(lambda: next((b for r, b in read_beats(run.attempt_dir(1)).items()
                                     if r == 3 and b.step == 10 and b.phase.startswith("held")),
                                    None), 900, what="rank 3's heartbeat held at step 10")
