@@ -8,8 +8,10 @@ and appends one ledger record. When the ranks died without a result (SIGKILL, no
 the record still gets written, from the exit code alone.
 
 Every rank that fails also leaves ``logs/attempt-N/failure-rank-R.json`` (when, where, what).
-One crash makes every peer fail a moment later ("connection closed by peer"), so the record
-names the *earliest* failure — the cause — not rank 0's echo of it.
+One crash makes every peer fail a moment later ("connection closed by peer"), and a rank killed
+outright (SIGKILL, the OOM killer, a dead node) writes nothing at all, so the record names the
+rank that died first on its own — the cause — from the ranks' records and what the scheduler
+saw (:mod:`.culprit`), not a peer's echo of it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from .. import exit_codes
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord, AttemptResult, Decision, FailureRecord
+from .culprit import culprit
 from .files import now_iso
 from .folder import RunFolder
 from .requeue_policy import decide
@@ -57,8 +60,8 @@ def write_failure(run: RunFolder, attempt: int, rank: int, node: str, at: float,
     yamlio.write_atomic(folder / f"failure-rank-{rank}.json", json.dumps(failure.to_dict()))
 
 
-def first_failure(run: RunFolder, attempt: int) -> FailureRecord | None:
-    """The earliest failure any rank recorded in ``attempt``, or None."""
+def failures(run: RunFolder, attempt: int) -> list[FailureRecord]:
+    """Every failure the ranks recorded in ``attempt`` (with a time)."""
     found = []
     for path in run.attempt_dir(attempt).glob(FAILURE_GLOB):
         try:
@@ -67,8 +70,17 @@ def first_failure(run: RunFolder, attempt: int) -> FailureRecord | None:
             continue
         if isinstance(data, dict):
             found.append(FailureRecord.from_dict(data))
-    found = [f for f in found if isinstance(f.time, (int, float))]
-    return min(found, key=lambda f: (f.time, f.rank or 0)) if found else None
+    return [f for f in found if isinstance(f.time, (int, float))]
+
+
+def first_failure(run: RunFolder, attempt: int, *, task_exits: list[dict] | None = None,
+                  last_beats: dict | None = None,
+                  silent_nodes: dict[str, str] | None = None) -> FailureRecord | None:
+    """The failure that caused ``attempt``'s end (:mod:`.culprit`): the rank that died first on
+    its own (a signal in srun's ``task_exits``, its node among ``silent_nodes``, its own error)
+    over the peers that noticed; None when nothing failed."""
+    found = culprit(failures(run, attempt), task_exits or [], last_beats or {}, silent_nodes)
+    return found.failure() if found else None
 
 
 def _saved_at_end(result: AttemptResult) -> bool:
@@ -94,7 +106,7 @@ def finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sched
                    job_id: str | None = None, restart_count: int = 0,
                    nodes: list[str] | None = None, started_at: float | None = None,
                    reason: ExitReason | None = None, steps: tuple | None = None,
-                   refuse_requeue: str | None = None,
+                   refuse_requeue: str | None = None, evidence: dict | None = None,
                    **details) -> tuple[AttemptRecord, Decision]:
     """Append the ledger record of ``attempt`` and return it with the requeue decision.
 
@@ -105,19 +117,23 @@ def finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sched
     ``refuse_requeue``: why this attempt cannot be requeued whatever the policy says. ``details`` are further
     :class:`AttemptRecord` fields (``task_exits``, ``excluded_nodes``, ...). The run's lock is
     held from reading the ledger to appending the record, so the decision is made on the
-    ledger it is appended to.
+    ledger it is appended to. ``evidence``: what the scheduler saw of the ranks' ends, for
+    :func:`first_failure` (``task_exits``: all of srun's, ``last_beats``: rank -> (node, time of
+    its last heartbeat), ``silent_nodes``: node -> Slurm state of the step's nodes that stopped
+    responding).
     """
     with run.lock():
         return _finish_attempt(run, attempt, exit_code, scheduler=scheduler, job_id=job_id,
                                restart_count=restart_count, nodes=nodes, started_at=started_at,
                                reason=reason, steps=steps, refuse_requeue=refuse_requeue,
-                               details=details)
+                               details=details, evidence=evidence or {})
 
 
 def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, scheduler: str,
                     job_id: str | None, restart_count: int, nodes: list[str] | None,
                     started_at: float | None, reason: ExitReason | None, steps: tuple | None,
-                    refuse_requeue: str | None, details: dict) -> tuple[AttemptRecord, Decision]:
+                    refuse_requeue: str | None, details: dict,
+                    evidence: dict) -> tuple[AttemptRecord, Decision]:
     result = read_result(run, attempt)
     if steps is not None and result.end_step is None:
         result.start_step, result.end_step = steps
@@ -141,7 +157,8 @@ def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sche
         restart_count=restart_count, scheduler=scheduler, nodes=nodes or [],
         started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         duration_s=round(ended - started, 1), note=note, **details)
-    failure = first_failure(run, attempt) if record.exit_reason == ExitReason.FAILED else None
+    failure = first_failure(run, attempt, **evidence) \
+        if record.exit_reason == ExitReason.FAILED else None
     if failure:
         record.first_failure = failure.to_dict()
         record.message = (f"rank {failure.rank} on {failure.node or '?'} failed first: "

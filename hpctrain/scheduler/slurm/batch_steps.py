@@ -41,6 +41,7 @@ from ... import exit_codes
 from ...errors import HpcTrainError
 from ...exit_codes import ExitReason
 from ...health.hang import read_verdict
+from ...health.heartbeat import read_beats
 from ...identity import free_port
 from ...record.attempt_end import finish_attempt, hang_details
 from ...record.folder import RunFolder
@@ -168,8 +169,11 @@ def cmd_end(run: RunFolder, attempt: int, exit_code: int, started: float | None)
     verdict = read_verdict(run.attempt_dir(attempt))
     facts = _scheduler_facts()
     more = hang_details(verdict) if verdict is not None else {}
+    evidence = failure_evidence(run, attempt, task_exits, facts["nodes"]) \
+        if verdict is None and code != exit_codes.FINISHED else None
     record, decision = finish_attempt(run, attempt, code, started_at=started,
-                                      task_exits=task_exits[:8] or None, **facts, **more)
+                                      task_exits=task_exits[:8] or None, evidence=evidence,
+                                      **facts, **more)
     print(f"[hpctrain] attempt {attempt}: {record.exit_reason} at step {record.end_step}; "
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
     if record.message and record.exit_reason in (ExitReason.HUNG, ExitReason.STRAGGLER):
@@ -182,6 +186,24 @@ def cmd_end(run: RunFolder, attempt: int, exit_code: int, started: float | None)
         requeue_excluding(run, attempt, facts["job_id"], leave_out, reason=why)
         return _assign(HPCTRAIN_REQUEUE=0)
     return _assign(HPCTRAIN_REQUEUE=int(decision.requeue))
+
+
+def failure_evidence(run: RunFolder, attempt: int, task_exits: list[dict],
+                     nodes: list[str]) -> dict:
+    """What the batch shell saw of the ranks' ends, for naming the rank that failed first
+    (``record.culprit``): srun's per-task exits, each rank's last heartbeat (node, time), and
+    the step's nodes Slurm no longer hears from (a rank there died with its node, whatever its
+    peers said)."""
+    beats = {rank: (b.node, b.beat_at) for rank, b in read_beats(run.attempt_dir(attempt)).items()}
+    silent = {}
+    try:
+        for node, state in commands.node_states(",".join(nodes)).items():
+            if "*" in state or any(p in ("DOWN", "NOT_RESPONDING", "FAIL")
+                                   for p in state.upper().split("+")):
+                silent[node] = state
+    except Exception as e:  # noqa: BLE001 - the ranks' own records still name someone
+        print(f"[hpctrain] could not read the nodes' states: {e}", file=sys.stderr)
+    return {"task_exits": task_exits, "last_beats": beats, "silent_nodes": silent}
 
 
 def cmd_watch(run: RunFolder, attempt: int, srun_pid: int) -> int:

@@ -1,0 +1,124 @@
+"""Who caused a failed attempt (``hpctrain.record.culprit``): the rank that died first on its
+own, over the peers that failed because it vanished. Pure: records, srun's lines, beats."""
+
+from __future__ import annotations
+
+from hpctrain.record.attempt_records import FailureRecord
+from hpctrain.record.culprit import culprit, peer_vanished, task_ranks
+from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
+
+# srun's lines in the batch log of the dev cluster's SIGKILL drill
+# (tests/resilience/test_attribution_drill.py): rank 3 on n2 killed, its peers then fail
+SIGKILL_LOG = """\
+srun: cluster configuration lacks support for cpu binding
+srun: error: n2: task 3: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=1.0
+srun: error: n1: task 0: Exited with exit code 1
+srun: error: n2: task 2: Exited with exit code 1
+srun: error: n1: task 1: Exited with exit code 1
+srun: Force Terminated StepId=1.0
+"""
+
+BEATS = {0: ("n1", 100.0), 1: ("n1", 101.0), 2: ("n2", 102.0), 3: ("n2", 99.5)}
+
+
+# the peers' own records in that drill (gloo's words)
+RESET = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+         "Read error [127.0.0.1]:16294: Connection reset by peer. This is typically caused by a "
+         "remote worker hanging or bugs in the application.")
+CLOSED = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+          "Connection closed by peer [127.0.0.1]:33921. This is typically caused by a remote "
+          "worker crashing.")
+
+
+def peer(rank, node, at, message=RESET):
+    return FailureRecord(rank=rank, node=node, time=at, message=message)
+
+
+def test_a_killed_rank_is_named_over_the_peers_that_noticed_first():
+    exits = parse_srun_task_exits(SIGKILL_LOG)
+    # the peers' records are the only ones written, and the earliest is rank 2's
+    found = culprit([peer(2, "n2", 103.0), peer(0, "n1", 103.1), peer(1, "n1", 115.0, CLOSED)],
+                    exits, BEATS)
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+    assert found.time == 99.5 and "Killed" in found.message
+    assert found.failure().to_dict()["cause"] == "signal"
+
+
+def test_without_the_schedulers_view_the_first_record_is_named_as_before():
+    found = culprit([peer(2, "n2", 103.2), peer(1, "n1", 103.0)], [], BEATS)
+    assert (found.rank, found.cause) == (1, "peer")
+
+
+def test_a_ranks_own_error_beats_peers_that_noticed_it_even_when_written_later():
+    own = FailureRecord(rank=2, node="n2", time=104.0, message="ValueError: loss is nan")
+    found = culprit([peer(1, "n1", 103.0), own], [], BEATS)
+    assert (found.rank, found.cause) == (2, "error")
+
+
+def test_the_earlier_of_an_own_error_and_a_kill_is_named():
+    own = FailureRecord(rank=0, node="n1", time=90.0, message="OSError: disk full")
+    exits = parse_srun_task_exits(SIGKILL_LOG)
+    assert culprit([own], exits, BEATS).rank == 0
+    late = FailureRecord(rank=0, node="n1", time=120.0, message="OSError: disk full")
+    assert culprit([late], exits, BEATS).rank == 3
+
+
+def test_the_teardown_signal_srun_sends_to_survivors_names_no_one():
+    exits = parse_srun_task_exits("srun: error: n1: task 0: Terminated\n"
+                                  "srun: error: n2: task 2: Exited with exit code 1\n")
+    found = culprit([peer(2, "n2", 103.0)], exits, BEATS)
+    assert (found.rank, found.cause) == (2, "peer")
+
+
+def test_a_rank_killed_by_srun_tearing_the_step_down_is_not_blamed():
+    # rank 0 fails on a socket error (read as a peer's), srun tears down, rank 2 ignores
+    # SIGTERM and is killed after KillWait
+    exits = parse_srun_task_exits("srun: error: n1: task 0: Exited with exit code 1\n"
+                                  "srun: error: n2: task 2: Killed\n")
+    found = culprit([peer(0, "n1", 103.0)], exits, BEATS)
+    assert (found.rank, found.cause) == (0, "peer")
+
+
+def test_among_killed_ranks_srun_order_decides_not_the_coarse_heartbeats():
+    exits = parse_srun_task_exits("srun: error: n1: task 1: Out Of Memory\n"
+                                  "srun: error: n2: task 3: Killed\n")
+    # rank 3's last beat is older than rank 1's (beats come every few seconds)
+    found = culprit([], exits, BEATS)
+    assert (found.rank, found.node) == (1, "n1") and "Out Of Memory" in found.message
+
+
+def test_a_rank_on_a_node_slurm_no_longer_hears_from_is_named():
+    found = culprit([peer(0, "n1", 103.0), peer(1, "n1", 103.1)], [], BEATS,
+                    silent_nodes={"n2": "DOWN*"})
+    # one candidate for the node: its lowest rank, alive up to a beat after its last one
+    assert (found.rank, found.node, found.cause, found.time) == (2, "n2", "node", 107.0)
+    assert "stopped responding" in found.message and "DOWN*" in found.message
+
+
+def test_a_kill_on_a_node_that_is_late_to_answer_names_the_killed_rank():
+    # the dev cluster, loaded: n2 went MIXED+NOT_RESPONDING for a moment after rank 3 was killed
+    exits = parse_srun_task_exits(SIGKILL_LOG)
+    found = culprit([peer(2, "n2", 103.0), peer(1, "n1", 115.0, CLOSED)], exits, BEATS,
+                    silent_nodes={"n2": "MIXED+NOT_RESPONDING"})
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+
+
+def test_an_own_error_within_a_beat_of_a_silent_nodes_last_beat_is_named():
+    own = FailureRecord(rank=0, node="n1", time=104.0, message="OSError: disk full")
+    found = culprit([own, peer(1, "n1", 104.5)], [], BEATS, silent_nodes={"n2": "IDLE*"})
+    assert (found.rank, found.cause) == (0, "error")
+    late = FailureRecord(rank=0, node="n1", time=108.0, message="OSError: disk full")
+    assert culprit([late], [], BEATS, silent_nodes={"n2": "IDLE*"}).node == "n2"
+
+
+def test_no_failure_names_no_one():
+    assert culprit([], [], {}) is None
+
+
+def test_peer_messages_and_task_lists():
+    assert peer_vanished("Connection reset by peer")
+    assert peer_vanished("NCCL communicator was aborted on rank 2")
+    assert not peer_vanished("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not peer_vanished(None)
+    assert task_ranks("0-2,5") == [0, 1, 2, 5] and task_ranks("x") == []
