@@ -31,3 +31,15 @@ def test_within_factor_is_not_slow_and_one_rank_cannot_be_compared():
     assert t.assess([5.0], ["n1"]) == ([], [])
     slow, _ = t.assess([1.0, 3.0, 1.0, 2.0], NODES)
     assert [s.node for s in slow] == ["n1", "n2"]    # slowest first
+
+
+def test_a_node_with_two_slow_ranks_is_ranked_by_its_slowest():
+    """n4's two ranks are both slow (2.0 and 3.0 × the median), n3 has one at 2.5×: n4 is the
+    worse node, reported with both ranks and its slowest rank's time."""
+    t = StragglerTracker(factor=1.3, window=1)
+    nodes = ["n1", "n1", "n2", "n2", "n3", "n3", "n4", "n4"]
+    slow, named = t.assess([1.0, 1.0, 1.0, 1.0, 1.0, 2.5, 2.0, 3.0], nodes)
+    assert [(s.node, s.ranks, s.ratio, s.seconds) for s in slow] == [
+        ("n4", [6, 7], 3.0, 3.0), ("n3", [5], 2.5, 2.5)]
+    assert named == slow
+    assert slow[0].describe().startswith("n4 (ranks 6, 7: 3.00× the median compute time, 3000.0")

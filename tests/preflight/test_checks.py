@@ -175,6 +175,17 @@ def test_transport_socket_on_ib_profile_fails_loudly():
     assert ib.status == "pass" and "NET/IB x2" in ib.measured
 
 
+def test_infiniband_without_gpudirect_rdma_warns_with_the_fix():
+    """NCCL uses the IB NICs but copies through host memory (nvidia-peermem not loaded): the
+    job runs, slower; preflight says so and how to fix it."""
+    summary = parse_nccl_transport(fixture_text("nccl_log/ib-no-gdr.log"))
+    assert summary["via"]["NET/IB"] == 2 and summary["gdr_channels"] == 0
+    row = check_transport(summary, h100_profile(interconnect={"kind": "infiniband"}), "n2", 2)
+    assert row.status == "warn" and row.measured == ("network IB; channels NET/IB x2, P2P/IPC x14 "
+                                                    "without GPUDirect RDMA")
+    assert row.expected == "NET/IB/GDRDMA" and "nvidia-peermem" in row.fix
+
+
 MOUNTS = "overlay / overlay rw 0 0\n{dev} {point} {fs} rw 0 0\n"
 
 

@@ -63,3 +63,35 @@ def test_a_hung_or_straggler_attempt_is_requeued_without_requeue_on_failure_whil
     ledger = [rec("hung", 0, 10, True)]
     d = decide(ledger, rec("hung", 8, 10), max_requeues=5)
     assert not d.requeue and d.reason.startswith("no progress")
+
+
+def test_progress_is_measured_against_the_latest_of_several_attempts():
+    """A run preempted three times, each attempt advancing 10 steps: the fourth attempt that
+    reached step 30 again (resumed from 30 and saved nothing new) made no progress, though it is
+    well past where the first and second attempts ended."""
+    ledger = [rec("preempted", 0, 10, True), rec("preempted", 10, 20, True),
+              rec("preempted", 20, 30, True)]
+    d = decide(ledger, rec("preempted", 30, 30), max_requeues=10)
+    assert not d.requeue and "did not advance past 30" in d.reason
+    d = decide(ledger, rec("preempted", 30, 31), max_requeues=10)
+    assert d.requeue and d.reason == "preempted; requeue 4 of 10"
+
+
+def test_a_preflight_attempt_between_two_training_attempts_does_not_reset_the_baseline():
+    """Attempt 1 trained to step 10, attempt 2 stopped at the preflight gate (no steps), attempt
+    3 lost its checkpoints and retrained from 0 to 8: not progress past step 10."""
+    ledger = [rec("preempted", 0, 10, True), rec("preflight_failed", None, None, True)]
+    d = decide(ledger, rec("preempted", 0, 8), max_requeues=10)
+    assert not d.requeue and "did not advance past 10" in d.reason
+
+
+def test_only_requeued_attempts_spend_the_budget():
+    """Attempt 2 was not requeued (a crash; the user resumed the run by hand): of three earlier
+    attempts two spent budget, so a third requeue of three is still allowed."""
+    ledger = [rec("preempted", 0, 10, True), rec("failed", 10, 12, False),
+              rec("preempted", 12, 20, True)]
+    d = decide(ledger, rec("deadline", 20, 25), max_requeues=3)
+    assert d.requeue and d.reason == "deadline; requeue 3 of 3"
+    ledger.append(rec("deadline", 20, 25, True))
+    d = decide(ledger, rec("preempted", 25, 30), max_requeues=3)
+    assert not d.requeue and "budget spent (3 of preemption.max_requeues=3)" in d.reason
