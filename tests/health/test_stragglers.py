@@ -42,4 +42,21 @@ def test_a_node_with_two_slow_ranks_is_ranked_by_its_slowest():
     assert [(s.node, s.ranks, s.ratio, s.seconds) for s in slow] == [
         ("n4", [6, 7], 3.0, 3.0), ("n3", [5], 2.5, 2.5)]
     assert named == slow
-    assert slow[0].describe().startswith("n4 (ranks 6, 7: 3.00× the median compute time, 3000.0")
+    assert slow[0].describe() == ("n4 (ranks 6, 7: 3.00× the median compute time, 3000.0 vs "
+                                  "1000.0 ms per step, 1 interval in a row)")
+
+
+def test_a_node_slow_past_the_window_stays_named():
+    """The window is when a node is first named; while it stays slow it stays named (status and
+    metrics keep showing it), with the count of intervals growing."""
+    t = StragglerTracker(factor=1.3, window=2)
+    named_per_interval = [t.assess([1.0, 1.0, 1.0, 2.0], NODES)[1] for _ in range(4)]
+    assert [[(n.node, n.intervals) for n in named] for named in named_per_interval] == [
+        [], [("n2", 2)], [("n2", 3)], [("n2", 4)]]
+
+
+def test_two_ranks_on_two_nodes_are_compared():
+    """The smallest job a straggler can be found in: one rank on each of two nodes."""
+    t = StragglerTracker(factor=1.3, window=1)
+    slow, named = t.assess([1.0, 2.0], ["n1", "n2"])
+    assert [(s.node, s.ranks) for s in named] == [("n2", [1])]

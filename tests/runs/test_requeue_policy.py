@@ -95,3 +95,24 @@ def test_only_requeued_attempts_spend_the_budget():
     ledger.append(rec("deadline", 20, 25, True))
     d = decide(ledger, rec("preempted", 25, 30), max_requeues=3)
     assert not d.requeue and "budget spent (3 of preemption.max_requeues=3)" in d.reason
+
+
+def test_the_decision_says_why_a_run_stops_for_good():
+    """``hpctrain status`` shows the decision's reason: a cancelled or unstable run says so, and
+    a crash says which setting would have requeued it (only while that setting is off)."""
+    assert decide([], rec("cancelled", 0, 5), max_requeues=3).reason == "cancelled by the user"
+    assert decide([], rec("unstable", 0, 5), max_requeues=3).reason.startswith(
+        "stopped by the stability guard")
+    assert decide([], rec("finished", 0, 5), max_requeues=3).reason == "training finished"
+    off = decide([], rec("failed", 0, 5), max_requeues=3).reason
+    assert off == "attempt ended with 'failed' (preemption.requeue_on_failure is off); not requeued"
+    on = decide([], rec("unknown", 0, 5), max_requeues=3, requeue_on_failure=True).reason
+    assert on == "attempt ended with 'unknown'; not requeued"
+
+
+def test_a_straggler_requeue_that_made_no_progress_stops():
+    """Each attempt a node ran slow and was excluded, but the last one did not advance: a
+    different node every time is not what is wrong, stop instead of walking the partition."""
+    ledger = [rec("straggler", 0, 10, True)]
+    d = decide(ledger, rec("straggler", 10, 10), max_requeues=5)
+    assert not d.requeue and d.reason.startswith("no progress")
