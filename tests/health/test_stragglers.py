@@ -60,3 +60,12 @@ def test_two_ranks_on_two_nodes_are_compared():
     t = StragglerTracker(factor=1.3, window=1)
     slow, named = t.assess([1.0, 2.0], ["n1", "n2"])
     assert [(s.node, s.ranks) for s in named] == [("n2", [1])]
+
+
+def test_ranks_that_timed_nothing_are_left_out_of_the_median():
+    """A rank that reports no compute time for the interval (0 or nothing) says nothing about
+    speed: it must not pull the median down and make the others look slow, and an interval in
+    which no rank timed anything names nobody."""
+    t = StragglerTracker(factor=1.3, window=1)
+    assert t.assess([0.0, 0.0, 1.0, 1.2], NODES) == ([], [])
+    assert t.assess([None, 0.0, 0.0, None], NODES) == ([], [])
