@@ -69,6 +69,7 @@ SKIPPED_OPERATORS = re.compile(
 _ENUM = ("exit reasons are ExitReason members (the records' from_dict and reason_for make them "
          "so), and enum members are singletons: `is` and `==` agree")
 _RQ = "hpctrain/record/requeue_policy.py"
+_ST = "hpctrain/health/stragglers.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.FINISHED:"): _ENUM,
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.CANCELLED:"): _ENUM,
@@ -83,6 +84,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "requeues are counted up by one and checked before each, and a run's profile (its "
         "max_requeues) is fixed when it is submitted: the count reaches the budget before it "
         "could pass it",
+    (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'f"ms per step, {self.intervals} interval{\'s\' if self.intervals > 1 else \'\'} in a "'):
+        "a node is reported only when it was slow in this interval: its count is at least 1",
+    (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'return (f"{self.node} (rank{\'s\' if len(self.ranks) > 1 else \'\'} {ranks}: {self.ratio:.2f}× "'):
+        "a node is reported only for its slow ranks: it has at least one",
 }
 
 
