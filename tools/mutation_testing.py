@@ -90,6 +90,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
      'return (f"{self.node} (rank{\'s\' if len(self.ranks) > 1 else \'\'} {ranks}: {self.ratio:.2f}× "'):
         "a node is reported only for its slow ranks: it has at least one",
+    (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "valid = [s for s in seconds if s is not None and s > 0]"):
+        "compute times are measured durations, never negative: `!= 0` and `> 0` agree",
 }
 
 
@@ -138,7 +141,7 @@ def skip_unrealistic(session: Path) -> int:
 def results(session: Path, tree: Path, module: str) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
-    lines = (tree / module).read_text().splitlines()
+    lines = (REPO / module).read_text().splitlines()   # the tree's copy may hold a mutant now
     out = {"killed": 0, "survived": [], "equivalent": [], "incompetent": 0, "skipped": 0}
     with use_db(str(session), WorkDB.Mode.open) as db:
         out["pending"] = len(list(db.pending_work_items))

@@ -53,6 +53,7 @@ def test_a_node_slow_past_the_window_stays_named():
     named_per_interval = [t.assess([1.0, 1.0, 1.0, 2.0], NODES)[1] for _ in range(4)]
     assert [[(n.node, n.intervals) for n in named] for named in named_per_interval] == [
         [], [("n2", 2)], [("n2", 3)], [("n2", 4)]]
+    assert named_per_interval[1][0].describe().endswith("ms per step, 2 intervals in a row)")
 
 
 def test_two_ranks_on_two_nodes_are_compared():
