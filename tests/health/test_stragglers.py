@@ -23,11 +23,25 @@ def test_a_normal_interval_resets_the_count():
     t.assess([1.0, 1.0, 1.0, 1.2], NODES)            # 1.2 < 1.3 × 1.0
     _, named = t.assess([1.0, 1.0, 1.0, 2.0], NODES)
     assert named == []
+    _, named = t.assess([1.0, 1.0, 1.0, 2.0], NODES)   # slow twice in a row again: named
+    assert [(n.node, n.intervals) for n in named] == [("n2", 2)]
+
+
+def test_an_interval_that_cannot_be_compared_neither_extends_nor_breaks_a_streak():
+    """Only one rank timed anything in the second interval: nothing to compare, so n2's count
+    stays where it was and two more slow intervals name it (window 3)."""
+    t = StragglerTracker(factor=1.3, window=3)
+    t.assess([1.0, 1.0, 1.0, 2.0], NODES)
+    assert t.assess([0.0, 0.0, 0.0, 2.0], NODES) == ([], [])
+    t.assess([1.0, 1.0, 1.0, 2.0], NODES)
+    _, named = t.assess([1.0, 1.0, 1.0, 2.0], NODES)
+    assert [(n.node, n.intervals) for n in named] == [("n2", 3)]
 
 
 def test_within_factor_is_not_slow_and_one_rank_cannot_be_compared():
     t = StragglerTracker(factor=1.3, window=1)
     assert t.assess([1.0, 1.25, 1.0, 1.29], NODES) == ([], [])
+    assert t.assess([1.0, 1.0, 1.0, 1.3], NODES) == ([], [])        # exactly the factor: not above
     assert t.assess([5.0], ["n1"]) == ([], [])
     slow, _ = t.assess([1.0, 3.0, 1.0, 2.0], NODES)
     assert [s.node for s in slow] == ["n1", "n2"]    # slowest first
