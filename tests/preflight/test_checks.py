@@ -186,6 +186,23 @@ def test_infiniband_without_gpudirect_rdma_warns_with_the_fix():
     assert row.expected == "NET/IB/GDRDMA" and "nvidia-peermem" in row.fix
 
 
+
+def test_a_log_without_channel_lines_asks_for_them_on_several_nodes_only():
+    """NCCL_DEBUG_SUBSYS without INIT/NET: the log names the network but no channel. Between two
+    nodes that leaves the inter-node transport unknown (warn, with the setting that shows it);
+    on one node there is nothing between nodes to check."""
+    text = "\n".join(line for line in fixture_text("nccl_log/roce-net-ib.log").splitlines()
+                     if " via " not in line)
+    summary = parse_nccl_transport(text)
+    assert summary["networks"] == {"IB": 1} and summary["via"] == {}
+    profile = h100_profile(interconnect={"kind": "roce"})
+    two = check_transport(summary, profile, "n2", 2)
+    assert two.status == "warn" and two.expected == "NET/IB between nodes"
+    assert "NCCL_DEBUG_SUBSYS=INIT,NET" in two.fix
+    one = check_transport(summary, profile, "n1", 1)
+    assert one.status == "pass" and one.measured == "network IB; channels none"
+
+
 MOUNTS = "overlay / overlay rw 0 0\n{dev} {point} {fs} rw 0 0\n"
 
 
