@@ -70,6 +70,7 @@ _ENUM = ("exit reasons are ExitReason members (the records' from_dict and reason
          "so), and enum members are singletons: `is` and `==` agree")
 _RQ = "hpctrain/record/requeue_policy.py"
 _ST = "hpctrain/health/stragglers.py"
+_NL = "hpctrain/preflight/nccl_log.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.FINISHED:"): _ENUM,
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.CANCELLED:"): _ENUM,
@@ -93,6 +94,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
      "valid = [s for s in seconds if s is not None and s > 0]"):
         "compute times are measured durations, never negative: `!= 0` and `> 0` agree",
+    (_NL, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'if ib and nodes > 1 and not via.get("NET/IB"):'):
+        "a job has at least one node: `!= 1` and `> 1` agree",
 }
 
 
