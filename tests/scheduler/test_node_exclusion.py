@@ -1,6 +1,8 @@
 """Which bad nodes a requeue may exclude, on real `scontrol show partition|node` output
 (tests/fixtures/slurm/README.md): n1 draining (MIXED+DRAIN), n2 running a job (MIXED), n3 DOWN."""
 
+import pytest
+
 from hpctrain.scheduler.slurm.commands import (parse_node_states, parse_partition_nodes,
                                                parse_scontrol_record)
 from hpctrain.scheduler.slurm.node_exclusion import (exclusion_that_fits, job_node_count, node_usable,
@@ -75,3 +77,15 @@ def test_a_job_on_several_partitions_uses_the_one_that_can_spare_the_bad_node():
     assert plan.exclude == [] and plan.not_excluded == ["n2"]
     assert plan.note == ("not excluding n2: the partition spare would have 2 usable nodes and "
                          "the job needs 3")
+
+    # the partition's last usable node is the bad one: nothing would be left
+    plan = plan_exclusion(["n2"], [], debug, needed=1, partition="debug")
+    assert plan.note == ("not excluding n2: the partition debug would have 0 usable nodes and "
+                         "the job needs 1")
+
+
+def test_a_job_record_without_node_count_or_partition_is_refused_not_guessed():
+    usable = {"debug": {"n1", "n2"}}.__getitem__
+    for info in ({"Partition": "debug"}, {"NumNodes": "1"}, {"NumNodes": "1", "Partition": ""}):
+        with pytest.raises(ValueError, match="NumNodes or Partition is missing"):
+            exclusion_that_fits(info, ["n2"], [], usable)
