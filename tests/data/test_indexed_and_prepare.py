@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpctrain.data import indexed
-from hpctrain.data.gpt_dataset import GPTSamples, rank_microbatches
+from hpctrain.data.gpt_dataset import GPTSamples, rank_microbatch_positions, rank_microbatches
 from hpctrain.data.prepare import ensure_prepared, prepare
 from hpctrain.data.tokenizers import ByteTokenizer, HuggingFaceTokenizer, load_tokenizer
 from hpctrain.errors import UsageError
@@ -235,3 +235,23 @@ def test_ensure_prepared_names_the_field_to_fix(tmp_path):
                                          r"vocabulary \(257\)"):
         ensure_prepared(job)
     assert not indexed.exists(tmp_path / "none")
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 4])
+def test_every_sample_of_a_step_is_read_once_over_the_ranks_whatever_the_micro_batch(
+        micro_batch_size):
+    """The 7B example trains with micro_batch_size 1: each DP rank reads its own consecutive
+    block of the global batch, one microbatch after the other, and the next step starts right
+    after this one (a resume at ``consumed_samples`` reads exactly what comes next)."""
+    global_batch, dp = 16, 4
+    for consumed in (0, 48):
+        read = []
+        for dp_rank in range(dp):
+            mbs = rank_microbatch_positions(consumed, global_batch, dp_rank, dp, micro_batch_size)
+            assert len(mbs) == global_batch // (dp * micro_batch_size)
+            assert all(len(m) == micro_batch_size for m in mbs)
+            flat = [p for m in mbs for p in m]
+            first = consumed + dp_rank * global_batch // dp
+            assert flat == list(range(first, first + global_batch // dp))
+            read += flat
+        assert read == list(range(consumed, consumed + global_batch))

@@ -102,3 +102,19 @@ def test_a_silent_ranks_stale_limit_does_not_count():
         m.update(beats, now=float(t))
     verdict = m.check(35.0)
     assert verdict is not None and verdict.rank == 1 and verdict.limit_s == 30.0
+
+
+def test_of_two_silent_ranks_the_one_that_stopped_first_is_blamed():
+    """Rank 3's node froze first; 20 s later rank 1 stopped beating too (its node lost the
+    network while it waited). Both are silent when the limit passes: rank 3 is the cause."""
+    m = HangMonitor(beat_s=5)
+    beats = {r: beat(r, 10, 100.0, 101.0) for r in range(4)}
+    m.update(beats, now=1000.0)
+    for t in range(5, 61, 5):
+        alive = [0, 2] + ([1] if t <= 20 else [])
+        beats = {**beats, **{r: beat(r, 10, 100.0, 101.0 + t) for r in alive}}
+        m.update(beats, now=1000.0 + t)
+    verdict = m.check(1060.0)
+    assert verdict is not None and verdict.rank == 3 and verdict.node == "n2"
+    assert verdict.silent_s == 60.0 and "heartbeat stopped 60 s ago" in verdict.why
+    assert verdict.ranks["1"]["silent_s"] == 40.0      # the other silent rank, seen but not blamed

@@ -175,6 +175,34 @@ def test_transport_socket_on_ib_profile_fails_loudly():
     assert ib.status == "pass" and "NET/IB x2" in ib.measured
 
 
+def test_infiniband_without_gpudirect_rdma_warns_with_the_fix():
+    """NCCL uses the IB NICs but copies through host memory (nvidia-peermem not loaded): the
+    job runs, slower; preflight says so and how to fix it."""
+    summary = parse_nccl_transport(fixture_text("nccl_log/ib-no-gdr.log"))
+    assert summary["via"]["NET/IB"] == 2 and summary["gdr_channels"] == 0
+    row = check_transport(summary, h100_profile(interconnect={"kind": "infiniband"}), "n2", 2)
+    assert row.status == "warn" and row.measured == ("network IB; channels NET/IB x2, P2P/IPC x14 "
+                                                    "without GPUDirect RDMA")
+    assert row.expected == "NET/IB/GDRDMA" and "nvidia-peermem" in row.fix
+
+
+
+def test_a_log_without_channel_lines_asks_for_them_on_several_nodes_only():
+    """NCCL_DEBUG_SUBSYS without INIT/NET: the log names the network but no channel. Between two
+    nodes that leaves the inter-node transport unknown (warn, with the setting that shows it);
+    on one node there is nothing between nodes to check."""
+    text = "\n".join(line for line in fixture_text("nccl_log/roce-net-ib.log").splitlines()
+                     if " via " not in line)
+    summary = parse_nccl_transport(text)
+    assert summary["networks"] == {"IB": 1} and summary["via"] == {}
+    profile = h100_profile(interconnect={"kind": "roce"})
+    two = check_transport(summary, profile, "n2", 2)
+    assert two.status == "warn" and two.expected == "NET/IB between nodes"
+    assert "NCCL_DEBUG_SUBSYS=INIT,NET" in two.fix
+    one = check_transport(summary, profile, "n1", 1)
+    assert one.status == "pass" and one.measured == "network IB; channels none"
+
+
 MOUNTS = "overlay / overlay rw 0 0\n{dev} {point} {fs} rw 0 0\n"
 
 

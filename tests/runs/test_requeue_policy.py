@@ -63,3 +63,56 @@ def test_a_hung_or_straggler_attempt_is_requeued_without_requeue_on_failure_whil
     ledger = [rec("hung", 0, 10, True)]
     d = decide(ledger, rec("hung", 8, 10), max_requeues=5)
     assert not d.requeue and d.reason.startswith("no progress")
+
+
+def test_progress_is_measured_against_the_latest_of_several_attempts():
+    """A run preempted three times, each attempt advancing 10 steps: the fourth attempt that
+    reached step 30 again (resumed from 30 and saved nothing new) made no progress, though it is
+    well past where the first and second attempts ended."""
+    ledger = [rec("preempted", 0, 10, True), rec("preempted", 10, 20, True),
+              rec("preempted", 20, 30, True)]
+    d = decide(ledger, rec("preempted", 30, 30), max_requeues=10)
+    assert not d.requeue and "did not advance past 30" in d.reason
+    d = decide(ledger, rec("preempted", 30, 31), max_requeues=10)
+    assert d.requeue and d.reason == "preempted; requeue 4 of 10"
+
+
+def test_a_preflight_attempt_between_two_training_attempts_does_not_reset_the_baseline():
+    """Attempt 1 trained to step 10, attempt 2 stopped at the preflight gate (no steps), attempt
+    3 lost its checkpoints and retrained from 0 to 8: not progress past step 10."""
+    ledger = [rec("preempted", 0, 10, True), rec("preflight_failed", None, None, True)]
+    d = decide(ledger, rec("preempted", 0, 8), max_requeues=10)
+    assert not d.requeue and "did not advance past 10" in d.reason
+
+
+def test_only_requeued_attempts_spend_the_budget():
+    """Attempt 2 was not requeued (a crash; the user resumed the run by hand): of three earlier
+    attempts two spent budget, so a third requeue of three is still allowed."""
+    ledger = [rec("preempted", 0, 10, True), rec("failed", 10, 12, False),
+              rec("preempted", 12, 20, True)]
+    d = decide(ledger, rec("deadline", 20, 25), max_requeues=3)
+    assert d.requeue and d.reason == "deadline; requeue 3 of 3"
+    ledger.append(rec("deadline", 20, 25, True))
+    d = decide(ledger, rec("preempted", 25, 30), max_requeues=3)
+    assert not d.requeue and "budget spent (3 of preemption.max_requeues=3)" in d.reason
+
+
+def test_the_decision_says_why_a_run_stops_for_good():
+    """``hpctrain status`` shows the decision's reason: a cancelled or unstable run says so, and
+    a crash says which setting would have requeued it (only while that setting is off)."""
+    assert decide([], rec("cancelled", 0, 5), max_requeues=3).reason == "cancelled by the user"
+    assert decide([], rec("unstable", 0, 5), max_requeues=3).reason.startswith(
+        "stopped by the stability guard")
+    assert decide([], rec("finished", 0, 5), max_requeues=3).reason == "training finished"
+    off = decide([], rec("failed", 0, 5), max_requeues=3).reason
+    assert off == "attempt ended with 'failed' (preemption.requeue_on_failure is off); not requeued"
+    on = decide([], rec("unknown", 0, 5), max_requeues=3, requeue_on_failure=True).reason
+    assert on == "attempt ended with 'unknown'; not requeued"
+
+
+def test_a_straggler_requeue_that_made_no_progress_stops():
+    """Each attempt a node ran slow and was excluded, but the last one did not advance: a
+    different node every time is not what is wrong, stop instead of walking the partition."""
+    ledger = [rec("straggler", 0, 10, True)]
+    d = decide(ledger, rec("straggler", 10, 10), max_requeues=5)
+    assert not d.requeue and d.reason.startswith("no progress")

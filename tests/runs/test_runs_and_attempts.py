@@ -153,3 +153,20 @@ def test_records_read_older_files_and_keep_what_they_do_not_know(run):
     result = read_result(run, 3)
     assert (result.end_step, result.attempt, result.extra) == (9, None, {"new_key": 1})
     assert read_result(run, 4) == AttemptResult()          # no file: an empty result
+
+
+def test_each_run_gets_its_own_folder_under_the_profiles_checkpoint_root(tmp_path, monkeypatch):
+    """A cluster profile that keeps checkpoints on shared storage (``storage.checkpoint_root``,
+    here under ``~``): two runs of one job get two folders there, named after the run."""
+    import dataclasses
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    profile = load_profile("dev-slurm")
+    profile = dataclasses.replace(profile, storage=dataclasses.replace(
+        profile.storage, checkpoint_root="~/shared/ckpt"))
+    job = load_job(REPO / "examples" / "tiny.yaml")
+    runs = [prepare_run(resolve(job, profile), tmp_path / "runs") for _ in range(2)]
+    folders = [r.checkpoint_dir() for r in runs]
+    for run, folder in zip(runs, folders):
+        assert folder == tmp_path / "home" / "shared" / "ckpt" / run.id
+        assert run.meta()["checkpoint_dir"] == str(folder)
+    assert folders[0] != folders[1]

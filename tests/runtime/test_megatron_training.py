@@ -178,6 +178,28 @@ def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     assert aside.name.startswith("step-00000012")
 
 
+def test_damage_in_another_ranks_share_of_the_files_is_caught(ws):
+    """Two ranks verify a checkpoint together, each the CRC32 of its share of the files: a
+    flipped byte in a file only rank 1 checks must still set the checkpoint aside."""
+    src = ws.reference("single")
+    run = ws.new_run("corrupt-rank1", "single", steps=8, world=2)     # DP2
+    _copy_checkpoint(src, 6, run)
+    newest = _copy_checkpoint(src, 12, run)
+    names = sorted(store.read_manifest(newest)["files"])
+    theirs = store.share(names, 1, 2)
+    assert theirs and not set(theirs) & set(store.share(names, 0, 2))
+    damaged = max((newest / n for n in theirs), key=lambda p: p.stat().st_size)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    res = launch(run.path, 2)
+    assert res.codes == [0, 0], _explain(res)
+    assert result(run, 1)["start_step"] == 6
+    assert f"{damaged.name}: CRC32" in res.output(0) and "step-00000012 is damaged" in res.output(0)
+    (aside,) = (run.path / "checkpoints" / store.QUARANTINE).iterdir()
+    assert aside.name.startswith("step-00000012")
+
+
 def test_nan_step_is_skipped_and_the_guard_stops_the_run(ws):
     run, res = ws.train("nan", "single", expect=exit_codes.UNSTABLE,
                         env={"HPCTRAIN_TEST_NAN_AT_STEP": "3,7,8"},

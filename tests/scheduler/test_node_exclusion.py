@@ -1,9 +1,12 @@
 """Which bad nodes a requeue may exclude, on real `scontrol show partition|node` output
 (tests/fixtures/slurm/README.md): n1 draining (MIXED+DRAIN), n2 running a job (MIXED), n3 DOWN."""
 
+import pytest
+
 from hpctrain.scheduler.slurm.commands import (parse_node_states, parse_partition_nodes,
                                                parse_scontrol_record)
-from hpctrain.scheduler.slurm.node_exclusion import job_node_count, node_usable, plan_exclusion
+from hpctrain.scheduler.slurm.node_exclusion import (exclusion_that_fits, job_node_count, node_usable,
+                                                     plan_exclusion)
 from tests.conftest import REPO
 
 FIX = REPO / "tests" / "fixtures" / "slurm"
@@ -56,3 +59,33 @@ def test_nodes_already_out_cost_nothing_and_the_current_exclusions_count():
     plan = plan_exclusion(["n2"], ["n1"], {"n1", "n2", "n3"}, needed=2, partition="debug")
     assert plan.exclude == [] and plan.not_excluded == ["n2"]
     assert "would have 1 usable node" in plan.note
+
+
+def test_a_job_on_several_partitions_uses_the_one_that_can_spare_the_bad_node():
+    """The job may start in ``debug`` (the captured nodes: only n2 usable) or ``spare`` (n2, n4,
+    n5). Leaving n2 out of ``debug`` would leave the job nowhere to run there, ``spare`` can do
+    without it: n2 is excluded, whichever partition the job lists first."""
+    states = parse_node_states((FIX / "scontrol_show_nodes_drain_down.txt").read_text())
+    debug = {n for n, s in states.items() if node_usable(s)}
+    usable = {"debug": debug, "spare": {"n2", "n4", "n5"}}.__getitem__
+    for partitions in ("debug,spare", "spare,debug"):
+        plan = exclusion_that_fits({"NumNodes": "1", "Partition": partitions}, ["n2"], [], usable)
+        assert plan.exclude == ["n2"] and plan.not_excluded == [] and plan.note is None, partitions
+    # a job that needs all three of spare's nodes can spare n2 nowhere: the first partition's
+    # note says why
+    plan = exclusion_that_fits({"NumNodes": "3", "Partition": "spare,debug"}, ["n2"], [], usable)
+    assert plan.exclude == [] and plan.not_excluded == ["n2"]
+    assert plan.note == ("not excluding n2: the partition spare would have 2 usable nodes and "
+                         "the job needs 3")
+
+    # the partition's last usable node is the bad one: nothing would be left
+    plan = plan_exclusion(["n2"], [], debug, needed=1, partition="debug")
+    assert plan.note == ("not excluding n2: the partition debug would have 0 usable nodes and "
+                         "the job needs 1")
+
+
+def test_a_job_record_without_node_count_or_partition_is_refused_not_guessed():
+    usable = {"debug": {"n1", "n2"}}.__getitem__
+    for info in ({"Partition": "debug"}, {"NumNodes": "1"}, {"NumNodes": "1", "Partition": ""}):
+        with pytest.raises(ValueError, match="NumNodes or Partition is missing"):
+            exclusion_that_fits(info, ["n2"], [], usable)

@@ -54,3 +54,16 @@ def test_srun_task_exits_say_which_task_failed_first():
 def test_parse_step_ids_keeps_the_task_steps():
     # the hang watcher kills the training step, never the batch shell's own step
     assert parse_step_ids((FIX / "squeue_steps.txt").read_text()) == ["192.0"]
+
+
+def test_ranks_exiting_75_one_after_the_other_keep_the_preempted_code():
+    """With ``--kill-on-bad-exit`` srun ends the step when the first rank exits 75 and reports
+    143 for the ranks it terminated: the step still ended because of preemption."""
+    from hpctrain.exit_codes import ExitReason, reason_for
+    from hpctrain.scheduler.slurm.commands import parse_srun_task_exits, step_exit_code
+    log = ("srun: error: n1: task 0: Exited with exit code 75\n"
+           "srun: error: n2: tasks 2-3: Terminated\n"
+           "srun: error: n1: task 1: Exited with exit code 75\n")
+    exits = parse_srun_task_exits(log)
+    assert [e["exit_code"] for e in exits] == [75, None, 75]
+    assert reason_for(step_exit_code(143, exits)) == ExitReason.PREEMPTED

@@ -14,6 +14,7 @@ never starts is worse.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import commands
@@ -77,14 +78,17 @@ def usable_partition_nodes(partition: str) -> set[str]:
     return {n for n in commands.expand_hostlist(hostlist) if node_usable(states.get(n, "DOWN"))}
 
 
-def exclusion_that_fits(info: dict, bad: list[str], already_excluded: list[str]) -> ExclusionPlan:
+def exclusion_that_fits(info: dict, bad: list[str], already_excluded: list[str],
+                        usable_in: Callable[[str], set[str]] = usable_partition_nodes
+                        ) -> ExclusionPlan:
     """The plan for a job (``info``: its ``scontrol show job`` record). With several partitions
     the job can start in any of them: the one that lets the most bad nodes out is used.
+    ``usable_in(partition)``: its usable nodes (``scontrol`` by default).
     Raises when the job's node count or partitions cannot be read."""
     needed = job_node_count(info)
     partitions = [p for p in info.get("Partition", "").split(",") if p]
     if needed is None or not partitions:
         raise ValueError("the job's NumNodes or Partition is missing from `scontrol show job`")
-    plans = [plan_exclusion(bad, already_excluded, usable_partition_nodes(p), needed, p)
+    plans = [plan_exclusion(bad, already_excluded, usable_in(p), needed, p)
              for p in partitions]
     return max(plans, key=lambda plan: len(plan.exclude))   # first of the best on a tie

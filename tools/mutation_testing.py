@@ -1,0 +1,267 @@
+"""Mutation testing of the modules that carry hpctrain's promises, with cosmic-ray.
+
+Each module is mutated one small change at a time (a comparison flipped, a number changed, a
+condition negated, ``and`` for ``or``, a loop that never runs, ...) and the fast tests that
+cover it are run against every mutant: a mutant the tests still pass is a bug they would let
+through. Run through ``tools/mutation`` (which installs the pinned tool).
+
+Why cosmic-ray: it mutates the real file and runs an ordinary test command, so the tests run
+exactly as in the suite (their conftest, real fixtures). To leave the working tree alone, the
+work happens in a copy of it (the files git tracks or would track) in the work folder.
+
+Binary operators replaced by bit, shift, power or modulo operators, and ordering comparisons
+replaced by identity tests (``<`` -> ``is``), are left out: nobody writes those by mistake,
+and they would triple the run for no realistic bug.
+
+``EQUIVALENT`` lists the mutants that cannot change what a user sees, each with why; they are
+reported apart and do not count in the score (killed / (mutants - equivalent)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# key -> (module, the fast tests that cover it: files or pytest node ids)
+MODULES: dict[str, tuple[str, list[str]]] = {
+    "requeue": ("hpctrain/record/requeue_policy.py", ["tests/runs/test_requeue_policy.py"]),
+    "exit_codes": ("hpctrain/exit_codes.py", [
+        "tests/runs/test_requeue_policy.py", "tests/scheduler/test_slurm_parsers.py",
+        "tests/scheduler/test_local_exits.py", "tests/runs/test_runs_and_attempts.py"]),
+    "attempt_end": ("hpctrain/record/attempt_end.py", ["tests/runs/test_runs_and_attempts.py"]),
+    "hang": ("hpctrain/health/hang.py", ["tests/health/test_hang_attribution.py"]),
+    "stragglers": ("hpctrain/health/stragglers.py", ["tests/health/test_stragglers.py"]),
+    "node_exclusion": ("hpctrain/scheduler/slurm/node_exclusion.py",
+                       ["tests/scheduler/test_node_exclusion.py"]),
+    "nccl_transport": ("hpctrain/preflight/nccl_log.py",
+                       ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py"]),
+    "bandwidth": ("hpctrain/preflight/bandwidth.py",
+                  ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py",
+                   "tests/preflight/test_collective.py"]),
+    "checkpoint_store": ("hpctrain/record/checkpoint_store.py",
+                         ["tests/runtime/test_checkpoint_store.py"]),
+    "microbatches": ("hpctrain/data/gpt_dataset.py", [
+        "tests/data/test_indexed_and_prepare.py::"
+        "test_gpt_samples_order_is_seeded_and_dp_slices_tile_the_global_batch",
+        "tests/data/test_indexed_and_prepare.py::"
+        "test_every_sample_of_a_step_is_read_once_over_the_ranks_whatever_the_micro_batch"]),
+    "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py"]),
+    "safety": ("hpctrain/config/safety.py", ["tests/safety/test_script_injection.py",
+                                             "tests/safety/test_bad_files.py"]),
+}
+
+# Operators left out (see the module docstring).
+SKIPPED_OPERATORS = re.compile(
+    r"core/ReplaceBinaryOperator_\w+_(Pow|LShift|RShift|BitOr|BitAnd|BitXor|Mod)$"
+    r"|core/ReplaceComparisonOperator_(Lt|LtE|Gt|GtE)_(Is|IsNot)$"
+    r"|core/ReplaceComparisonOperator_(Is|IsNot)_(Lt|LtE|Gt|GtE)$")
+
+# (module, operator, the mutated line's source, stripped) -> why it is equivalent
+_ENUM = ("exit reasons are ExitReason members (the records' from_dict and reason_for make them "
+         "so), and enum members are singletons: `is` and `==` agree")
+_RQ = "hpctrain/record/requeue_policy.py"
+_ST = "hpctrain/health/stragglers.py"
+_NL = "hpctrain/preflight/nccl_log.py"
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.FINISHED:"): _ENUM,
+    (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.CANCELLED:"): _ENUM,
+    (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.UNSTABLE:"): _ENUM,
+    (_RQ, "core/ReplaceComparisonOperator_NotEq_IsNot",
+     "if why != ExitReason.PREFLIGHT_FAILED:"): _ENUM,
+    (_RQ, "core/ReplaceComparisonOperator_Eq_LtE", "if why == ExitReason.CANCELLED:"):
+        "'cancelled' sorts first of all exit reasons: `<=` holds for it alone",
+    (_RQ, "core/ReplaceComparisonOperator_Eq_GtE", "if why == ExitReason.UNSTABLE:"):
+        "'unstable' sorts last of all exit reasons: `>=` holds for it alone",
+    (_RQ, "core/ReplaceComparisonOperator_GtE_Eq", "if used >= max_requeues:"):
+        "requeues are counted up by one and checked before each, and a run's profile (its "
+        "max_requeues) is fixed when it is submitted: the count reaches the budget before it "
+        "could pass it",
+    (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'f"ms per step, {self.intervals} interval{\'s\' if self.intervals > 1 else \'\'} in a "'):
+        "a node is reported only when it was slow in this interval: its count is at least 1",
+    (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'return (f"{self.node} (rank{\'s\' if len(self.ranks) > 1 else \'\'} {ranks}: {self.ratio:.2f}× "'):
+        "a node is reported only for its slow ranks: it has at least one",
+    (_ST, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "valid = [s for s in seconds if s is not None and s > 0]"):
+        "compute times are measured durations, never negative: `!= 0` and `> 0` agree",
+    (_NL, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'if ib and nodes > 1 and not via.get("NET/IB"):'):
+        "a job has at least one node: `!= 1` and `> 1` agree",
+}
+
+
+def equivalent_why(module: str, operator: str, line: str) -> str | None:
+    """Why the mutant is equivalent, or None."""
+    if operator.startswith("core/ReplaceBinaryOperator_BitOr_") and line.startswith("def "):
+        return ("a `|` in a signature's annotations: the modules use `from __future__ import "
+                "annotations`, so annotations are never evaluated")
+    return EQUIVALENT.get((module, operator, line))
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                         check=True, capture_output=True).stdout.decode()
+    return [f for f in out.split("\0") if f and (REPO / f).is_file()]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree's files (tracked or not ignored) into ``dest``, replacing its copy."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    for name in tracked_files():
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+
+
+def config_text(module: str, tests: list[str], timeout: float) -> str:
+    command = (f"{sys.executable} -m pytest -x -q -p no:cacheprovider --no-header "
+               + " ".join(tests))
+    return (f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = {timeout}\n'
+            f'excluded-modules = []\ntest-command = "{command}"\n\n'
+            '[cosmic-ray.distributor]\nname = "local"\n')
+
+
+def cosmic_ray(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cosmic_ray.cli", *args], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def skip_unrealistic(session: Path) -> int:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+    skipped = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            if any(SKIPPED_OPERATORS.match(m.operator_name) for m in item.mutations):
+                db.set_result(item.job_id, WorkResult(output="operator left out",
+                                                      worker_outcome=WorkerOutcome.SKIPPED))
+                skipped += 1
+    return skipped
+
+
+def results(session: Path, tree: Path, module: str) -> dict:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+    lines = (REPO / module).read_text().splitlines()   # the tree's copy may hold a mutant now
+    out = {"killed": 0, "survived": [], "equivalent": [], "incompetent": 0, "skipped": 0}
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        out["pending"] = len(list(db.pending_work_items))
+        for item, result in db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                out["skipped"] += 1
+                continue
+            (m,) = item.mutations
+            line = lines[m.start_pos[0] - 1].strip()
+            mutant = {"line": m.start_pos[0], "operator": m.operator_name,
+                      "occurrence": m.occurrence, "source": line}
+            why = equivalent_why(module, m.operator_name, line)
+            if result.test_outcome == TestOutcome.SURVIVED:
+                if why:
+                    out["equivalent"].append({**mutant, "why": why})
+                else:
+                    out["survived"].append({**mutant, "diff": result.diff or ""})
+            elif result.test_outcome == TestOutcome.INCOMPETENT:
+                out["incompetent"] += 1
+            else:
+                out["killed"] += 1
+    counted = out["killed"] + len(out["survived"])
+    out["score"] = round(100.0 * out["killed"] / counted, 1) if counted else None
+    return out
+
+
+def run_module(key: str, tree: Path, work: Path, timeout: float) -> dict:
+    module, tests = MODULES[key]
+    cfg, session = work / f"{key}.toml", work / f"{key}.sqlite"
+    cfg.write_text(config_text(module, tests, timeout))
+    session.unlink(missing_ok=True)
+    started = time.monotonic()
+    proc = cosmic_ray("init", str(cfg), str(session), cwd=tree)
+    if proc.returncode:
+        return {"error": "cosmic-ray init failed:\n" + proc.stderr[-2000:]}
+    skip_unrealistic(session)
+    proc = cosmic_ray("baseline", str(cfg), cwd=tree)
+    if proc.returncode:
+        return {"error": "the tests fail on the unmutated code:\n" + (proc.stdout + proc.stderr)[-3000:]}
+    proc = cosmic_ray("exec", str(cfg), str(session), cwd=tree)
+    if proc.returncode:
+        return {"error": "cosmic-ray exec failed:\n" + proc.stderr[-2000:]}
+    return {"module": module, "tests": tests, "seconds": round(time.monotonic() - started),
+            **results(session, tree, module)}
+
+
+def report(key: str, r: dict) -> str:
+    if "error" in r:
+        return f"== {key}: ERROR\n{r['error']}\n"
+    text = [f"== {key}: {r['module']} ({r['seconds']} s; tests: {' '.join(r['tests'])})",
+            f"   killed {r['killed']}, survived {len(r['survived'])}, equivalent "
+            f"{len(r['equivalent'])}, incompetent {r['incompetent']}, left out {r['skipped']}, "
+            f"not yet tested {r.get('pending', 0)}"
+            f" -> score {r['score']}%"]
+    for s in r["survived"]:
+        text.append(f"   SURVIVED line {s['line']} {s['operator']}#{s['occurrence']}: {s['source']}")
+    for e in r["equivalent"]:
+        text.append(f"   equivalent line {e['line']} {e['operator']}: {e['source']} -- {e['why']}")
+    return "\n".join(text) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", help=f"keys of {', '.join(MODULES)} (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the modules and their tests")
+    ap.add_argument("--report", action="store_true",
+                    help="only report on the sessions already in the work folder (also while "
+                         "they run: the mutants tested so far)")
+    ap.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds one test run may take before the mutant counts as killed")
+    args = ap.parse_args(argv)
+    if args.list:
+        for key, (module, tests) in MODULES.items():
+            print(f"{key:16} {module:45} {' '.join(tests)}")
+        return 0
+    unknown = [k for k in args.modules if k not in MODULES]
+    if unknown:
+        print(f"Error: unknown module key(s) {', '.join(unknown)}; see --list", file=sys.stderr)
+        return 2
+    work = Path(os.environ.get("HPCTRAIN_MUTATION_DIR")
+                or f"/tmp/hpctrain-mutation-{os.environ.get('USER', os.getuid())}")
+    tree = work / "tree"
+    if args.report:
+        for key in args.modules or list(MODULES):
+            session = work / f"{key}.sqlite"
+            if session.exists():
+                module, tests = MODULES[key]
+                print(report(key, {"module": module, "tests": tests, "seconds": "-",
+                                   **results(session, tree, module)}))
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    copy_tree(tree)
+    where = subprocess.run([sys.executable, "-c", "import hpctrain; print(hpctrain.__file__)"],
+                           cwd=tree, capture_output=True, text=True).stdout.strip()
+    if not where.startswith(str(tree)):
+        print(f"Error: the tests in {tree} would import hpctrain from {where or '?'}, not from "
+              "the copy being mutated", file=sys.stderr)
+        return 1
+    all_results, failed = {}, False
+    for key in args.modules or list(MODULES):
+        r = run_module(key, tree, work, args.timeout)
+        all_results[key] = r
+        failed |= "error" in r
+        print(report(key, r), flush=True)
+        (work / "report.json").write_text(json.dumps(all_results, indent=1))
+    print(f"report: {work / 'report.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
