@@ -135,7 +135,7 @@ def test_submit_checks_refuse_missing_empty_and_unsplittable_corpora(tmp_path):
     a = _corpus(tmp_path / "a", 40, 40)
     one_doc = _corpus(tmp_path / "one", 1, 400)
     empty = _corpus(tmp_path / "empty", 0, 1)
-    with pytest.raises(UsageError, match=r"data.blend\[1\].path: .*nope.bin/.idx do not exist"):
+    with pytest.raises(UsageError, match=r"data.blend\[1\].path: .*nope.bin does not exist"):
         check_data(_job({"blend": [{"path": a}, {"path": str(tmp_path / "nope")}]}))
     with pytest.raises(UsageError, match=r"data.blend\[1\].path: .*empty holds 0 tokens"):
         check_data(_job({"blend": [{"path": a}, {"path": empty}]}))
