@@ -393,7 +393,14 @@ def runs_named(name: str, runs: list[RunFolder]) -> list[RunFolder]:
 def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) -> RunFolder:
     """A run by folder path, run id, a job name (its newest run; ``note`` is told which when
     there are several), a unique id prefix, or a Slurm/local job id it submitted. A prefix
-    that matches several runs of different jobs is an error listing them."""
+    that matches several runs of different jobs is an error listing them.
+
+    The one door every command's RUN argument goes through: an empty or blank name is refused
+    here (a prefix match would otherwise select the only run, so ``hpctrain cancel "$UNSET"``
+    would cancel it)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise UsageError(f"RUN: expected a run folder, run name or job id, got {ref!r}"
+                         + (" (empty: is a shell variable unset?)" if isinstance(ref, str) else ""))
     p = Path(ref).expanduser()
     if (p / RUN_FILE).is_file():
         return RunFolder(p.resolve())

@@ -132,6 +132,8 @@ def parse_axes(specs: list[str]) -> list[SweepAxis]:
 
 def combinations(axes: list[SweepAxis]) -> list[dict]:
     """Cartesian product, the first axis varying slowest (like nested loops in given order)."""
+    from ..limits import sweep_points
+    sweep_points([len(a.values) for a in axes])
     keys = [a.key for a in axes]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(a.values for a in axes))]
 
