@@ -56,7 +56,8 @@ def report(run_refs, output, size, runs_dir, as_json):
         return
     from ..ops.report import build_figure, collect, format_summary, summarize, write_png
     data = collect(run)
-    path = (output or run.path / "report.png").resolve()
+    from ..outputs import check_output_file
+    path = check_output_file((output or run.path / "report.png").absolute(), "--output")
     write_png(build_figure(data, width, height), path)
     summary = summarize(data)
     if as_json:

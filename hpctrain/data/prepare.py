@@ -59,6 +59,9 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     if out.is_dir():
         raise UsageError(f"--output {out} is a folder; give a prefix such as {out}/corpus "
                          f"(writes corpus.bin and corpus.idx)")
+    from ..outputs import check_output_file
+    for suffix in (".bin", ".idx", ".meta.json"):
+        check_output_file(f"{out}{suffix}", "--output")
     tok = load_tokenizer(tokenizer)
     started = time.time()
     total = total_input_bytes(paths)

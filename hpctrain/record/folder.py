@@ -32,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,10 +60,35 @@ def default_runs_root(profile_runs_root: str | None = None) -> Path:
     """``$HPCTRAIN_RUNS_DIR``, else the profile's ``storage.runs_root``, else ``./runs``."""
     env = os.environ.get("HPCTRAIN_RUNS_DIR")
     if env:
-        return Path(env).expanduser().resolve()
+        return usable_root(env, "$HPCTRAIN_RUNS_DIR")
     if profile_runs_root:
-        return Path(profile_runs_root).expanduser().resolve()
-    return Path("runs").resolve()
+        return usable_root(profile_runs_root, "the profile's storage.runs_root")
+    return usable_root("runs", "./runs")
+
+
+def usable_root(text: str | Path, what: str) -> Path:
+    """``text`` as an absolute folder that is, or can become, a runs root; UsageError naming
+    ``what`` and the path when it cannot (a symlink loop, a regular file on the way, a name too
+    long, something other than a folder there): one line, never a traceback."""
+    try:
+        path = Path(text).expanduser().resolve()
+    except RuntimeError:   # Path.resolve on a symlink loop (Python 3.11)
+        raise UsageError(f"{what} {text}: too many levels of symbolic links (a symlink loop?)") from None
+    except OSError as e:
+        raise UsageError(f"{what} {text}: {e.strerror}") from None
+    probe = path
+    while True:
+        try:
+            st = os.stat(probe)
+        except FileNotFoundError:
+            probe = probe.parent
+            continue
+        except OSError as e:
+            raise UsageError(f"{what} {path}: {e.strerror}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            where = "" if probe == path else f" ({probe} is not a folder)"
+            raise UsageError(f"{what} {path}: not a folder{where}")
+        return path
 
 
 def runs_root(runs_dir: str | Path | None = None) -> Path:
@@ -70,7 +96,7 @@ def runs_root(runs_dir: str | Path | None = None) -> Path:
     ``$HPCTRAIN_RUNS_DIR``, the default profile's ``storage.runs_root``, or ``./runs``. A
     default profile that cannot be read does not stop anyone from looking at their runs."""
     if runs_dir:
-        return Path(runs_dir).expanduser().resolve()
+        return usable_root(runs_dir, "--runs-dir")
     from ..config import load_profile
     try:
         profile_root = load_profile().storage.runs_root
