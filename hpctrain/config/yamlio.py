@@ -148,6 +148,9 @@ class TextInt(int):
         obj.source = source
         return obj
 
+    def __reduce__(self):   # pickle and deepcopy keep the text (a plain int has no slot for it)
+        return (type(self), (int(self), self.source))
+
 
 class TextFloat(float):
     """A float read from YAML, with the text it was written as."""
@@ -158,6 +161,9 @@ class TextFloat(float):
         obj = super().__new__(cls, value)
         obj.source = source
         return obj
+
+    def __reduce__(self):   # pickle and deepcopy keep the text (a plain float has no slot for it)
+        return (type(self), (float(self), self.source))
 
 
 def source_text(value: Any) -> str | None:

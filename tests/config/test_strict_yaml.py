@@ -155,3 +155,44 @@ def test_a_repeated_key_is_always_refused(keys):
     else:
         with pytest.raises(ConfigError, match="given twice|same key"):
             yamlio.parse_mapping(doc, "x")
+
+
+def test_numbers_keep_their_text_through_pickle_and_copy():
+    import copy
+    import pickle
+    data = yamlio.parse_mapping("a: 0x10\nb: 2.20\n", "x")
+    for back in (pickle.loads(pickle.dumps(data)), copy.deepcopy(data)):
+        assert [yamlio.source_text(v) for v in back.values()] == ["0x10", "2.20"]
+
+
+def _leaves(data, prefix=()):
+    for k, v in data.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, prefix + (k,))
+        else:
+            yield prefix + (k,)
+
+
+_TINY = yamlio.read_mapping(TINY_JOB)
+_TINY["data"]["path"] = str((TINY_JOB.parent / _TINY["data"]["path"]).resolve())
+_LEAVES = sorted(_leaves(_TINY))
+
+
+@given(st.dictionaries(st.sampled_from(_LEAVES), st.one_of(_scalars, _plain), max_size=4))
+def test_every_accepted_job_reads_back_equal_from_what_submit_writes(changes):
+    """What submit writes into a run folder (the resolved job, through yamlio.dump) is read
+    back by the same loader and schema as the same job: for every job the schema accepts."""
+    import copy
+    from hpctrain.config.schema import to_dict
+    data = copy.deepcopy(_TINY)
+    for path, value in changes.items():
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    try:
+        job = job_from_mapping(data, "job")
+    except ConfigError:
+        return
+    written = yamlio.dump(to_dict(job))
+    assert job_from_mapping(yamlio.parse_mapping(written, "job.yaml"), "job.yaml") == job
