@@ -76,6 +76,12 @@ def usable_root(text: str | Path, what: str) -> Path:
         raise UsageError(f"{what} {text}: too many levels of symbolic links (a symlink loop?)") from None
     except OSError as e:
         raise UsageError(f"{what} {text}: {e.strerror}") from None
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:   # bytes that are not UTF-8 reach Python as lone surrogates
+        raise UsageError(f"{what} {str(path)!r}: the path is not UTF-8 text, and a run folder's "
+                         "files (which name it) must read back as text; run from a folder whose "
+                         "path is UTF-8, or give --runs-dir") from None
     probe = path
     while True:
         try:

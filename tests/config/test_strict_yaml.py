@@ -196,3 +196,15 @@ def test_every_accepted_job_reads_back_equal_from_what_submit_writes(changes):
         return
     written = yamlio.dump(to_dict(job))
     assert job_from_mapping(yamlio.parse_mapping(written, "job.yaml"), "job.yaml") == job
+
+
+def test_a_runs_root_whose_path_is_not_utf8_is_refused_before_anything_is_created(tmp_path):
+    import subprocess
+    import sys
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/r\xff"))
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HPCTRAIN_RUNS_DIR"}
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(TINY_JOB), "--dry-run"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("Error:") and "not UTF-8" in proc.stderr
+    assert list(folder.iterdir()) == []
