@@ -32,6 +32,13 @@ INTEGERS = {
     "chain": ("--chain", 1, MAX_CHAIN),
     "max_parallel": ("--max-parallel", 1, MAX_PARALLEL),
     "report_width": ("--size (width)", REPORT_PIXELS[0], REPORT_PIXELS[1]),
+    "resume_nodes": ("--nodes", 1, MAX_NODES),
+    "runs_limit": ("--limit", 1, 1_000_000),
+    "log_rank": ("--rank", 0, MAX_WORLD_SIZE - 1),
+    "log_attempt": ("--attempt", 1, 1_000_000),
+    "log_tail": ("--tail", 1, 10_000_000),
+    "plan_top": ("--top", 1, 10_000),
+    "preflight_wait_s": ("--wait", 1, 7 * 24 * 3600),
     "report_height": ("--size (height)", REPORT_PIXELS[0], REPORT_PIXELS[1]),
 }
 
@@ -51,6 +58,13 @@ def integer(name: str, value, *, optional: bool = True, argument: bool = False):
     if not low <= value <= high:
         raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got {value:,}")
     return value
+
+
+def click_range(name: str):
+    """The click type of the CLI option behind ``name``: the same range as ``integer``."""
+    import click
+    _, low, high = INTEGERS[name]
+    return click.IntRange(min=low, max=high)
 
 
 def boolean(option: str, value, *, optional: bool = True):
