@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hpctrain.errors import UsageError
-from hpctrain.runs import find_run
+from hpctrain.record.folder import find_run
 from tests.conftest import REPO, hpctrain
 
 
