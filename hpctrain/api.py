@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .config import DEFAULT_PROFILE, ClusterProfile, JobConfig
-from .errors import RunNotFoundError
+from .errors import RunNotFoundError, UsageError
 from .record.folder import RUN_FILE, RunFolder
 
 
@@ -84,7 +84,21 @@ def submit(job: str | Path | Mapping | JobConfig,
     and script and submits nothing; ``force`` submits a layout the planner says does not fit;
     ``runs_dir`` is where run folders go (default as the CLI's ``--runs-dir``).
     """
+    from . import limits
     from .submission import submit as submit_job
+    limits.integer("nodes", nodes, argument=True)
+    limits.integer("chain", chain, optional=False, argument=True)
+    limits.integer("max_parallel", max_parallel, argument=True)
+    limits.boolean("dry_run", dry_run, optional=False)
+    limits.boolean("force", force, optional=False)
+    if sweep is not None and not isinstance(sweep, (Mapping, list, tuple)):
+        raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
+                         f"'KEY=V1,V2' strings, got {sweep!r} (a {type(sweep).__name__})")
+    _path_or_text("job", job)
+    if not isinstance(profile, ClusterProfile):
+        _path_or_text("profile", profile)
+    if runs_dir is not None:
+        _path_or_text("runs_dir", runs_dir)
     done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain, sweep=sweep,
                       max_parallel=max_parallel, dry_run=dry_run, force=force,
                       overrides=overrides)
@@ -103,7 +117,16 @@ def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
     Pinning any of ``tp``, ``pp``, ``vpp`` (0: none), ``micro_batch_size``,
     ``sequence_parallel``, ``recompute`` ("none", "selective", "full") explains that one layout
     (``layouts`` is then empty and ``rejected`` says why, when it is not valid)."""
+    from . import limits
     from .planner.request import plan_data
+    for name, value in (("nodes", nodes), ("gpus", gpus), ("tp", tp), ("pp", pp), ("vpp", vpp),
+                        ("micro_batch_size", micro_batch_size)):
+        limits.integer(name, value, argument=True)
+    limits.boolean("sequence_parallel", sequence_parallel)
+    limits.choice("recompute", recompute, ("none", "selective", "full"))
+    _path_or_text("job", job)
+    if profile is not None and not isinstance(profile, ClusterProfile):
+        _path_or_text("profile", profile)
     return plan_data(job, profile, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
                      mbs=micro_batch_size, sp=sequence_parallel, recompute=recompute)
 
@@ -113,7 +136,17 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
     from .ops.listing import newest_runs
     from .record.folder import runs_root
+    if runs_dir is not None:
+        _path_or_text("runs_dir", runs_dir)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise UsageError(f"limit: expected an integer of at least 0, got {limit!r}")
     return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
+
+
+def _path_or_text(name: str, value) -> None:
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise UsageError(f"{name}: expected a path (a str or pathlib.Path), got {value!r} "
+                         f"(a {type(value).__name__})")
 
 
 __all__ = ["Run", "plan", "runs", "submit"]

@@ -53,3 +53,36 @@ class SubmissionError(HpcTrainError):
 
 class RunNotFoundError(UsageError):
     """A run name, folder or job id that matches no run folder."""
+
+
+# errno -> (what it means for the path, exit code). Paths a user gave that cannot be used are
+# usage errors (2); the system failing (disk full, I/O error) is a failure (1).
+_OS_ERRORS = {
+    "EACCES": ("permission denied", exit_codes.USAGE),
+    "EPERM": ("operation not permitted", exit_codes.USAGE),
+    "EROFS": ("the file system is read-only", exit_codes.USAGE),
+    "ENOTDIR": ("a part of the path is a file, not a folder", exit_codes.USAGE),
+    "ELOOP": ("too many levels of symbolic links (a symlink loop?)", exit_codes.USAGE),
+    "ENAMETOOLONG": ("the name is too long for the file system", exit_codes.USAGE),
+    "EISDIR": ("is a folder, expected a file", exit_codes.USAGE),
+    "ENOENT": ("does not exist", exit_codes.USAGE),
+    "EEXIST": ("already exists", exit_codes.USAGE),
+    "ENOSPC": ("no space left on the device", exit_codes.FAILED),
+    "EDQUOT": ("disk quota exceeded", exit_codes.FAILED),
+}
+
+
+def from_os_error(e: OSError) -> HpcTrainError:
+    """One line for a filesystem error that reached the CLI: the path and what is wrong."""
+    import errno as errno_names
+
+    name = errno_names.errorcode.get(e.errno or 0, "")
+    what, code = _OS_ERRORS.get(name, (e.strerror or str(e), exit_codes.FAILED))
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    where = " -> ".join(_short_path(p) for p in paths) if paths else "a file"
+    err = (UsageError if code == exit_codes.USAGE else HpcTrainError)(f"{where}: {what}")
+    return err
+
+
+def _short_path(text: str) -> str:
+    return text if len(text) <= 200 and text.isprintable() else repr(text[:200])

@@ -110,3 +110,18 @@ def job_gone(job_id: str) -> bool:
     out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                          text=True, timeout=30)
     return out.returncode != 0 or not out.stdout.strip()
+
+
+# Property-based tests (Hypothesis): a fixed, small budget and derandomized generation in the
+# suite, so a run takes seconds and gives the same verdict on every machine. Developers raise
+# the budget with HPCTRAIN_HYPOTHESIS_EXAMPLES=2000 (docs/contributing.md).
+try:
+    from hypothesis import HealthCheck, settings as _hypothesis_settings
+except ImportError:   # the test extra installs it; only a bare checkout lacks it
+    pass
+else:
+    _hypothesis_settings.register_profile(
+        "hpctrain", derandomize=True, database=None, deadline=None, print_blob=True,
+        max_examples=int(os.environ.get("HPCTRAIN_HYPOTHESIS_EXAMPLES", "60")),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    _hypothesis_settings.load_profile("hpctrain")

@@ -16,7 +16,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import HpcTrainError
+from ..errors import HpcTrainError, from_os_error
 
 # name -> "module:attribute" (modules under hpctrain.cli)
 COMMANDS = {
@@ -62,6 +62,12 @@ class LazyGroup(click.Group):
         except HpcTrainError as e:
             click.echo(f"Error: {e}", err=True)
             ctx.exit(e.exit_code)
+        except OSError as e:   # the one place a filesystem error becomes a message
+            if os.environ.get("HPCTRAIN_DEBUG"):
+                raise
+            err = from_os_error(e)
+            click.echo(f"Error: {err}", err=True)
+            ctx.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             ctx.exit(130)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import limits
 from ..config import DEFAULT_PROFILE
 from ..config.job import MAX_LAYERS
 from ..config.profile import MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
@@ -77,7 +78,7 @@ def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
 @click.option("--recompute-granularity", "recompute",
               type=click.Choice(["none", "selective", "full"]), default=None,
               help="With a pinned layout: override train.recompute_granularity.")
-@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--top", type=limits.click_range("plan_top"), default=10, show_default=True,
               help="Rows of the ranked table.")
 @set_option
 @json_option

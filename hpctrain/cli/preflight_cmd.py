@@ -12,6 +12,8 @@ import time
 
 import click
 
+from .. import limits
+
 from ..errors import HpcTrainError
 from .common import (echo_json, interactive, json_option, nodes_option, profile_option,
                      runs_dir_option)
@@ -23,7 +25,7 @@ from .common import (echo_json, interactive, json_option, nodes_option, profile_
 @nodes_option
 @json_option
 @runs_dir_option
-@click.option("--wait", "wait_s", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+@click.option("--wait", "wait_s", type=limits.click_range("preflight_wait_s"), default=None, metavar="SECONDS",
               help="Give up waiting for the preflight job after this long (default: the "
                    "profile's time limit).")
 def preflight(here, profile_name, nodes, as_json, runs_dir, wait_s):

@@ -36,13 +36,15 @@ def report(run_refs, output, size, runs_dir, as_json):
       hpctrain report tiny-gpt-20250101-120000-ab12 tiny-gpt-20250102-090000-cd34
       hpctrain report tiny-gpt-20250101-130000-ef56      # a sweep's id: all its runs
     """
+    from .. import limits
+    low, high = limits.REPORT_PIXELS
     try:
         width, height = (int(x) for x in size.lower().split("x"))
-        if width < 200 or height < 200:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--size {size!r}: expected WIDTHxHEIGHT in pixels, each at least 200 "
-                         "(e.g. 1200x900)") from None
+        limits.integer("report_width", width)
+        limits.integer("report_height", height)
+    except (ValueError, UsageError):
+        raise UsageError(f"--size {size!r}: expected WIDTHxHEIGHT in pixels, each from {low:,} to "
+                         f"{high:,} (e.g. 1200x900)") from None
     from ..ops.compare import runs_of
     root = runs_root(runs_dir)
     single = len(run_refs) == 1 and not _is_sweep(run_refs[0], root)
@@ -54,7 +56,8 @@ def report(run_refs, output, size, runs_dir, as_json):
         return
     from ..ops.report import build_figure, collect, format_summary, summarize, write_png
     data = collect(run)
-    path = (output or run.path / "report.png").resolve()
+    from ..outputs import check_output_file
+    path = check_output_file((output or run.path / "report.png").absolute(), "--output")
     write_png(build_figure(data, width, height), path)
     summary = summarize(data)
     if as_json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from .. import limits
 from .common import (complete_profiles, complete_runs, echo_json, find, follow_in_terminal,
                      json_option, parsed_overrides, run_argument, runs_dir_option, runs_root,
                      set_option)
@@ -18,7 +19,7 @@ from .common import (complete_profiles, complete_runs, echo_json, find, follow_i
 
 @click.group(invoke_without_command=True)
 @runs_dir_option
-@click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="Show the newest N runs.")
+@click.option("--limit", "-n", type=limits.click_range("runs_limit"), default=None, help="Show the newest N runs.")
 @json_option
 @click.pass_context
 def runs(ctx, runs_dir, limit, as_json):
@@ -131,15 +132,15 @@ def status(run_ref, runs_dir, as_json):
 
 @click.command()
 @run_argument
-@click.option("--rank", "-r", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--rank", "-r", type=limits.click_range("log_rank"), default=0, show_default=True,
               help="Which rank's log.")
-@click.option("--attempt", "-a", type=click.IntRange(min=1), default=None,
+@click.option("--attempt", "-a", type=limits.click_range("log_attempt"), default=None,
               help="Which attempt (default: the latest).")
 @click.option("--batch", is_flag=True, help="The batch shell's log (hooks, signals, requeues) "
                                              "instead of a rank's.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines until the run stops, across requeues.")
-@click.option("--tail", "-t", "tail_lines", type=click.IntRange(min=1), default=None,
+@click.option("--tail", "-t", "tail_lines", type=limits.click_range("log_tail"), default=None,
               help="Only the last N lines (before following).")
 @runs_dir_option
 def logs(run_ref, rank, attempt, batch, follow, tail_lines, runs_dir):
@@ -250,7 +251,7 @@ def requeue(run_ref, wait, runs_dir, as_json):
 @click.option("--profile", "-p", "profile_name", shell_complete=complete_profiles,
               default=None, metavar="NAME|FILE",
               help="Resume on another cluster profile (default: the run's own).")
-@click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", "-N", type=limits.click_range("resume_nodes"), default=None,
               help="Resume on another node count (the layout is checked again; the checkpoint "
                    "is resharded on load).")
 @click.option("--steps", type=click.IntRange(min=1, max=10**9), default=None, metavar="N",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from .. import limits
+
 from ..errors import HpcTrainError
 from .common import (echo_json, follow_in_terminal, json_option, nodes_option, parsed_overrides,
                      profile_option, runs_dir_option, set_option)
@@ -28,7 +30,7 @@ from .common import (echo_json, follow_in_terminal, json_option, nodes_option, p
 @click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2,...",
               help="One run per combination of values (repeatable: the cartesian product), "
                    "submitted as one Slurm job array.")
-@click.option("--max-parallel", type=int, default=None, metavar="N",
+@click.option("--max-parallel", type=limits.click_range("max_parallel"), default=None, metavar="N",
               help="With --sweep: at most N runs at once (the array's %N).")
 @json_option
 def submit(job_file, profile_name, nodes, overrides, runs_dir, dry_run, wait, force, chain, sweeps,

@@ -145,11 +145,26 @@ def _check_resolved_paths(job: JobConfig) -> None:
     if d.tokenizer != "byte":
         fields.append(("data.tokenizer", d.tokenizer))
     for path, value in fields:
+        if value and _not_utf8(value):
+            problems.add(path, f"resolved against the job file's folder, the path {safety.short(value)} "
+                               "holds bytes that are not UTF-8 text (a folder name in another "
+                               "encoding?); the run's job.yaml could not hold it: rename the "
+                               "folder to UTF-8 or give an absolute UTF-8 path")
+            continue
         why = value and safety.path_problem(value)
         if why:
             problems.add(path, f"resolved against the job file's folder, the path {why}")
     if problems:
         raise ConfigError("job", problems.items)
+
+
+def _not_utf8(text: str) -> bool:
+    """A path whose bytes are not UTF-8 reaches Python as lone surrogates (surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 @dataclass

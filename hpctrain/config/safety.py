@@ -46,7 +46,10 @@ ENV_KEY = _whole(r"[A-Za-z_][A-Za-z0-9_]*")
 IMAGE = _whole(r"[A-Za-z0-9_./:@#+-]+")
 MOUNT = _whole(r"[A-Za-z0-9_./+-]+(:[A-Za-z0-9_./+-]+)?(:[a-z,]+)?")
 PATH_LIKE = _whole(r"[A-Za-z0-9_./~+@%:=-][A-Za-z0-9_./~+@%:= -]*")
-DIRECTIVE = _whole(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=@%/+*\[\]-]+)?")
+_DIRECTIVE_VALUE = r"[A-Za-z0-9_.,:=@%/+*\[\]-]+"
+# one word of an #SBATCH line: --long, --long=VALUE, -X, -XVALUE, or a VALUE after --long / -X
+DIRECTIVE_WORD = _whole(rf"--[a-z][a-z0-9-]*(={_DIRECTIVE_VALUE})?|-[A-Za-z]({_DIRECTIVE_VALUE})?"
+                        rf"|{_DIRECTIVE_VALUE}")
 HCA = _whole(r"[A-Za-z0-9_]+(:\d+)?")
 IFNAME = _whole(r"[\^=]?[A-Za-z0-9_.,-]+")
 SCRIPT_WORD = _whole(r"[a-z][a-z0-9_-]*")        # kind names the template prints bare
@@ -96,6 +99,13 @@ OWNED_DIRECTIVES = {
     "export": "use the profile's `env` mapping instead",
     "test-only": "use `hpctrain submit --dry-run` instead",
     "parsable": "remove it",
+}
+
+# Options sbatch accepts in #SBATCH lines that print something and exit instead of submitting.
+NOT_JOB_OPTIONS = {
+    "help": "sbatch would print its help and submit nothing; remove it",
+    "usage": "sbatch would print its usage and submit nothing; remove it",
+    "version": "sbatch would print its version and submit nothing; remove it",
 }
 
 
@@ -183,16 +193,32 @@ def check_sbatch_value(value, path: str, problems: Problems) -> None:
 
 
 def check_directive(value: str, path: str, problems: Problems) -> None:
+    """An ``extra_directives`` entry: safe characters, then read the way sbatch reads it (unique
+    prefixes, short options, ``--opt=value`` and ``--opt value``, see ``sbatch_options``), so an
+    option hpctrain sets is refused however it is spelled (``--no-requ``, ``--sig=``, ``-J``)."""
+    from .sbatch_options import DirectiveError, resolve
+
     if not isinstance(value, str):
         return
-    if not DIRECTIVE.fullmatch(value):
-        problems.add(path, f"{short(value)} is not a valid sbatch directive; write it as --name or "
-                           "--name=value (letters, digits and _.,:=@%/+*[]- only, no spaces or quotes)")
+    words = value.split(" ")
+    if not value or not all(DIRECTIVE_WORD.fullmatch(w) for w in words) or \
+            not value.startswith("-"):
+        problems.add(path, f"{short(value)} is not a valid sbatch directive; write it as --name, "
+                           "--name=value or --name value (letters, digits and _.,:=@%/+*[]- only, "
+                           "single spaces, no quotes)")
         return
-    name = value[2:].split("=", 1)[0]
-    if name in OWNED_DIRECTIVES:
-        problems.add(path, f"--{name} is managed by hpctrain: {OWNED_DIRECTIVES[name]}")
+    try:
+        options = resolve(words)
+    except DirectiveError as e:
+        problems.add(path, f"{short(value)}: {e}")
         return
+    for o in options:
+        why = OWNED_DIRECTIVES.get(o.name) or NOT_JOB_OPTIONS.get(o.name)
+        if why:
+            spelled = "" if o.written == f"--{o.name}" else f" ({o.written} is sbatch's --{o.name})"
+            owner = "managed by hpctrain" if o.name in OWNED_DIRECTIVES else "not a job option"
+            problems.add(path, f"--{o.name} is {owner}{spelled}: {why}")
+            return
     check_sbatch_value(value, path, problems)
 
 

@@ -24,7 +24,7 @@ import math
 import typing
 from typing import Any
 
-from . import safety
+from . import safety, yamlio
 from .problems import Problems
 
 # Ranges for numbers whose field names none: wide, but finite and small enough that no loop,
@@ -122,10 +122,6 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
             if why:
                 problems.add(f"{path}.{safety.short(k, 40)}", f"the key {why}")
                 continue
-            # YAML reads 1 and 1.5 as numbers where a string (an environment value) is meant: take
-            # them as written. true/false stay refused: they would silently become "True".
-            if val_tp is str and isinstance(v, (int, float)) and not isinstance(v, bool):
-                v = str(v)
             out[k] = _convert(val_tp, v, f"{path}.{k}", problems)
         return out
     if tp is bool:
@@ -135,6 +131,7 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
         return None
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            value = int(value)   # a plain int, not the loader's TextInt
             if not _in_range(value, bounds, path, problems):
                 return None
             return _check_choice(value, path, problems, choices)
@@ -145,7 +142,7 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
         if isinstance(value, int) and not isinstance(value, bool):
             number = float(value) if abs(value) < 10**300 else math.inf
         elif isinstance(value, float):
-            number = value
+            number = float(value)   # a plain float, not the loader's TextFloat
         elif isinstance(value, str) and len(value) <= 64:  # YAML reads 3e-4 (no dot) as a string
             try:
                 number = float(value)
@@ -159,7 +156,14 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
             return None
         return number if _in_range(number, bounds, path, problems) else None
     if tp is str:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not choices:
+        # YAML reads 0x10, 010, 2.20 and 1.5 as numbers where a string (a name, an environment
+        # value) is meant: the field gets the text as written, never the number's re-spelling
+        # ("16", "10", "2.2"). true/false stay refused: they would silently become "True".
+        written = yamlio.source_text(value)
+        if written is not None:
+            value = written
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            # a number from Python (the API, a sweep built in code), not from YAML text
             if isinstance(value, float) and not math.isfinite(value):
                 problems.add(path, f"expected a string, got {_describe(value)}")
                 return None

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UsageError
-from . import indexed
+from . import indexed, sources
 from .sources import check_inputs, read_pieces, total_input_bytes
 from .tokenizers import load_tokenizer
 from .vocabulary import check_vocab
 
 BATCH_TEXTS = 512  # pieces tokenized together (Hugging Face tokenizers are faster in batches)
+BATCH_PIECES_OF_TEXT = 2   # ... and at most this many PIECE_CHARS of text at once
 
 
 @dataclass
@@ -59,6 +60,9 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     if out.is_dir():
         raise UsageError(f"--output {out} is a folder; give a prefix such as {out}/corpus "
                          f"(writes corpus.bin and corpus.idx)")
+    from ..outputs import check_output_file
+    for suffix in (".bin", ".idx", ".meta.json"):
+        check_output_file(f"{out}{suffix}", "--output")
     tok = load_tokenizer(tokenizer)
     started = time.time()
     total = total_input_bytes(paths)
@@ -102,10 +106,15 @@ def _tokenize_file(path: Path, json_key: str, tok, writer, report) -> None:
                 writer.end_document()
         batch.clear()
 
+    chars = 0
     for piece in read_pieces(path, json_key, report):
         batch.append(piece)
-        if len(batch) >= BATCH_TEXTS:
+        chars += len(piece.text)
+        # bounded by count (many short documents) and by size (a few long ones, or one huge
+        # line arriving in pieces): memory does not grow with the input
+        if len(batch) >= BATCH_TEXTS or chars >= BATCH_PIECES_OF_TEXT * sources.PIECE_CHARS:
             flush()
+            chars = 0
     if batch:
         flush()
 

@@ -21,7 +21,10 @@ from typing import Iterator
 
 from ..errors import UsageError
 
-PIECE_CHARS = 1 << 20  # a paragraph longer than this arrives in pieces
+PIECE_CHARS = 1 << 20  # a paragraph (or a single line) longer than this arrives in pieces
+# A JSONL record must be parsed whole; one longer than this is refused with the limit, so a
+# single multi-GiB line cannot exhaust memory.
+MAX_JSON_LINE_CHARS = 64 << 20
 SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 
 
@@ -81,7 +84,16 @@ def read_pieces(path: Path, json_key: str = "text",
     try:
         with counter.open_text(path) as text:
             if kind == "jsonl":
-                for lineno, line in enumerate(text, 1):
+                while True:
+                    line = text.readline(MAX_JSON_LINE_CHARS + 1)
+                    if not line:
+                        break
+                    lineno += 1
+                    if len(line) > MAX_JSON_LINE_CHARS:
+                        raise UsageError(
+                            f"{path}:{lineno}: a JSON line longer than {MAX_JSON_LINE_CHARS:,} "
+                            "characters; hpctrain reads JSONL records of at most that size (split "
+                            "the document, or give it as a plain .txt file, which is streamed)")
                     if not line.strip():
                         continue
                     yield Piece(_json_text(path, lineno, line, json_key), True)
@@ -118,14 +130,28 @@ def _json_text(path: Path, lineno: int, line: str, key: str) -> str:
     return value
 
 
+def _chunks(text) -> Iterator[tuple[str, bool]]:
+    """Lines of ``text``, a line longer than PIECE_CHARS in parts of at most that many
+    characters (memory stays bounded on a file that is one huge line); with each, whether it
+    is a whole line (a part of a long line is never a blank line)."""
+    at_line_start = True
+    while True:
+        chunk = text.readline(PIECE_CHARS)
+        if not chunk:
+            return
+        ends_line = chunk.endswith("\n")
+        yield chunk, at_line_start and ends_line
+        at_line_start = ends_line
+
+
 def _paragraphs(text, counter: _Counting, on_progress) -> Iterator[Piece]:
     buf: list[str] = []
     size = 0
     open_document = False  # a piece was yielded and its document has not ended yet
-    for n, line in enumerate(text, 1):
+    for n, (line, whole) in enumerate(_chunks(text), 1):
         if on_progress and n % 4096 == 0:
             on_progress(counter.position())
-        if line.strip() == "":
+        if whole and line.strip() == "":
             if buf or open_document:
                 yield Piece("".join(buf), True)
                 buf, size, open_document = [], 0, False

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,10 +61,41 @@ def default_runs_root(profile_runs_root: str | None = None) -> Path:
     """``$HPCTRAIN_RUNS_DIR``, else the profile's ``storage.runs_root``, else ``./runs``."""
     env = os.environ.get("HPCTRAIN_RUNS_DIR")
     if env:
-        return Path(env).expanduser().resolve()
+        return usable_root(env, "$HPCTRAIN_RUNS_DIR")
     if profile_runs_root:
-        return Path(profile_runs_root).expanduser().resolve()
-    return Path("runs").resolve()
+        return usable_root(profile_runs_root, "the profile's storage.runs_root")
+    return usable_root("runs", "./runs")
+
+
+def usable_root(text: str | Path, what: str) -> Path:
+    """``text`` as an absolute folder that is, or can become, a runs root; UsageError naming
+    ``what`` and the path when it cannot (a symlink loop, a regular file on the way, a name too
+    long, something other than a folder there): one line, never a traceback."""
+    try:
+        path = Path(text).expanduser().resolve()
+    except RuntimeError:   # Path.resolve on a symlink loop (Python 3.11)
+        raise UsageError(f"{what} {text}: too many levels of symbolic links (a symlink loop?)") from None
+    except OSError as e:
+        raise UsageError(f"{what} {text}: {e.strerror}") from None
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:   # bytes that are not UTF-8 reach Python as lone surrogates
+        raise UsageError(f"{what} {str(path)!r}: the path is not UTF-8 text, and a run folder's "
+                         "files (which name it) must read back as text; run from a folder whose "
+                         "path is UTF-8, or give --runs-dir") from None
+    probe = path
+    while True:
+        try:
+            st = os.stat(probe)
+        except FileNotFoundError:
+            probe = probe.parent
+            continue
+        except OSError as e:
+            raise UsageError(f"{what} {path}: {e.strerror}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            where = "" if probe == path else f" ({probe} is not a folder)"
+            raise UsageError(f"{what} {path}: not a folder{where}")
+        return path
 
 
 def runs_root(runs_dir: str | Path | None = None) -> Path:
@@ -71,7 +103,7 @@ def runs_root(runs_dir: str | Path | None = None) -> Path:
     ``$HPCTRAIN_RUNS_DIR``, the default profile's ``storage.runs_root``, or ``./runs``. A
     default profile that cannot be read does not stop anyone from looking at their runs."""
     if runs_dir:
-        return Path(runs_dir).expanduser().resolve()
+        return usable_root(runs_dir, "--runs-dir")
     from ..config import load_profile
     try:
         profile_root = load_profile().storage.runs_root
@@ -397,7 +429,14 @@ def runs_named(name: str, runs: list[RunFolder]) -> list[RunFolder]:
 def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) -> RunFolder:
     """A run by folder path, run id, a job name (its newest run; ``note`` is told which when
     there are several), a unique id prefix, or a Slurm/local job id it submitted. A prefix
-    that matches several runs of different jobs is an error listing them."""
+    that matches several runs of different jobs is an error listing them.
+
+    The one door every command's RUN argument goes through: an empty or blank name is refused
+    here (a prefix match would otherwise select the only run, so ``hpctrain cancel "$UNSET"``
+    would cancel it)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise UsageError(f"RUN: expected a run folder, run name or job id, got {ref!r}"
+                         + (" (empty: is a shell variable unset?)" if isinstance(ref, str) else ""))
     p = Path(ref).expanduser()
     if (p / RUN_FILE).is_file():
         return RunFolder(p.resolve())

@@ -16,7 +16,7 @@ from ..config.schema import to_dict
 from ..errors import HpcTrainError
 from ..record.files import now_iso
 from ..record.folder import (RunFolder, checkpoint_location, create_run, default_runs_root,
-                             folder_mode)
+                             folder_mode, usable_root)
 from .checks import decided
 from .sweep_values import SweepPoint, new_sweep_dir
 
@@ -25,7 +25,7 @@ def runs_root_for(runs_dir: str | Path | None, profile: ClusterProfile) -> Path:
     """``runs_dir`` if given, else ``$HPCTRAIN_RUNS_DIR``, the profile's ``storage.runs_root``,
     or ``./runs`` (absolute: the batch script and the ranks read these paths elsewhere)."""
     if runs_dir:
-        return Path(runs_dir).expanduser().resolve()
+        return usable_root(runs_dir, "--runs-dir")
     return default_runs_root(profile.storage.runs_root)
 
 

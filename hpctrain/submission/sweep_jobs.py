@@ -37,8 +37,8 @@ class SweepSubmission:
 
 
 def check_max_parallel(max_parallel: int | None, backend: Backend) -> None:
-    if max_parallel is not None and max_parallel < 1:
-        raise UsageError(f"--max-parallel: expected at least 1, got {max_parallel}")
+    from ..limits import integer
+    integer("max_parallel", max_parallel)
     if max_parallel is not None and not backend.arrays:
         raise UsageError("--max-parallel: a local profile runs a sweep's runs one after another; "
                          "drop --max-parallel or use a Slurm profile")

@@ -22,9 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from ..config import ClusterProfile, JobConfig, Resolved, job_from_mapping, load_job, resolve
+from ..config import ClusterProfile, JobConfig, Resolved, job_from_mapping, load_job, resolve, yamlio
 from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
@@ -68,8 +66,8 @@ def parse_axis(spec: str, option: str = "--sweep") -> SweepAxis:
         if not raw:
             raise UsageError(f"{option} {spec!r}: empty value in the list")
         try:
-            v = yaml.safe_load(raw)
-        except yaml.YAMLError:
+            v = yamlio.parse(raw, f"{option} {key}")   # the job file's loader: same meaning
+        except ConfigError:
             v = raw
         if isinstance(v, (dict, list)):
             raise UsageError(f"{option} {spec!r}: {raw!r} is not a single value")
@@ -134,6 +132,8 @@ def parse_axes(specs: list[str]) -> list[SweepAxis]:
 
 def combinations(axes: list[SweepAxis]) -> list[dict]:
     """Cartesian product, the first axis varying slowest (like nested loops in given order)."""
+    from ..limits import sweep_points
+    sweep_points([len(a.values) for a in axes])
     keys = [a.key for a in axes]
     return [dict(zip(keys, combo)) for combo in itertools.product(*(a.values for a in axes))]
 

@@ -123,7 +123,7 @@ def test_bad_requests_are_usage_errors_and_create_nothing(tmp_path, one_rank):
         hpctrain.submit(JOB, one_rank, sweep={"train.data": ["a,b"]}, runs_dir=root)
     with pytest.raises(UsageError, match=r"--nodes: a local profile runs on this machine only"):
         hpctrain.submit(JOB, one_rank, nodes=2, runs_dir=root)
-    with pytest.raises(UsageError, match=r"--chain: expected a number of jobs, at least 1, got 0"):
+    with pytest.raises(UsageError, match=r"chain \(--chain\): expected an integer from 1 to 1,000, got 0"):
         hpctrain.submit(JOB, one_rank, chain=0, runs_dir=root)
     assert not root.exists() and hpctrain.runs(root) == []
     with pytest.raises(RunNotFoundError, match=r"is not a run folder"):

@@ -1,0 +1,100 @@
+"""Every size a user gives, bounded in one place, with the limit in the error.
+
+The CLI's options and the Python API's arguments are checked here with the same words, so
+``hpctrain.submit(job, nodes="2")`` is refused like ``--nodes 2x``: one UsageError naming the
+option, what it expects and the limit, never a TypeError or ZeroDivisionError from deep inside.
+Limits are wide (far past any real use) but finite, so no loop, allocation or figure built
+from a user's number can run away.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config.job import MAX_LAYERS
+from .config.profile import MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
+from .errors import UsageError
+
+MAX_SWEEP_POINTS = 1000          # runs of one sweep (the product of its value lists)
+MAX_CHAIN = 1000                 # jobs of one chain (--chain)
+MAX_PARALLEL = 10_000            # --max-parallel of a sweep's job array
+REPORT_PIXELS = (200, 10_000)    # each side of `report --size`
+MAX_MICRO_BATCH = 2**16
+
+# name -> (the option a user knows it by, lowest, highest)
+INTEGERS = {
+    "nodes": ("--nodes", 1, MAX_NODES),
+    "gpus": ("--gpus", 1, MAX_WORLD_SIZE),
+    "tp": ("--tp", 1, MAX_GPUS_PER_NODE),
+    "pp": ("--pp", 1, MAX_LAYERS),
+    "vpp": ("--vpp", 0, MAX_LAYERS),
+    "micro_batch_size": ("--micro-batch-size", 1, MAX_MICRO_BATCH),
+    "chain": ("--chain", 1, MAX_CHAIN),
+    "max_parallel": ("--max-parallel", 1, MAX_PARALLEL),
+    "report_width": ("--size (width)", REPORT_PIXELS[0], REPORT_PIXELS[1]),
+    "resume_nodes": ("--nodes", 1, MAX_NODES),
+    "runs_limit": ("--limit", 1, 1_000_000),
+    "log_rank": ("--rank", 0, MAX_WORLD_SIZE - 1),
+    "log_attempt": ("--attempt", 1, 1_000_000),
+    "log_tail": ("--tail", 1, 10_000_000),
+    "plan_top": ("--top", 1, 10_000),
+    "preflight_wait_s": ("--wait", 1, 7 * 24 * 3600),
+    "report_height": ("--size (height)", REPORT_PIXELS[0], REPORT_PIXELS[1]),
+}
+
+
+def integer(name: str, value, *, optional: bool = True, argument: bool = False):
+    """``value`` if it is an integer (not a bool, not a string) within ``name``'s range;
+    UsageError naming the option (with ``argument``, the Python argument and its option) and
+    the range otherwise. None passes when ``optional``."""
+    option, low, high = INTEGERS[name]
+    if argument:
+        option = f"{name} ({option})"
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got "
+                         f"{_show(value)}")
+    if not low <= value <= high:
+        raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got {value:,}")
+    return value
+
+
+def click_range(name: str):
+    """The click type of the CLI option behind ``name``: the same range as ``integer``."""
+    import click
+    _, low, high = INTEGERS[name]
+    return click.IntRange(min=low, max=high)
+
+
+def boolean(option: str, value, *, optional: bool = True):
+    if value is None and optional:
+        return None
+    if not isinstance(value, bool):
+        raise UsageError(f"{option}: expected True or False, got {_show(value)}")
+    return value
+
+
+def choice(option: str, value, choices, *, optional: bool = True):
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        raise UsageError(f"{option}: expected one of {', '.join(choices)}, got {_show(value)}")
+    return value
+
+
+def sweep_points(counts: list[int]) -> int:
+    """The number of runs of a sweep whose axes have ``counts`` values; refused past the cap
+    before a single combination is built."""
+    total = math.prod(counts)
+    if total > MAX_SWEEP_POINTS:
+        shown = " × ".join(str(c) for c in counts)
+        raise UsageError(f"--sweep: {shown} = {total:,} combinations; a sweep may have at most "
+                         f"{MAX_SWEEP_POINTS:,} runs (split it, or sweep fewer values)")
+    return total
+
+
+def _show(value) -> str:
+    text = repr(value)
+    kind = type(value).__name__
+    return f"{text if len(text) <= 40 else text[:30] + '...'} (a {kind})"

@@ -1,0 +1,87 @@
+"""Filesystem errors reach the user as one ``Error:`` line naming the path (exit 2 for a path
+the user gave that cannot be used, 1 for the system failing), never ``internal error``; output
+paths are written only as regular files or new paths (never renamed over a device)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from hpctrain.errors import HpcTrainError, UsageError, from_os_error
+from hpctrain.outputs import check_output_file
+from tests.conftest import REPO, hpctrain
+
+TINY = str(REPO / "examples" / "tiny.yaml")
+
+
+def one_error_line(proc, code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error:") and "internal error" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def a_run(tmp_path):
+    runs = tmp_path / "runs"
+    proc = hpctrain("submit", TINY, "--dry-run", "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    return runs, next(p.name for p in runs.iterdir() if p.name != "sweeps")
+
+
+def test_report_never_writes_over_a_device_or_a_folder(a_run, tmp_path):
+    runs, run = a_run
+    for target in ("/dev/null", str(tmp_path)):
+        proc = hpctrain("report", run, "--runs-dir", str(runs), "-o", target)
+        one_error_line(proc, 2, target)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_runs_dir_that_cannot_be_a_folder(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for runs_dir in (tmp_path / "file" / "runs", tmp_path / "loop" / "runs", tmp_path / "file",
+                     tmp_path / ("n" * 300)):
+        for command in (["runs"], ["submit", TINY, "--dry-run"]):
+            proc = hpctrain(*command, "--runs-dir", str(runs_dir))
+            one_error_line(proc, 2)
+
+
+def test_output_prefix_that_is_a_folder_and_names_too_long(tmp_path):
+    (tmp_path / "corpus.bin").mkdir()
+    proc = hpctrain("data", "prepare", str(REPO / "examples" / "corpus" / "kjv.txt.gz"),
+                    "-o", str(tmp_path / "corpus"))
+    one_error_line(proc, 2, "corpus.bin", "is a folder")
+    proc = hpctrain("data", "prepare", str(REPO / "examples" / "corpus" / "kjv.txt.gz"),
+                    "-o", str(tmp_path / ("x" * 300)))
+    one_error_line(proc, 2)
+
+
+def test_a_folder_that_cannot_be_written(tmp_path):
+    """A read-only folder: chmod for a user; as root (who ignores modes), /proc, which refuses
+    new entries whatever the user."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    target = ro if not os.access(ro, os.W_OK) else Path("/proc/hpctrain-test")
+    proc = hpctrain("submit", TINY, "--dry-run", "--runs-dir", str(target / "runs"))
+    one_error_line(proc, 2, str(target))
+    ro.chmod(0o755)
+
+
+@given(st.sampled_from(sorted(__import__("errno").errorcode)), st.text(max_size=20))
+def test_every_os_error_is_one_line_naming_the_path(code, name):
+    err = from_os_error(OSError(code, os.strerror(code), name or None))
+    assert isinstance(err, HpcTrainError) and "\n" not in str(err)
+    assert str(err).startswith(repr(name[:200]) if name and not name.isprintable() else (name or "a file"))
+
+
+@given(st.sampled_from(["/dev/null", "/dev/zero", "/proc", "/"]))
+def test_output_door_refuses_what_is_not_a_regular_file(path):
+    with pytest.raises(UsageError, match="give the path of a regular file"):
+        check_output_file(path, "--output")
