@@ -52,12 +52,19 @@ def test_yaml11_rewrites_are_gone_and_strings_stay_as_written():
     assert profile.env == {"A": "2.20", "B": "1:30", "C": "010", "D": "0x10", "E": "1e3", "F": "007"}
 
 
+def absolute_corpora(job: dict) -> None:
+    """The example job's corpus paths made absolute (``data.path`` or each blend's)."""
+    data = job["data"]
+    for corpus in [data] if "path" in data else data["blend"]:
+        corpus["path"] = str((TINY_JOB.parent / corpus["path"]).resolve())
+
+
 def test_a_name_of_digits_is_the_name_as_written(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(TINY_JOB.read_text().replace("name:", "name: 0x10\nold_name:", 1))
     data = yamlio.read_mapping(job)
     data.pop("old_name")
-    data["data"]["path"] = str((TINY_JOB.parent / data["data"]["path"]).resolve())
+    absolute_corpora(data)
     assert job_from_mapping(data, "job").name == "0x10"
 
 
@@ -174,7 +181,7 @@ def _leaves(data, prefix=()):
 
 
 _TINY = yamlio.read_mapping(TINY_JOB)
-_TINY["data"]["path"] = str((TINY_JOB.parent / _TINY["data"]["path"]).resolve())
+absolute_corpora(_TINY)
 _LEAVES = sorted(_leaves(_TINY))
 
 

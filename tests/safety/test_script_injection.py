@@ -87,11 +87,21 @@ def profile_cases(payload_list) -> list[Case]:
     return cases
 
 
+def one_corpus(jdata: dict) -> dict:
+    """The job with its blend's last corpus as ``data.path``, so that every string field of
+    ``data`` (``path`` and ``prepare_from`` among them) can be given a payload."""
+    data = jdata.get("data", {})
+    if "blend" in data:
+        last = data.pop("blend")[-1]
+        data["path"], data["prepare_from"] = last["path"], last.get("prepare_from")
+    return jdata
+
+
 def job_cases(payload_list) -> list[Case]:
     cases = []
     for jfile in corpus.JOBS:
         home, pdata = corpus.home_profile(jfile)
-        jdata = corpus.load_yaml(jfile)
+        jdata = one_corpus(corpus.load_yaml(jfile))
         for path, kind in corpus.JOB_STRINGS:
             for i, payload in enumerate(payload_list):
                 value = [payload] if kind == "list" else payload
@@ -298,11 +308,16 @@ def test_path_options_are_refused_or_quoted(tmp_path, canary):
                 assert f"Error: Invalid value for '{name}'" in result.output or \
                     "Error: cannot write the batch script: " in result.output, f"{label}: {result.output}"
                 continue
-            run_dir = str(Path(value).resolve()) if option == "--run-dir" else \
-                str(Path(value).resolve() / "tiny-gpt")
+            reads = corpus.sbatch_reads(result.stdout)
+            if option == "--run-dir":
+                run_dir = str(Path(value).resolve())
+            else:                       # a new run folder named as submit names it
+                root = str(Path(value).resolve()).replace('%', '%%')
+                outputs = [r for r in reads if r.startswith(f"--output={root}/tiny-gpt-")]
+                assert len(outputs) == 1, (label, reads)
+                run_dir = outputs[0][len("--output="):].rsplit("/logs/", 1)[0].replace('%%', '%')
             os.makedirs(run_dir, exist_ok=True)
             (case_dir / "script.sh").write_text(result.stdout, errors="surrogateescape")
-            reads = corpus.sbatch_reads(result.stdout)
             assert f"--output={run_dir.replace('%', '%%')}/logs/slurm-%j.log" in reads, (label, reads)
             rendered.append(case_dir)
     assert rendered
