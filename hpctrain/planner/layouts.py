@@ -122,7 +122,10 @@ class LayoutPlan:
             "memory_bytes_per_pipeline_rank": [m.to_json() for m in self.per_stage],
             "step_time_breakdown_s": None if step is None else {
                 "compute_with_bubble": step.compute_s, "tensor_parallel_comm": step.tp_comm_s,
-                "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s},
+                "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s,
+                "optimizer_step": step.optimizer_s, "microbatch_slots": step.slots,
+                "one_microbatch": step.microbatch.to_json() if step.microbatch else None,
+                "source": step.source, "notes": list(step.notes)},
             "checkpoint_interval": None if self.checkpointing is None else
             self.checkpointing.to_json(),
         }
