@@ -67,3 +67,41 @@ def scaling(job_file, profile_name, nodes_text, steps, warmup, strong, runs_dir,
         click.echo(line)
     click.echo(f"Written: {result.folder / 'scaling.json'}"
                + (f", {result.png}" if result.png else ""))
+
+
+@bench.command()
+@click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the table (JSON); an existing file is not overwritten.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
+              default="bfloat16", show_default=True, help="The training precision to time.")
+@click.option("--budget", "budget_s", type=click.FloatRange(min=10, max=3600), default=240.0,
+              show_default=True, help="Stop measuring after this many seconds (an error).")
+def kernels(output, dtype, budget_s):
+    """Measure this GPU kind's kernel table (GEMMs per shape, attention by backend, memory
+    bandwidth) on the GPU this runs on, for a profile's node.kernel_table: the planner then
+    prices steps from it. Run it once per GPU kind, on one GPU of a node, e.g. in a job.
+
+    \b
+    Example:
+      srun -N1 --gpus 1 hpctrain bench kernels -o cluster_profiles/h100-kernels.json
+    """
+    from pathlib import Path
+
+    from ..errors import UsageError
+    path = Path(output)
+    if path.exists():
+        raise UsageError(f"--output: {output} exists; give a new file name (nothing was "
+                         "measured or overwritten)")
+    if not path.parent.is_dir():
+        raise UsageError(f"--output: folder {path.parent} does not exist")
+    import torch
+
+    from ..bench.kernels import measure_table, write_table
+    if not torch.cuda.is_available():
+        raise UsageError("bench kernels: no CUDA GPU visible here; run it on a GPU node "
+                         "(e.g. srun -N1 --gpus 1 hpctrain bench kernels -o FILE)")
+    table = measure_table(device="cuda", dtype=dtype, budget_s=budget_s)
+    write_table(table, path)
+    click.echo(f"wrote {path}: {len(table['gemm'])} GEMMs, {len(table['attention'])} attention "
+               f"points, {table['bandwidth_gbs']:.0f} GB/s ({table['device']}); set the "
+               f"profile's node.kernel_table: {path}")

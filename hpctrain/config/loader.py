@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import resources
 from ..errors import ConfigError, UsageError
+from ..gpu_table import TableError, load_table
 from . import yamlio
 from . import safety
 from .job import JobConfig, check_job
@@ -71,10 +72,13 @@ def _cross_check(check, obj, problems: Problems) -> None:
             raise
 
 
-def profile_from_mapping(data: dict, source: str, default_name: str = "") -> ClusterProfile:
+def profile_from_mapping(data: dict, source: str, default_name: str = "",
+                         base: Path | None = None) -> ClusterProfile:
     problems = Problems()
     profile = build(ClusterProfile, data, "", problems)
     _cross_check(check_profile, profile, problems)
+    if not problems:
+        _check_kernel_table(profile, base, problems)
     if not profile.name and default_name and not safety.JOB_NAME.fullmatch(default_name):
         problems.add("name", f"missing, and the file name {safety.short(default_name)} is not a "
                              "valid profile name (1-128 of letters, digits and _.+-): set `name`")
@@ -87,7 +91,26 @@ def profile_from_mapping(data: dict, source: str, default_name: str = "") -> Clu
 
 def load_profile(name_or_path: str | os.PathLike | None = None) -> ClusterProfile:
     path = find_profile(name_or_path or DEFAULT_PROFILE)
-    return profile_from_mapping(yamlio.read_mapping(path, "profile"), str(path), path.stem)
+    return profile_from_mapping(yamlio.read_mapping(path, "profile"), str(path), path.stem,
+                                base=path.resolve().parent)
+
+
+def _check_kernel_table(profile: ClusterProfile, base: Path | None, problems: Problems) -> None:
+    """``node.kernel_table``: made absolute against the profile's folder and read once here, so
+    a missing or malformed table is one error at load, not a failure inside the planner."""
+    table = profile.node.kernel_table
+    if not isinstance(table, str):
+        return
+    path = Path(os.path.expanduser(table))
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    try:
+        load_table(path)
+    except TableError as e:
+        problems.add("node.kernel_table", f"{e}; measure one with `hpctrain bench kernels -o "
+                                          "FILE` on a GPU of this kind, or set it to null")
+        return
+    profile.node.kernel_table = str(path.resolve())
 
 
 def job_from_mapping(data: dict, source: str) -> JobConfig:

@@ -67,6 +67,12 @@ class NodeSection:
                                        default=None)
     device: str = doc("cuda on GPU clusters; cpu to rehearse on CPUs with gloo.",
                       choices=("cuda", "cpu"), default="cuda")
+    kernel_table: str | None = doc("This GPU kind's measured kernel table (JSON written by "
+                                   "`hpctrain bench kernels` on one of its GPUs; relative to "
+                                   "the profile file): the planner's step time from its GEMM, "
+                                   "attention and bandwidth timings, and its memory allowance "
+                                   "from its measured overheads (null: stated assumptions).",
+                                   default=None)
 
 
 @dataclass(kw_only=True)

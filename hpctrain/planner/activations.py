@@ -60,12 +60,24 @@ class Kernels:
     # Adam: Transformer Engine's FusedAdam (megatron-core's first choice) updates in place;
     # torch's foreach AdamW (no TE nor apex, on CUDA) allocates a copy at optimizer.step()
     foreach_adam: bool = False
+    # gradient_accumulation_fusion (apex's wgrad kernel, as in NGC containers): weight gradients
+    # are accumulated straight into the fp32 main_grad; without it each linear's backward first
+    # materializes its weight gradient in the activation dtype (the output layer's is V/t × h)
+    fused_wgrad_accumulation: bool = True
+    # megatron-core's own (local) attention computes the scores into one buffer from its
+    # global memory buffer (get_global_memory_buffer), allocated at the first forward and kept
+    local_attention_buffer: bool = False
 
 
 GPU_KERNELS = Kernels()
-GPU_LOCAL_SPEC_KERNELS = Kernels(fused_softmax=False, foreach_adam=True)
+GPU_LOCAL_SPEC_KERNELS = Kernels(fused_softmax=False, foreach_adam=True,
+                                 fused_wgrad_accumulation=False, local_attention_buffer=True)
 CPU_KERNELS = Kernels(fused_swiglu=False, fused_rmsnorm=False, dropout_mask_bytes=None,
-                      norm_statistics_bytes=None, fused_softmax=False)
+                      norm_statistics_bytes=None, fused_softmax=False,
+                      fused_wgrad_accumulation=False, local_attention_buffer=True)
+# the loss's backward works on per-token operands beside the logits' gradient: its fp32
+# gradient and update, int64 row indexes and the gathered rows (measured on CPU: 40 B)
+LOSS_BACKWARD_BYTES_PER_TOKEN = 48
 
 
 def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence_parallel: bool,
@@ -211,6 +223,7 @@ class StageActivations:
     embedding: int
     output_layer: int
     backward_working_set: int  # transient while one layer runs backward (see stage_activations)
+    workspace: int = 0         # kept across layers and steps: local attention's score buffer
 
     @property
     def stored(self) -> int:
@@ -219,7 +232,7 @@ class StageActivations:
 
     @property
     def total(self) -> int:
-        return self.stored + self.backward_working_set
+        return self.stored + self.backward_working_set + self.workspace
 
     def to_json(self) -> dict:
         """The activations' parts on the most loaded rank, to compare with a measurement."""
@@ -228,7 +241,7 @@ class StageActivations:
                 "chunk_microbatch": self.chunk_microbatch, "in_flight": self.in_flight,
                 "embedding": self.embedding, "output_layer": self.output_layer,
                 "stored": self.stored, "backward_working_set": self.backward_working_set,
-                "total": self.total}
+                "workspace": self.workspace, "total": self.total}
 
 
 def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, pp_rank: int,
@@ -238,10 +251,14 @@ def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, p
                       kernels: Kernels = GPU_KERNELS) -> StageActivations:
     """Peak activation bytes on one GPU of pipeline rank ``pp_rank``.
 
-    On top of what the forward passes store, the backward pass of one layer needs a working
-    set: the gradients of that layer's activations (taken as large as the activations), what
-    recomputation rebuilds (k layers for full recompute, the attention scores for selective),
-    and on the last stage the fp32 gradient of the logits.
+    On top of what the forward passes store, the backward pass needs a working set, the larger
+    of two moments (they do not overlap: the loss's tensors are freed before the layers'
+    backward starts):
+
+    * a layer's backward: the gradients of that layer's activations (taken as large as the
+      activations: an upper bound, measured on CPU), and what recomputation rebuilds (k layers
+      for full recompute, the attention scores for selective);
+    * on the last stage, the loss's backward (``logits_backward_bytes``).
     """
     layers = shape.num_layers // (pp * (vpp or 1))
     in_flight = in_flight_microbatches(pp, vpp, pp_rank, num_microbatches)
@@ -264,8 +281,8 @@ def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, p
         per_layer = activation_bytes_per_layer(*args, "selective", act_bytes, kernels)
         chunk, rebuilt = layers * per_layer, full_layer - per_layer
     last = pp_rank == pp - 1
-    logits_grad = (shape.seq_length * micro_batch_size * shape.padded_vocab(tp) // tp * FP32
-                   if last else 0)
+    logits = (logits_backward_bytes(shape, micro_batch_size, tp, act_bytes, kernels)
+              if last else 0)
     first_chunk_in_flight = min(in_flight, pp) if vpp else in_flight
     return StageActivations(
         per_layer=per_layer,
@@ -275,5 +292,42 @@ def stage_activations(shape: ModelShape, *, tp: int, pp: int, vpp: int | None, p
         embedding=embedding_bytes(*args, act_bytes, kernels) * first_chunk_in_flight
         if pp_rank == 0 else 0,
         output_layer=output_layer_bytes(*args, act_bytes, kernels) if last else 0,
-        backward_working_set=full_layer + rebuilt + logits_grad,
+        backward_working_set=max(full_layer + rebuilt, logits),
+        workspace=attention_buffer_bytes(shape, micro_batch_size, tp, act_bytes, kernels),
     )
+
+
+def attention_buffer_bytes(shape: ModelShape, micro_batch_size: int, tp: int, act_bytes: int,
+                           kernels: Kernels) -> int:
+    """megatron-core's local DotProductAttention writes the b·a/t × s × s scores of every layer
+    into one tensor of its global memory buffer (``get_global_memory_buffer().get_tensor``),
+    which stays allocated: once per GPU, whatever the number of layers or microbatches."""
+    if not (kernels.local_attention_buffer and shape.attention_stores_scores):
+        return 0
+    return (micro_batch_size * shape.num_attention_heads // tp * shape.seq_length ** 2
+            * act_bytes)
+
+
+def logits_backward_bytes(shape: ModelShape, micro_batch_size: int, tp: int, act_bytes: int,
+                          kernels: Kernels = GPU_KERNELS) -> int:
+    """What the loss's backward allocates on the last stage, beyond what the forward stored.
+
+    megatron-core's vocab-parallel cross entropy (``tensor_parallel/cross_entropy.py``) saves
+    the fp32 softmax (counted with the output layer) and returns the logits' gradient *in that
+    same storage* (``grad_input = softmax``, updated in place): nothing new in fp32. With 16-bit
+    logits, autograd casts that gradient to the logits' dtype (s·b·V/t in 16 bits) and frees the
+    fp32 softmax once the loss's backward returns, so the output layer's backward runs in less
+    than this peak. In fp32 the gradient stays in the softmax's storage through the output
+    layer's backward, which adds its input gradient (s·b·h, all-gathered with SP) and, without
+    gradient-accumulation fusion, its weight gradient (V/t × h); with 16-bit logits that
+    backward runs once the fp32 softmax is freed, and counts only where it outgrows the cast.
+    Beside them the loss's per-token operands (``LOSS_BACKWARD_BYTES_PER_TOKEN``). Measured on
+    CPU in fp32 and bf16 (tests/plan/test_plan_real_megatron.py, a vocabulary of 16000: within
+    ``LOSS_BACKWARD_BYTES_PER_TOKEN`` per token of the peak)."""
+    sb = shape.seq_length * micro_batch_size
+    vocab = shape.padded_vocab(tp) // tp
+    cast = sb * vocab * act_bytes if act_bytes < FP32 else 0
+    freed = sb * vocab * FP32 if act_bytes < FP32 else 0    # the fp32 softmax, once cast
+    wgrad = 0 if kernels.fused_wgrad_accumulation else vocab * shape.hidden_size * act_bytes
+    output_layer_backward = sb * shape.hidden_size * act_bytes + wgrad
+    return max(cast, cast + output_layer_backward - freed) + sb * LOSS_BACKWARD_BYTES_PER_TOKEN

@@ -32,9 +32,11 @@ def breakdown_line(plan: LayoutPlan) -> str:
     m = plan.memory
     stage = (f" on pipeline stage {m.pipeline_rank}"
              if plan.layout.pipeline_model_parallel_size > 1 else "")
+    transient = (f"activations {_gib(m.activations)}" if m.activations >= m.optimizer_step else
+                 f"optimizer step {_gib(m.optimizer_step)} (more than the activations)")
     line = (f"{_gib(m.total)} per GPU{stage} = weights {_gib(m.weights)} + gradients "
-            f"{_gib(m.gradients)} + optimizer {_gib(m.optimizer)} + activations "
-            f"{_gib(m.activations)} + allowance {_gib(m.allowance)}")
+            f"{_gib(m.gradients)} + optimizer {_gib(m.optimizer)} + {transient} + buffers "
+            f"{_gib(m.buffers)} + allowance {_gib(m.allowance)}")
     return line + "; " + save_line(plan) if plan.save else line
 
 

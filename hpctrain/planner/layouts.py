@@ -21,11 +21,13 @@ from ..flops import mfu, model_flops_per_step
 from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
 from .activations import (CPU_KERNELS, GPU_KERNELS, GPU_LOCAL_SPEC_KERNELS, Kernels,
                           StageActivations, stage_activations)
-from .memory import (allowance_bytes, optimizer_bytes_per_element, optimizer_step_bytes,
-                     state_bytes_per_pipeline_rank)
+from .grad_buffer import DEFAULT_BUCKET_ELEMENTS
+from .memory import (ASSUMED_GPU_ALLOWANCE, CPU_ALLOWANCE, RUNTIME_BUFFER_BYTES, Allowance,
+                     grad_bytes, optimizer_step_bytes, state_bytes_per_pipeline_rank)
 from .save_memory import SaveMemory, choose_format, save_memory
 from .save_time import Checkpointing, checkpointing
 from .timing import Hardware, StepTime, estimate_step_time
+from ..gpu_table import load_table
 
 GiB = 2**30
 RECOMPUTE_CHOICES = (None, "selective", "full")
@@ -40,16 +42,26 @@ class MemoryBreakdown:
     optimizer: int
     activations: int
     allowance: int
-    optimizer_step: int = 0   # transient of optimizer.step(); activations are freed by then
+    optimizer_step: int = 0   # only in the optimizer step; activations are freed by then
+    buffers: int = 0          # the runtime's own allocations (measured: RUNTIME_BUFFER_BYTES)
+    main_grads: int = 0       # fp32 main gradients (part of optimizer_step; alive at a save)
+
+    @property
+    def itemized(self) -> int:
+        """The predicted peak of ``torch.cuda.max_memory_allocated``: every term has a reason
+        (docs/planner.md); the allowance is not in it."""
+        return (self.weights + self.gradients + self.optimizer
+                + max(self.activations, self.optimizer_step) + self.buffers)
 
     @property
     def total(self) -> int:
-        return (self.weights + self.gradients + self.optimizer
-                + max(self.activations, self.optimizer_step) + self.allowance)
+        return self.itemized + self.allowance
 
     def to_json(self) -> dict:
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
                 "activations": self.activations, "optimizer_step": self.optimizer_step,
+                "buffers": self.buffers, "main_grads": self.main_grads,
+                "itemized": self.itemized,
                 "allowance": self.allowance, "total": self.total}
 
 
@@ -110,7 +122,10 @@ class LayoutPlan:
             "memory_bytes_per_pipeline_rank": [m.to_json() for m in self.per_stage],
             "step_time_breakdown_s": None if step is None else {
                 "compute_with_bubble": step.compute_s, "tensor_parallel_comm": step.tp_comm_s,
-                "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s},
+                "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s,
+                "optimizer_step": step.optimizer_s, "microbatch_slots": step.slots,
+                "one_microbatch": step.microbatch.to_json() if step.microbatch else None,
+                "source": step.source, "notes": list(step.notes)},
             "checkpoint_interval": None if self.checkpointing is None else
             self.checkpointing.to_json(),
         }
@@ -129,6 +144,22 @@ class Target:
     node_mtbf_hours: float = DEFAULT_NODE_MTBF_HOURS   # reliability.node_mtbf_hours
     storage_write_gbs: float | None = None             # storage.write_bandwidth_gbs
 
+    @property
+    def allowance(self) -> Allowance:
+        """What a fit adds to the itemized memory: measured for this GPU kind (its kernel
+        table's memory overheads) or the stated assumption."""
+        if self.device != "cuda":
+            return CPU_ALLOWANCE
+        table = self.hardware.table
+        if table is not None and table.memory is not None:
+            return Allowance(table.memory.outside_allocator_bytes,
+                             table.memory.allocator_slack_fraction, table.describe())
+        return ASSUMED_GPU_ALLOWANCE
+
+    @property
+    def buffers(self) -> int:
+        return RUNTIME_BUFFER_BYTES if self.device == "cuda" else 0
+
     @classmethod
     def from_profile(cls, profile: ClusterProfile | None, gpus: int | None = None) -> "Target":
         if profile is None:
@@ -146,9 +177,10 @@ class Target:
         if host is None and backend_for(profile).on_this_machine:   # this machine: ask it
             import psutil
             host = psutil.virtual_memory().total
+        table = load_table(profile.node.kernel_table) if profile.node.kernel_table else None
         return cls(world, gpn, int(mem * GiB) if mem else None,
                    Hardware(profile.node.peak_tflops, ic.intra_node_busbw_gbs,
-                            ic.inter_node_busbw_gbs, gpn), profile.node.device, host,
+                            ic.inter_node_busbw_gbs, gpn, table), profile.node.device, host,
                    profile.reliability.node_mtbf_hours, profile.storage.write_bandwidth_gbs)
 
 
@@ -161,16 +193,21 @@ class Execution:
     grad_reduce_in_fp32: bool
     kernels: Kernels
     sequence_parallel_possible: bool
+    attention_backend: str = "local"   # the attention kernel that runs (the step-time model)
 
     @classmethod
     def of(cls, job: JobConfig, target: Target) -> "Execution":
         shape = ModelShape.from_job(job)
         if target.device == "cpu":
             return cls(dataclasses.replace(shape, attention_stores_scores=True), "fp32", True,
-                       CPU_KERNELS, False)
+                       CPU_KERNELS, False, "local")
         # the local spec's softmax is megatron's torch fallback unless apex is there: assume not
-        kernels = GPU_LOCAL_SPEC_KERNELS if job.model.transformer_impl == "local" else GPU_KERNELS
-        return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, kernels, True)
+        local = job.model.transformer_impl == "local"
+        kernels = GPU_LOCAL_SPEC_KERNELS if local else GPU_KERNELS
+        backend = "local" if local or job.model.attention_backend == "local" else \
+            job.model.attention_backend
+        return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, kernels, True,
+                   backend)
 
 
 def _recompute_knobs(job: JobConfig, recompute: str | None) -> tuple[str, int]:
@@ -203,14 +240,17 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 recompute_method=method, recompute_num_layers=num_layers,
                                 act_bytes=act_bytes, kernels=run.kernels)
-        step_bytes = optimizer_step_bytes(st.optimizer_elements, run.kernels)
-        itemized = st.total + max(act.total, step_bytes)
+        step_bytes = optimizer_step_bytes(st, run.kernels)
+        itemized = st.total + max(act.total, step_bytes) + target.buffers
         stages.append(MemoryBreakdown(rank, st.weights, st.gradients, st.optimizer, act.total,
-                                      allowance_bytes(itemized, target.device), step_bytes))
+                                      target.allowance.bytes(itemized), step_bytes,
+                                      target.buffers, st.main_grads))
         acts.append(act)
     worst = max(range(pp), key=lambda r: stages[r].total)
     flops = model_flops_per_step(shape, layout.global_batch_size, tp)
     bubble = (pp - 1) / ((vpp or 1) * layout.num_microbatches)
+    g_bytes = grad_bytes(run.precision, run.grad_reduce_in_fp32)
+    bucket = buckets["bucket_size"] or max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * dp)
     step = estimate_step_time(
         shape, target.hardware, tp=tp, pp=pp, vpp=vpp, dp=dp,
         micro_batch_size=layout.micro_batch_size, num_microbatches=layout.num_microbatches,
@@ -218,7 +258,15 @@ def plan_layout(job: JobConfig, layout: Layout, target: Target, *, sequence_para
         grad_buffer_bytes=max(s.gradients for s in states),
         weight_bytes=max(s.weights for s in states), distributed_optimizer=dist_opt,
         overlap_grad_reduce=job.parallel.overlap_grad_reduce,
-        overlap_param_gather=job.parallel.overlap_param_gather)
+        # the runtime's rules (runtime/comm_overlap.py): the gather overlaps only beside the
+        # overlapped reduction, p2p only in the interleaved schedule
+        overlap_param_gather=job.parallel.overlap_param_gather and job.parallel.overlap_grad_reduce,
+        overlap_p2p=bool(job.parallel.overlap_p2p_comm and vpp),
+        attention_backend=run.attention_backend,
+        optimizer_elements=max(s.optimizer_elements for s in states),
+        bucket_bytes=bucket * g_bytes if buckets["overlap_grad_reduce"] else None,
+        grad_bytes_per_element=g_bytes,
+        fused_wgrad_accumulation=run.kernels.fused_wgrad_accumulation)
     training_fits = None if target.gpu_memory_bytes is None else \
         stages[worst].total <= target.gpu_memory_bytes
     save, reason = plan_save(job, layout, target, states, run.precision, buckets)
@@ -271,8 +319,6 @@ def plan_save(job: JobConfig, layout: Layout, target: Target, states, precision:
     resolved for this layout, with the reason), on its most loaded ranks."""
     buckets = _buckets(job) if buckets is None else buckets
     dist_opt = bool(job.parallel.use_distributed_optimizer)
-    per_element = optimizer_bytes_per_element(precision, job.train.grad_reduce_in_fp32 or
-                                              precision == "fp32").total
     shape = Execution.of(job, target).shape
 
     def price(fmt: str) -> SaveMemory:
@@ -280,10 +326,11 @@ def plan_save(job: JobConfig, layout: Layout, target: Target, states, precision:
             shape, fmt, tp=layout.tensor_model_parallel_size,
             pp=layout.pipeline_model_parallel_size, vpp=layout.virtual_pipeline_model_parallel_size,
             dp=layout.data_parallel_size, precision=precision, states=states,
-            allowance=lambda n: allowance_bytes(n, target.device), device=target.device,
+            allowance=target.allowance.bytes, device=target.device,
+            runtime_buffers=target.buffers,
             ranks_per_node=target.gpus_per_node or 1, gpu_limit=target.gpu_memory_bytes,
             host_limit=target.host_memory_bytes,
-            owned_per_stage=tuple(st.optimizer // per_element for st in states),
+            owned_per_stage=tuple(st.optimizer_elements for st in states),
             distributed_optimizer=dist_opt, **buckets)
 
     fmt = job.checkpoint.optimizer_format

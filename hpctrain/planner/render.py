@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..config.job import JobConfig
 from .activations import ACTIVATION_NOTE
 from .layouts import Execution, GiB, LayoutPlan, PlanResult, Rejected, Target
-from .memory import ALLOWANCE_FIXED_BYTES, ALLOWANCE_FRACTION, grad_bytes, optimizer_bytes_per_element
+from .memory import RUNTIME_BUFFER_BYTES, grad_bytes, optimizer_bytes_per_element
 from .save_memory import HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES
 from ..model_shape import PRECISION_BYTES, ModelShape, ParameterCount, count_parameters
 from .save_time import DEFAULT_WRITE_GBS, HOST_COPY_GBS, SAVE_OVERHEAD_S
@@ -42,24 +42,40 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     out += [
         f"precision {precision}: weights {PRECISION_BYTES[precision]} B/param, gradient "
         f"buffer {grad_bytes(precision, fp32_grads)} B/param, Adam state "
-        f"{opt.total} B/param ({'distributed over DP' if job.parallel.use_distributed_optimizer else 'on every DP rank'})",
+        f"{opt.total} B/param ({'distributed over DP' if job.parallel.use_distributed_optimizer else 'on every DP rank'})"
+        + (f"; fp32 main gradients {opt.main_grads} B/param only in the optimizer step (made "
+           "from the 16-bit buffer, freed by the next step's zero_grad)" if opt.main_grads else ""),
         f"attention backend {backend}: "
         f"{attention}",
         ACTIVATION_NOTE,
-        (f"allowance {ALLOWANCE_FIXED_BYTES / GiB:.0f} GiB (CUDA context, NCCL/cuBLAS "
-         f"workspaces) + {ALLOWANCE_FRACTION:.0%} of the itemized memory (fragmentation)"
-         if target.device == "cuda" else
-         f"allowance {ALLOWANCE_FRACTION:.0%} of the itemized memory (fragmentation)"),
     ]
+    if target.device == "cuda":
+        out.append(f"runtime buffers {RUNTIME_BUFFER_BYTES / GiB:.2f} GiB beyond the state "
+                   "(measured after the first step on an H100: cuBLAS workspaces, batch, loss "
+                   "and norm buffers)")
+    out.append(target.allowance.describe() if target.device == "cuda" else
+               f"allowance {target.allowance.slack_fraction:.0%} of the itemized memory "
+               "(host memory of the CPU rehearsal)")
     hw = target.hardware
-    if hw.peak_tflops:
-        out.append(f"compute at {MATMUL_EFFICIENCY:.0%} of {hw.peak_tflops:g} TFLOP/s per GPU; "
-                   f"TP/PP communication not overlapped; DP {_dp_overlap(job)}; "
-                   f"bus bandwidth intra-node {hw.intra_node_busbw_gbs or '?'} GB/s, "
-                   f"inter-node {hw.inter_node_busbw_gbs or '?'} GB/s")
+    if hw.table is not None:
+        p2p = "overlapped" if job.parallel.overlap_p2p_comm else "blocking"
+        out.append(f"step time from the kernel table {hw.table.describe()}: GEMMs per shape, "
+                   f"attention by kernel, element-wise work at "
+                   f"{hw.table.bandwidth_gbs or '?'} GB/s; only exposed communication (TP beside "
+                   f"the backward GEMMs, PP {p2p} in the interleaved "
+                   f"schedule, DP {_dp_overlap(job)}); bus bandwidth intra-node "
+                   f"{hw.intra_node_busbw_gbs or '?'} GB/s, inter-node "
+                   f"{hw.inter_node_busbw_gbs or '?'} GB/s")
+    elif hw.peak_tflops:
+        out.append(f"step time assumed (no measured kernel table: node.kernel_table): GEMMs and "
+                   f"attention at {MATMUL_EFFICIENCY:.0%} of {hw.peak_tflops:g} TFLOP/s per GPU, "
+                   f"element-wise work not counted; only exposed communication (TP beside the "
+                   f"backward GEMMs, DP {_dp_overlap(job)}); bus bandwidth intra-node "
+                   f"{hw.intra_node_busbw_gbs or '?'} GB/s, inter-node "
+                   f"{hw.inter_node_busbw_gbs or '?'} GB/s")
     else:
-        out.append("no peak TFLOP/s known (profile node.peak_tflops): step time and MFU are not "
-                   "estimated; layouts are ranked by memory per GPU")
+        out.append("no peak TFLOP/s known (profile node.peak_tflops) and no kernel table: step "
+                   "time and MFU are not estimated; layouts are ranked by memory per GPU")
     if target.gpu_memory_bytes is None:
         out.append("GPU memory unknown (no profile, or node.gpu_memory_gb unset): fits is null")
     fmt = job.checkpoint.optimizer_format
@@ -175,7 +191,7 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
         f"    gradients    {_g(m.gradients, u)} {un}  ({grad_bytes(run.precision, run.grad_reduce_in_fp32)}"
         "-byte gradient buffer)",
         f"    optimizer    {_g(m.optimizer, u)} {un}  ({opt.total} B per element: master "
-        f"{opt.master_params}, Adam moments {opt.moments}, fp32 grads {opt.main_grads}"
+        f"{opt.master_params}, Adam moments {opt.moments}"
         + (f"; 1/{lay.data_parallel_size} of the buffer per DP rank)" if dist else ")"),
         f"    activations  {_g(m.activations, u)} {un}  ({act.layers_per_chunk} layers × "
         f"{act.in_flight} microbatch(es) in flight × {act.per_layer / 2**20:.1f} MiB per layer "
@@ -184,12 +200,21 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
         + f" + backward working set {act.backward_working_set / 2**20:.0f} MiB)",
     ]
     if m.optimizer_step:
+        what = [w for w, on in (("the fp32 main gradients of the 16-bit buffer",
+                                 opt.main_grads), ("torch's foreach Adam's fp32 copy of the "
+                                                   "elements it updates",
+                                                   run.kernels.foreach_adam)) if on]
         lines.append(
-            f"    opt. step    {_g(m.optimizer_step, u)} {un}  (optimizer.step() in torch's "
-            f"foreach Adam: an fp32 copy of the elements it updates, while the activations are "
-            f"freed; the larger of the two counts)")
+            f"    opt. step    {_g(m.optimizer_step, u)} {un}  (only in the optimizer step, "
+            f"while the activations are freed: {' and '.join(what)}; the larger of the two "
+            f"counts)")
+    if m.buffers:
+        lines.append(f"    buffers      {_g(m.buffers, u)} {un}  (the runtime's own: cuBLAS "
+                     "workspaces, batch, loss and norm buffers; measured on an H100)")
     lines += [
-        f"    allowance    {_g(m.allowance, u)} {un}",
+        f"    itemized     {_g(m.itemized, u)} {un}  (the predicted torch.cuda.max_memory_allocated)",
+        f"    allowance    {_g(m.allowance, u)} {un}  ({target.allowance.describe()})"
+        if target.device == "cuda" else f"    allowance    {_g(m.allowance, u)} {un}",
         f"    total        {_g(m.total, u)} {un}{limit}",
     ]
     if pp > 1:
@@ -201,12 +226,28 @@ def explain(plan: LayoutPlan, target: Target, job: JobConfig) -> list[str]:
                  f"{plan.pipeline_bubble_fraction:.1%}")
     lines.append(f"  model FLOPs per step {plan.model_flops_per_step:.3e}")
     if plan.step:
-        s = plan.step
-        lines.append(f"  step ≈ {s.total_s:.2f} s (compute with bubble {s.compute_s:.2f}, TP comm "
-                     f"{s.tp_comm_s:.2f}, PP comm {s.pp_comm_s:.2f}, DP comm {s.dp_comm_s:.2f}); "
-                     f"MFU ≈ {plan.mfu:.0%}")
-        lines += [f"  note: {n}" for n in s.notes]
+        lines += step_lines(plan, job)
     return lines
+
+
+def step_lines(plan: LayoutPlan, job: JobConfig) -> list[str]:
+    """The step time, kernel by kernel, and what follows from it."""
+    s = plan.step
+    mb = s.microbatch
+    out = [f"  step ≈ {s.total_s:.2f} s ({s.source}): {s.slots:g} microbatch slots × "
+           f"{mb.total_s * 1e3:.1f} ms on the slowest pipeline rank = compute "
+           f"{s.compute_s:.2f} + exposed TP {s.tp_comm_s:.2f}; exposed PP {s.pp_comm_s:.2f}, "
+           f"DP {s.dp_comm_s:.2f}; optimizer step {s.optimizer_s:.2f}; MFU ≈ {plan.mfu:.0%}",
+           f"    one microbatch: GEMMs {mb.gemm_s * 1e3:.1f} ms, attention "
+           f"{mb.attention_s * 1e3:.1f} ms, element-wise/norm/loss {mb.memory_s * 1e3:.1f} ms, "
+           f"exposed TP {mb.tp_exposed_s * 1e3:.1f} ms"]
+    steps = job.train.steps
+    hours = steps * s.total_s / 3600
+    out.append(f"  train.steps {steps:,}: {hours:,.1f} h of training = "
+               f"{hours * plan.layout.world_size:,.0f} GPU-hours (saves and restarts not "
+               "included)")
+    out += [f"  note: {n}" for n in s.notes]
+    return out
 
 
 def save_lines(plan: LayoutPlan, target: Target, u: int = GiB, un: str = "GiB") -> list[str]:
@@ -221,9 +262,10 @@ def save_lines(plan: LayoutPlan, target: Target, u: int = GiB, un: str = "GiB") 
         limit = f" of {sv.gpu_limit / GiB:g} GiB" if sv.gpu_limit else ""
         extra = (f"{sv.gpu_transient / u:.1f} {un} of all-gather buffers" if sv.gpu_transient
                  else "nothing gathered")
+        main = " + fp32 main gradients" if plan.memory.main_grads else ""
         out.append(f"    GPU at save  {_g(sv.gpu_at_save, u)} {un}{limit} = weights + gradients + "
-                   f"optimizer + allowance + {extra} (activations are freed between steps) "
-                   f"[{verdict[sv.fits_gpu]}]")
+                   f"optimizer{main} + buffers + allowance + {extra} (activations are freed "
+                   f"between steps) [{verdict[sv.fits_gpu]}]")
     parts = []
     if sv.gathered_per_rank:
         parts.append(f"rebuilt optimizer state {sv.gathered_per_rank / u:.1f} {un}")

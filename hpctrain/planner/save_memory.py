@@ -212,17 +212,19 @@ def save_memory(shape: ModelShape, fmt: str, *, tp: int, pp: int, vpp: int | Non
                 precision: str, states, allowance, device: str, ranks_per_node: int,
                 gpu_limit: int | None, host_limit: int | None, owned_per_stage: tuple[int, ...],
                 distributed_optimizer: bool = True, overlap_grad_reduce: bool = False,
-                bucket_size: int | None = None) -> SaveMemory:
+                bucket_size: int | None = None, runtime_buffers: int = 0) -> SaveMemory:
     """The save's memory where it peaks (the most loaded pipeline rank for the GPU and for the
     host, which may differ). ``states``: each pipeline rank's ``StateBytes``;
     ``allowance(itemized)``: the planner's allowance; ``owned_per_stage``: the parameter
-    elements whose optimizer state the most loaded DP rank keeps, per pipeline rank."""
+    elements whose optimizer state the most loaded DP rank keeps, per pipeline rank;
+    ``runtime_buffers``: the runtime's own allocations. Between steps the fp32 main gradients of a
+    16-bit buffer are still allocated (freed by the next step's ``zero_grad``)."""
     stages = buffer_shapes(shape, tp, pp, vpp, dp, overlap_grad_reduce, bucket_size)
     weight_bytes = PRECISION_BYTES[precision]
     copy_fmt = fmt if distributed_optimizer else "replicated"
     gpu_side, host_side = [], []
     for rank, buffers in enumerate(stages):
-        base = states[rank].total
+        base = states[rank].between_steps + runtime_buffers   # a save runs between steps
         transient = gathered = host_gather = 0
         if distributed_optimizer and fmt == "fully_reshardable":
             host_gather, transient, gathered = gather_replay(buffers, dp, device)

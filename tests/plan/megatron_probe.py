@@ -92,11 +92,22 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.nbytes()
 
 
+def _main_grads(optimizer) -> list[torch.Tensor]:
+    """The gradients the optimizer's own (fp32 main) parameters hold right now."""
+    return [p.grad for o in getattr(optimizer, "chained_optimizers", [optimizer])
+            for group in o.optimizer.param_groups for p in group["params"]
+            if p.grad is not None]
+
+
 def measure_state(chunks, optimizer) -> dict:
-    """Parameters, weight/gradient/optimizer bytes this rank allocated, after one real step."""
+    """Parameters, weight/gradient/optimizer bytes this rank allocated, after one real step;
+    and the lifetime of the fp32 main gradients: none before the step, made by it, gone after
+    the next ``zero_grad()`` (megatron's default ``set_to_none=True``, as the training loop
+    calls it before each step's forward passes)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()
+    before = len(_main_grads(optimizer))
     optimizer.step()   # zero gradients: Adam still creates its moments
     param_storages: dict[int, int] = {}
     params = 0
@@ -110,6 +121,7 @@ def measure_state(chunks, optimizer) -> dict:
     grad_bytes = sum(b.grad_data.nbytes for c in chunks for b in c.buffers)
     grad_storages = {_storage(b.grad_data)[0] for c in chunks for b in c.buffers}
     opt_storages: dict[int, int] = {}
+    main_grads: dict[int, tuple[StorageWeakRef, int]] = {}
     inner = getattr(optimizer, "chained_optimizers", [optimizer])
     for o in inner:
         torch_opt = o.optimizer
@@ -117,14 +129,21 @@ def measure_state(chunks, optimizer) -> dict:
             for p in group["params"]:
                 tensors = [p] + [v for v in torch_opt.state[p].values()
                                  if torch.is_tensor(v) and v.dim() > 0]
-                if p.grad is not None:
-                    tensors.append(p.grad)
                 for t in tensors:
                     ptr, nbytes = _storage(t)
                     if ptr not in param_storages and ptr not in grad_storages:
                         opt_storages[ptr] = nbytes
+                if p.grad is not None:
+                    ptr, nbytes = _storage(p.grad)
+                    if ptr not in param_storages and ptr not in grad_storages:
+                        main_grads[ptr] = (StorageWeakRef(p.grad.untyped_storage()), nbytes)
+    optimizer.zero_grad()
+    gc.collect()
+    alive = sum(n for ref, n in main_grads.values() if not ref.expired())
     return {"parameters": params, "names": names, "weight_bytes": sum(param_storages.values()),
-            "grad_bytes": grad_bytes, "optimizer_bytes": sum(opt_storages.values())}
+            "grad_bytes": grad_bytes, "optimizer_bytes": sum(opt_storages.values()),
+            "main_grad_bytes": sum(n for _, n in main_grads.values()),
+            "main_grads_before_step": before, "main_grad_bytes_after_zero_grad": alive}
 
 
 class _Saved:

@@ -23,7 +23,8 @@ CONTRACT_LAYOUT_KEYS = {
     "virtual_pipeline_model_parallel_size", "data_parallel_size", "micro_batch_size",
     "num_microbatches", "sequence_parallel", "recompute", "memory_bytes_per_gpu",
     "pipeline_bubble_fraction", "model_flops_per_step", "step_time_s", "mfu", "fits"}
-MEMORY_KEYS = {"weights", "gradients", "optimizer", "activations", "total"}
+MEMORY_KEYS = {"weights", "gradients", "optimizer", "activations", "optimizer_step", "buffers",
+               "itemized", "allowance", "total"}
 
 
 def run(*args: str):
@@ -52,7 +53,10 @@ def test_json_contract_and_ranking(llama_plan):
     limit = data["gpu_memory_bytes"]
     for lay in layouts:
         mem = lay["memory_bytes_per_gpu"]
-        assert mem["total"] == sum(mem[k] for k in MEMORY_KEYS - {"total"}) + mem["allowance"]
+        assert mem["itemized"] == (mem["weights"] + mem["gradients"] + mem["optimizer"]
+                                   + max(mem["activations"], mem["optimizer_step"])
+                                   + mem["buffers"])
+        assert mem["total"] == mem["itemized"] + mem["allowance"]
         assert lay["training_fits"] == (mem["total"] <= limit)
         save = lay["checkpoint_save"]
         assert save["optimizer_format"] in ("fully_reshardable", "dp_reshardable")

@@ -31,14 +31,17 @@ def test_seed_003_7b_and_70b_back_of_envelope():
     # 56 GB (momentum + variance); Gradients (BF16): 14 GB" and for 70B "140 GB just for
     # parameters ... Adam optimizer states (2× params in FP32 = 560 GB) and gradients (140 GB)".
     # bf16 gradients are megatron's grad_reduce_in_fp32: false. The moments match; megatron
-    # also keeps an fp32 master copy and, with 16-bit gradients, an fp32 copy of them at the
-    # step, so its optimizer holds twice what the seed counts.
+    # also keeps an fp32 master copy, and with 16-bit gradients makes an fp32 copy of them in
+    # the step (freed by the next zero_grad), so at the step its optimizer holds twice what the
+    # seed counts.
     per = optimizer_bytes_per_element("bf16", grad_reduce_in_fp32=False)
     for n, weights, moments in ((7e9, 14, 56), (70e9, 140, 560)):
         b = state_bytes_for_parameters(n, "bf16", grad_reduce_in_fp32=False)
         assert b.weights / GB == weights and b.gradients / GB == weights
         assert n * per.moments / GB == moments
-        assert b.optimizer == n * (per.moments + per.master_params + per.main_grads) == 2 * moments * GB
+        assert b.optimizer == n * (per.moments + per.master_params)
+        assert b.main_grads == n * per.main_grads
+        assert b.optimizer + b.main_grads == 2 * moments * GB
 
 
 def test_seed_003_zero_stage_1_shards_the_moments_over_8_gpus():

@@ -64,8 +64,8 @@ def test_the_plan_counts_the_larger_of_the_activations_and_the_step_copy():
     assert local.optimizer_step == local.optimizer // 3
     assert local.optimizer_step > local.activations     # full recompute keeps little
     state = local.weights + local.gradients + local.optimizer
-    assert local.total == state + local.optimizer_step + local.allowance
+    assert local.total == state + local.optimizer_step + local.buffers + local.allowance
     busy = _plan("local", None).memory                   # no recompute: activations dominate
     assert busy.activations > busy.optimizer_step
     assert busy.total == busy.weights + busy.gradients + busy.optimizer + busy.activations \
-        + busy.allowance
+        + busy.buffers + busy.allowance

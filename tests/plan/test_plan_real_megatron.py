@@ -22,7 +22,8 @@ from plan_jobs import TINY_GPT, TINY_LLAMA, job_mapping, make_job
 from hpctrain.config import Layout
 from hpctrain.identity import free_port
 from hpctrain.model_shape import ModelShape, chunk_parameters, count_parameters, pipeline_chunks
-from hpctrain.planner.activations import CPU_KERNELS, stage_activations
+from hpctrain.planner.activations import (CPU_KERNELS, LOSS_BACKWARD_BYTES_PER_TOKEN,
+                                       stage_activations)
 from hpctrain.planner.layouts import Target, plan_layout
 from hpctrain.planner.memory import state_bytes_per_pipeline_rank
 
@@ -64,6 +65,11 @@ def test_parameters_and_state_bytes_equal_what_megatron_allocates(measured, case
         distributed_optimizer=job.parallel.use_distributed_optimizer)
     assert (state.weights, state.gradients, state.optimizer) == (
         real["weight_bytes"], real["grad_bytes"], real["optimizer_bytes"])
+    # 16-bit gradient buffers: the optimizer's fp32 copy exists from the step to the next
+    # zero_grad only (none with an fp32 buffer: .float() is the buffer itself)
+    assert state.main_grads == real["main_grad_bytes"]
+    assert (state.main_grads > 0) == (t.precision != "fp32" and not t.grad_reduce_in_fp32)
+    assert real["main_grads_before_step"] == 0 and real["main_grad_bytes_after_zero_grad"] == 0
 
 
 ACTIVATION_MODELS = {
@@ -133,6 +139,23 @@ def test_forward_backward_peak_stays_within_the_planned_activations(measured, na
     assert act.stored < peak <= act.total <= 1.6 * peak
 
 
+# a vocabulary large enough that the loss's backward is the peak: megatron's cross entropy
+# returns the logits' gradient in its saved fp32 softmax (autograd casts it to 16 bits in bf16)
+LOSS_PEAK = dict(PEAK_SHAPES["gpt h256 s256"], num_layers=2, vocab_size=16000)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_loss_backward_peak_is_planned_to_within_its_per_token_operands(measured, precision):
+    job = make_job(LOSS_PEAK, precision=precision, mbs=2)
+    peak = measured[f"loss peak {precision}"]["peak_bytes"]
+    act = planned_activations(job, 2)
+    logits = 256 * 2 * 16000 * 4
+    assert act.output_layer > logits                    # the fp32 softmax, stored
+    print(f"\nloss peak {precision}: planned {act.total} B, measured {peak} B")
+    # exact up to the loss's per-token operands (bounded by LOSS_BACKWARD_BYTES_PER_TOKEN)
+    assert peak <= act.total <= peak + 256 * 2 * LOSS_BACKWARD_BYTES_PER_TOKEN
+
+
 def _cases() -> list[dict]:
     cases = [dict(name=f"state {case}", tp=1, pp=1, job=job_mapping(model, **kwargs))
              for case, (model, kwargs) in STATE_CASES.items()]
@@ -146,6 +169,9 @@ def _cases() -> list[dict]:
                    job=job_mapping(PEAK_SHAPES[name], precision="fp32", mbs=2,
                                    train=RECOMPUTE[recompute]))
               for name in PEAK_SHAPES for recompute in ["none", "selective", "full-uniform-2"]]
+    cases += [dict(name=f"loss peak {precision}", tp=1, pp=1, measure_state=False,
+                   measure_peak=True, job=job_mapping(LOSS_PEAK, precision=precision, mbs=2))
+              for precision in ("fp32", "bf16")]
     return cases
 
 

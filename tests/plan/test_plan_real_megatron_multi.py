@@ -93,6 +93,9 @@ def test_every_rank_holds_what_the_planner_says(measured, case):
             dp_rank=r["dp_rank"])[r["pp_rank"]]
         assert (state.weights, state.gradients, state.optimizer) == (
             r["weight_bytes"], r["grad_bytes"], r["optimizer_bytes"]), where
+        # the fp32 main gradients: only from the step to the next zero_grad
+        assert state.main_grads == r["main_grad_bytes"], where
+        assert r["main_grads_before_step"] == 0 and r["main_grad_bytes_after_zero_grad"] == 0
         if case.get("measure_activations"):
             cpu_shape = dataclasses.replace(shape, attention_stores_scores=True)
             planned = stage_activations(cpu_shape, tp=tp, pp=1, vpp=None, pp_rank=0,

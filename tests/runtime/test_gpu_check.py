@@ -27,8 +27,10 @@ def _tool():
 @pytest.mark.megatron
 def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     out = tmp_path / "report.json"
+    # --budget: the parts' 300 s are sized for a GPU; the rehearsal on a loaded CPU gets this
+    # process's own limit, so a slow machine is not a failed part
     proc = subprocess.run([sys.executable, str(TOOL), "--cpu", "--out", str(out),
-                           "--workdir", str(tmp_path / "work")],
+                           "--workdir", str(tmp_path / "work"), "--budget", "840"],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     report = json.loads(out.read_text())
     parts = report["parts"]
@@ -54,7 +56,16 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
     assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
     assert [r[1] for r in report["table"] if r[0] == "part"] == \
-        ["versions", "plan", "train", "bare", "resume", "preflight", "preemption"]
+        ["versions", "plan", "train", "bare", "resume", "preflight", "preemption", "kernels"]
+    # the kernel table, in the package's format, and the plan's step time from it beside the
+    # measured one
+    from hpctrain.gpu_table import load_table
+    kernels = parts["kernels"]
+    table = load_table(kernels["table_file"])
+    assert table.device == "cpu" and kernels["attention_backends"] == ["local"]
+    assert len(table.gemm) == 3 * len(tool_grid()) ** 3 and table.bandwidth_gbs > 0
+    assert kernels["predicted_step_time_s"] > 0
+    assert any(r[:2] == ["step", "plan from the table | measured"] for r in report["table"])
     # preflight through the local executor: the process group formed and the all-reduce ran
     assert parts["preflight"]["backend"] == "gloo"
     assert parts["preflight"]["allreduce"].startswith("1 rank: the process group formed")
@@ -64,6 +75,10 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert drill["attempts"] == ["preempted", "finished"] and drill["signalled_ranks"] == 1
     assert drill["resumed_from"] == drill["saved_at"] == 21 and drill["end_step"] == 40
     assert drill["same_weights"] and drill["loss"] == drill["straight_loss"]
+
+
+def tool_grid():
+    return _tool().CPU_KERNEL_GRID
 
 
 def test_a_failed_part_is_a_row_and_the_others_still_run():

@@ -23,7 +23,8 @@ from tests.structure.test_import_graph import PACKAGE, find_cycle, import_graph,
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # values and rules: no I/O beyond reading the files they are given (and the environment)
     ("values", ("errors", "exit_codes", "resources", "config", "model_shape", "flops",
-                "checkpoint_interval", "fault_injection", "identity", "limits", "outputs")),
+                "gpu_table", "checkpoint_interval", "fault_injection", "identity", "limits",
+                "outputs")),
     # the run record: what a run folder holds, and the rules that read it (torch-free)
     ("record", ("record", "health")),
     # where jobs run: one backend interface, Slurm and local behind it
