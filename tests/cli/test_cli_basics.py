@@ -35,7 +35,10 @@ def imported_heavy_modules(*args: str) -> list[str]:
                                   ["plan", "--help"], ["preflight", "--help"], ["runs", "--help"],
                                   ["status", "--help"], ["data", "--help"]])
 def test_cli_paths_that_do_not_train_import_no_heavy_modules(args):
-    assert imported_heavy_modules(*args) == []
+    # validate opens the indexes of the corpora this machine has (numpy's memmap) to check that
+    # every split the job evaluates on holds data; nothing else that does not train imports numpy
+    allowed = {"numpy"} if args[0] == "validate" else set()
+    assert [m for m in imported_heavy_modules(*args) if m not in allowed] == []
 
 
 API_PROBE = """

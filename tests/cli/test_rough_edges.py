@@ -46,8 +46,9 @@ def small_vocab_job(tmp_path) -> str:
     """examples/tiny.yaml with a vocabulary smaller than its byte tokenizer's 257 ids."""
     data = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
     data["model"]["vocab_size"] = 200
-    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
-    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    for corpus in data["data"]["blend"]:          # the example's corpora, by absolute path
+        corpus["path"] = str(REPO / "examples" / corpus["path"])
+        corpus["prepare_from"] = [str(REPO / "examples" / f) for f in corpus["prepare_from"]]
     path = tmp_path / "small-vocab.yaml"
     yamlio.write_atomic(path, yamlio.dump(data))
     return str(path)
@@ -69,7 +70,8 @@ def test_a_dry_run_off_the_cluster_writes_the_script_and_warns(tmp_path):
     """The data lives on the cluster's file system: here it is missing, and that is a warning
     for validate and a dry run, a refusal for a real submission."""
     data = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
-    data["data"] = {"path": "/lustre/team/tokens/kjv_byte", "tokenizer": "byte"}
+    data["data"] = {"path": "/lustre/team/tokens/kjv_byte", "tokenizer": "byte",
+                    "split": data["data"]["split"]}
     job = tmp_path / "on-cluster.yaml"
     yamlio.write_atomic(job, yamlio.dump(data))
     root = tmp_path / "runs"
