@@ -85,11 +85,10 @@ class ModelShape:
             norm_has_bias=getattr(m, "normalization", "LayerNorm") == "LayerNorm",
             add_bias_linear=m.add_bias_linear,
             tied_output=not m.untie_embeddings_and_output_weights,
-            # auto resolves to flash or cuDNN fused attention where Transformer Engine is
-            # installed (every GPU container we target); neither keeps the scores. The local
-            # layer spec (model.transformer_impl: local) always runs unfused attention.
-            attention_stores_scores=getattr(m, "attention_backend", "auto") in ("unfused", "local")
-            or getattr(m, "transformer_impl", "transformer_engine") == "local",
+            # auto, flash and fused are fused kernels that keep no scores: Transformer
+            # Engine's, or torch's scaled_dot_product_attention in the local layer spec;
+            # unfused and local keep them (TE's unfused, megatron-core's DotProductAttention)
+            attention_stores_scores=getattr(m, "attention_backend", "auto") in ("unfused", "local"),
             hidden_dropout=getattr(m, "hidden_dropout", 0.0),
             attention_dropout=getattr(m, "attention_dropout", 0.0),
         )

@@ -15,7 +15,8 @@ megatron-core actually saves: Q is a·d wide and K, V are g·d wide (GQA); a sav
 or V keeps linear_qkv's whole output alive, RoPE makes new Q and K, unfused attention repeats
 K and V to a heads (and copies Q); the MLP is f wide (SwiGLU keeps its 2f-wide fc1 output); dropout masks
 exist only when dropout is on; attention that stores no scores (flash, cuDNN fused) keeps an
-fp32 log-sum-exp of a·s per sequence instead of the 5·a·s² terms; norms keep fp32 statistics.
+fp32 log-sum-exp of a·s per sequence instead of the 5·a·s² terms (torch's kernels, in the
+local spec, also their own output beside the projection's copy); norms keep fp32 statistics.
 Which kernel runs changes what is kept (``Kernels``): the GPU runtime fuses SwiGLU and the
 norms and keeps bool dropout masks; the CPU rehearsal runs torch's composite ops. With the
 paper's model (d = h/a, g = a, f = 4h, learned positions, dropout on, unfused attention) the
@@ -57,6 +58,10 @@ class Kernels:
     # torch fallback (the local spec without apex) computes them in fp32
     # (attention_softmax_in_fp32) and keeps that fp32 tensor *and* its 16-bit cast.
     fused_softmax: bool = True
+    # torch's scaled_dot_product_attention (the local spec's fused attention) keeps its own
+    # output for backward and hands the projection a copy in megatron's [s, b, h] layout;
+    # Transformer Engine's attention writes that layout directly and keeps only it
+    attention_output_copy: bool = False
     # Adam: Transformer Engine's FusedAdam (megatron-core's first choice) updates in place;
     # torch's foreach AdamW (no TE nor apex, on CUDA) allocates a copy at optimizer.step()
     foreach_adam: bool = False
@@ -71,10 +76,12 @@ class Kernels:
 
 GPU_KERNELS = Kernels()
 GPU_LOCAL_SPEC_KERNELS = Kernels(fused_softmax=False, foreach_adam=True,
-                                 fused_wgrad_accumulation=False, local_attention_buffer=True)
+                                 fused_wgrad_accumulation=False, local_attention_buffer=True,
+                                 attention_output_copy=True)
 CPU_KERNELS = Kernels(fused_swiglu=False, fused_rmsnorm=False, dropout_mask_bytes=None,
                       norm_statistics_bytes=None, fused_softmax=False,
-                      fused_wgrad_accumulation=False, local_attention_buffer=True)
+                      fused_wgrad_accumulation=False, local_attention_buffer=True,
+                      attention_output_copy=True)
 # the loss's backward works on per-token operands beside the logits' gradient: its fp32
 # gradient and update, int64 row indexes and the gathered rows (measured on CPU: 40 B)
 LOSS_BACKWARD_BYTES_PER_TOKEN = 48
@@ -128,8 +135,11 @@ def activation_terms(shape: ModelShape, micro_batch_size: int, tp: int, sequence
         if shape.attention_dropout > 0:
             terms += [("attention dropout mask", scores * mask),
                       ("attention dropout output", scores * act_bytes)]
-    elif not shape.attention_stores_scores:
+    elif not shape.attention_stores_scores and not selective_recompute:
+        # (selective recompute reruns the whole core attention: it keeps none of this)
         terms.append(("attention log-sum-exp (fp32)", b * a * s // tp * FP32))
+        if kernels.attention_output_copy:
+            terms.append(("attention output (kept by the fused kernel)", sb * ad // tp * act_bytes))
     terms.append(("linear_proj input", sb * ad // tp * act_bytes))
     if shape.hidden_dropout > 0:
         terms.append(("attention output dropout mask", hidden * mask))

@@ -199,13 +199,17 @@ class Execution:
     def of(cls, job: JobConfig, target: Target) -> "Execution":
         shape = ModelShape.from_job(job)
         if target.device == "cpu":
-            return cls(dataclasses.replace(shape, attention_stores_scores=True), "fp32", True,
-                       CPU_KERNELS, False, "local")
+            # torch's CPU flash kernel has no dropout: with attention dropout the math kernel
+            # runs, which keeps scores as the unfused attention does
+            scores = shape.attention_stores_scores or shape.attention_dropout > 0
+            return cls(dataclasses.replace(shape, attention_stores_scores=scores), "fp32", True,
+                       CPU_KERNELS, False, "local" if scores else job.model.attention_backend)
         # the local spec's softmax is megatron's torch fallback unless apex is there: assume not
         local = job.model.transformer_impl == "local"
         kernels = GPU_LOCAL_SPEC_KERNELS if local else GPU_KERNELS
-        backend = "local" if local or job.model.attention_backend == "local" else \
-            job.model.attention_backend
+        # the local spec runs torch's fused attention unless the job keeps megatron's own
+        backend = "local" if (local and shape.attention_stores_scores) or \
+            job.model.attention_backend == "local" else job.model.attention_backend
         return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, kernels, True,
                    backend)
 

@@ -29,7 +29,9 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
     shape, precision, fp32_grads = run.shape, run.precision, run.grad_reduce_in_fp32
     opt = optimizer_bytes_per_element(precision, fp32_grads)
     local_layers = target.device == "cpu" or m.transformer_impl == "local"
-    backend = "local" if local_layers else m.attention_backend
+    backend = m.attention_backend + (" (torch's fused attention in the local spec)"
+                                     if local_layers and not shape.attention_stores_scores
+                                     else "")
     attention = ("keeps the a·s² softmax scores" if shape.attention_stores_scores
                  else "stores no attention scores (flash/fused; auto is taken to resolve to them)")
     if shape.attention_stores_scores and not run.kernels.fused_softmax and precision != "fp32":
@@ -37,7 +39,7 @@ def assumptions(job: JobConfig, target: Target) -> list[str]:
                       "spec without apex's kernels)")
     out = []
     if target.device == "cpu":
-        out.append("CPU profile: the rehearsal runs fp32 with torch's kernels, local attention and "
+        out.append("CPU profile: the rehearsal runs fp32 with torch's kernels, the local spec and "
                    "no sequence parallelism, and so does this plan")
     out += [
         f"precision {precision}: weights {PRECISION_BYTES[precision]} B/param, gradient "

@@ -79,8 +79,10 @@ def test_more_sharding_means_less_memory_per_gpu(llama_plan):
     assert total(4, 1)["weights"] < total(2, 1)["weights"]
     assert total(2, 1, sp=True)["activations"] < total(2, 1, sp=False)["activations"]
     assert total(2, 1, rec="full")["activations"] < total(2, 1, rec="selective")["activations"]
-    # the job uses flash attention: no scores are stored, so selective recompute saves nothing
-    assert total(2, 1, rec="selective")["activations"] == total(2, 1, rec=None)["activations"]
+    # the job uses flash attention: no scores are stored, so selective recompute saves only
+    # the kernel's fp32 log-sum-exp (a·s per sequence and layer)
+    kept = total(2, 1, rec=None)["activations"]
+    assert 0 < kept - total(2, 1, rec="selective")["activations"] < kept / 100
 
 
 def test_gpus_without_a_profile_leaves_fit_and_time_unknown():

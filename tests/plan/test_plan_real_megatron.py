@@ -77,6 +77,10 @@ ACTIVATION_MODELS = {
     "gpt-dropout": dict(TINY_GPT, hidden_dropout=0.1, attention_dropout=0.1),
     "llama-gqa-rope-swiglu": TINY_LLAMA,
     "gpt-learned-mqa": dict(NO_BIAS_GQA_LEARNED, seq_length=48),
+    # torch's fused attention (scaled_dot_product_attention) in the local spec: no scores
+    "gpt fused": dict(TINY_GPT, attention_backend="auto"),
+    "llama-gqa-rope-swiglu fused": dict(TINY_LLAMA, attention_backend="auto"),
+    "gpt-learned-mqa fused": dict(NO_BIAS_GQA_LEARNED, seq_length=48, attention_backend="auto"),
 }
 RECOMPUTE = {"none": {}, "selective": {"recompute_granularity": "selective"},
              "full-uniform-2": {"recompute_granularity": "full", "recompute_num_layers": 2},
@@ -86,8 +90,11 @@ RECOMPUTE = {"none": {}, "selective": {"recompute_granularity": "selective"},
 def planned_activations(job, micro_batch_size):
     t = job.train
     act_bytes = {"fp32": 4, "bf16": 2, "fp16": 2}[t.precision]
-    # the CPU runs megatron's local attention, which keeps the scores
-    shape = dataclasses.replace(ModelShape.from_job(job), attention_stores_scores=True)
+    # the CPU runs the job's attention: megatron's unfused attention keeps the scores, torch's
+    # CPU flash kernel does not (with attention dropout torch's math kernel runs, which does)
+    shape = ModelShape.from_job(job)
+    shape = dataclasses.replace(shape, attention_stores_scores=shape.attention_stores_scores
+                                or shape.attention_dropout > 0)
     return stage_activations(shape, tp=1, pp=1, vpp=None, pp_rank=0,
                              micro_batch_size=micro_batch_size, num_microbatches=1,
                              sequence_parallel=False, recompute=t.recompute_granularity,
