@@ -45,14 +45,21 @@ class ModelSection:
     add_bias_linear: bool = doc("Biases in linear layers.", default=True)
     untie_embeddings_and_output_weights: bool = doc("Separate output layer (false: tied to the "
                                                     "input embedding).", default=False)
-    attention_backend: str = doc("auto, flash, fused, unfused or local. flash drops the stored "
-                                 "attention scores (planner); CPU always runs local.",
+    attention_backend: str = doc("Attention kernels. With transformer_engine: Transformer "
+                                 "Engine's auto, flash, fused (cuDNN) or unfused. With local "
+                                 "(and on the CPU): auto, flash or fused run torch's fused "
+                                 "attention (scaled_dot_product_attention; auto tries "
+                                 "FlashAttention-2, then cuDNN, then memory-efficient; flash "
+                                 "and fused pin one), local or unfused megatron-core's unfused "
+                                 "attention (stores the a·s² scores). Fused kernels store no "
+                                 "scores (planner).",
                                  choices=("auto", "flash", "fused", "unfused", "local"),
                                  default="auto")
     transformer_impl: str = doc("Layers on GPUs (Megatron-LM's --transformer-impl): "
                                 "transformer_engine (fused/flash attention; the ranks stop at "
                                 "start when TE cannot be imported) or local (megatron-core's own "
-                                "layers, unfused attention). CPU always runs local.",
+                                "layers; attention per attention_backend). CPU always runs "
+                                "local.",
                                 choices=("transformer_engine", "local"),
                                 default="transformer_engine")
     hidden_dropout: float = doc("Dropout after attention/MLP.", default=0.0, at_least=0, below=1)
@@ -150,6 +157,13 @@ class TrainSection:
                           "same steps instead (Megatron-LM's --manual-gc).", default=True)
     manual_gc_interval: int = doc("manual_gc: collect every N steps (0: only once, before the "
                                   "first step).", default=100, at_least=0, at_most=10**9)
+    deterministic_mode: bool = doc("Bitwise-reproducible training (Megatron-LM's "
+                                   "--deterministic-mode): torch.use_deterministic_algorithms, "
+                                   "CUBLAS_WORKSPACE_CONFIG=:4096:8, NCCL_ALGO=Ring unless set, "
+                                   "attention kernels with a deterministic backward (no cuDNN), "
+                                   "no cross-entropy fusion. A resumed run then ends with the "
+                                   "uninterrupted run's weights bit for bit on GPUs too; slower.",
+                                   default=False)
     stability: StabilitySection = doc("Loss-spike and NaN guard.", default_factory=StabilitySection)
 
 

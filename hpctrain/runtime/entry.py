@@ -147,6 +147,8 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     from ..planner.layouts import with_optimizer_format
     job = with_optimizer_format(job, profile, layout)   # "auto" in a job.yaml not from submit
     connections_note = distributed.set_device_connections(layout)   # before CUDA starts
+    from . import determinism
+    determinism_notes = determinism.prepare_environment(job)         # before CUDA and NCCL
     check_megatron_core()
     hooks = TestHooks.from_env()
     device = distributed.choose_device(profile)
@@ -172,6 +174,9 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         _log_start(ctx, hooks)
         if connections_note:
             logger.info(f"note: {connections_note}")
+        for note in determinism_notes:
+            logger.info(f"note: {note}")
+    determinism.enable(job)
     initialize_parallel(layout, job.train.seed)
     mo = build_model_and_optimizer(job, layout, device)
     result.local_parameters = sum(p.numel() for m in mo.modules for p in m.parameters())

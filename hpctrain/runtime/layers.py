@@ -9,7 +9,10 @@
   stops *before building anything*, with the import error and the fix: no silent fallback to
   the local spec, which runs unfused O(s²) attention and, with its softmax fusion on, crashes
   at the first forward without apex's kernels.
-* **local**: megatron-core's own modules; on CUDA every fusion whose kernel can be imported —
+* **local**: megatron-core's own modules with, by default, torch's fused attention in the
+  ``core_attention`` seam (``hpctrain.runtime.fused_attention``: ``model.attention_backend``
+  auto, flash or fused picks torch's kernels; ``local`` or ``unfused`` keeps megatron's own
+  unfused ``DotProductAttention``); on CUDA every fusion whose kernel can be imported —
   the masked-softmax fusion needs apex's ``scaled_upper_triang_masked_softmax_cuda``,
   ``scaled_masked_softmax_cuda`` and ``scaled_softmax_cuda`` (``megatron/core/fusions/
   fused_softmax.py`` imports them inside the forward), gradient-accumulation fusion apex's
@@ -18,7 +21,8 @@
   bias+dropout fusions are megatron's ``jit_fuser`` (torch.compile / TorchScript) and always
   available on CUDA. RoPE fusion comes from TE only.
 * **CPU** (the rehearsal) always builds the local spec with every fusion off (they are CUDA
-  kernels) and says so when the job asks for Transformer Engine.
+  kernels) and says so when the job asks for Transformer Engine; its attention follows the
+  job as on a GPU (torch's CPU flash kernel for the fused choices).
 
 Imports torch/TE only inside functions: :func:`launch_warnings` runs in the CLI.
 """
@@ -33,6 +37,9 @@ from ..errors import HpcTrainError
 
 TRANSFORMER_ENGINE = "transformer_engine"
 LOCAL = "local"
+TORCH_SDPA = "torch_sdpa"                 # hpctrain.runtime.fused_attention
+MEGATRON_UNFUSED = "megatron_unfused"     # megatron-core's DotProductAttention
+UNFUSED_CHOICES = ("local", "unfused")    # model.attention_backend values that keep it
 APEX_SOFTMAX_KERNELS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda",
                         "scaled_softmax_cuda")
 APEX_WGRAD_KERNEL = "fused_weight_gradient_mlp_cuda"
@@ -52,16 +59,28 @@ class LayerImpl:
     fusions: dict = field(default_factory=dict)   # TransformerConfig field -> on/off
     te_version: str | None = None
     notes: tuple = ()
+    # the local spec's core attention: torch_sdpa (with these torch kernels, in order) or
+    # megatron_unfused; None for Transformer Engine's spec (TE picks its own)
+    core_attention: str | None = None
+    sdpa_kernels: tuple = ()
+
+    def attention_name(self) -> str:
+        if self.core_attention == TORCH_SDPA:
+            return f"torch sdpa [{','.join(self.sdpa_kernels)}]"
+        if self.core_attention == MEGATRON_UNFUSED:
+            return "megatron unfused"
+        return self.attention_backend
 
     def describe(self) -> str:
         on = [k.replace("_fusion", "") for k, v in self.fusions.items() if v]
         te = f" {self.te_version}" if self.te_version else ""
-        return (f"layers {self.name}{te}, attention {self.attention_backend}, fusions "
+        return (f"layers {self.name}{te}, attention {self.attention_name()}, fusions "
                 f"{'+'.join(on) if on else 'none'}")
 
     def record(self) -> dict:
         """For result.json and the checkpoint manifest."""
         return {"transformer_impl": self.name, "attention_backend": self.attention_backend,
+                "core_attention": self.core_attention, "sdpa_kernels": list(self.sdpa_kernels),
                 "fusions": sorted(k for k, v in self.fusions.items() if v),
                 "transformer_engine": self.te_version}
 
@@ -117,10 +136,37 @@ def choose(job, device: str) -> LayerImpl:
     the job's choice cannot run here (call it before building the model)."""
     m = job.model
     wanted = getattr(m, "transformer_impl", TRANSFORMER_ENGINE)
-    key = (wanted, m.attention_backend, m.position_embedding_type, device)
+    deterministic = bool(getattr(job.train, "deterministic_mode", False))
+    key = (wanted, m.attention_backend, m.position_embedding_type, device, deterministic)
     if key not in _cache:
-        _cache[key] = _choose(wanted, m.attention_backend, m.position_embedding_type, device)
+        impl = _choose(wanted, m.attention_backend, m.position_embedding_type, device)
+        _cache[key] = _with_core_attention(impl, m.attention_backend, device, deterministic)
     return _cache[key]
+
+
+def _with_core_attention(impl: LayerImpl, backend: str, device: str,
+                         deterministic: bool) -> LayerImpl:
+    """The local spec's core attention: torch's fused kernels unless the job keeps megatron's
+    unfused attention by name."""
+    import dataclasses
+    if impl.name != LOCAL:
+        return impl
+    if backend in UNFUSED_CHOICES:
+        return dataclasses.replace(impl, core_attention=MEGATRON_UNFUSED)
+    from . import fused_attention
+    try:
+        kernels = fused_attention.kernel_order(backend, device, deterministic)
+    except fused_attention.KernelChoiceError as e:
+        raise LayerImplError(str(e)) from None
+    notes = tuple(n for n in impl.notes if not n.startswith("layers: megatron-core's local "
+                                                            "spec on GPU"))
+    if device == "cuda":
+        notes += (f"layers: megatron-core's local spec on GPU (model.transformer_impl: local) "
+                  f"with torch's fused attention (kernels tried in order: "
+                  f"{fused_attention.describe_kernels(kernels)})",)
+    return dataclasses.replace(impl, core_attention=TORCH_SDPA,
+                               sdpa_kernels=tuple(fused_attention.kernel_name(k)
+                                                  for k in kernels), notes=notes)
 
 
 def _choose(wanted: str, backend: str, position: str, device: str) -> LayerImpl:
@@ -166,7 +212,25 @@ def layer_spec(job, impl: LayerImpl):
     from megatron.core.models.gpt import gpt_layer_specs as specs
     if impl.name == TRANSFORMER_ENGINE:
         return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec(normalization=job.model.normalization)
+    spec = specs.get_gpt_layer_local_spec(normalization=job.model.normalization)
+    if impl.core_attention == TORCH_SDPA:
+        spec = with_fused_attention(spec, impl)
+    return spec
+
+
+def with_fused_attention(spec, impl: LayerImpl):
+    """``spec`` (the local layer spec) with torch's fused attention in its core_attention seam."""
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from . import fused_attention
+    kernels = fused_attention.kernels_by_name(impl.sdpa_kernels)
+    attention = spec.submodules.self_attention
+    core = ModuleSpec(module=fused_attention.TorchFusedAttention, params={"kernels": kernels})
+    submodules = dataclasses.replace(attention.submodules, core_attention=core)
+    return dataclasses.replace(spec, submodules=dataclasses.replace(
+        spec.submodules, self_attention=dataclasses.replace(attention, submodules=submodules)))
 
 
 def launch_warnings(job, profile) -> list[str]:
@@ -176,9 +240,12 @@ def launch_warnings(job, profile) -> list[str]:
         return []
     wanted = getattr(job.model, "transformer_impl", TRANSFORMER_ENGINE)
     if wanted == LOCAL:
-        return ["model.transformer_impl: local on GPUs runs megatron-core's own layers "
-                "(unfused attention, slower and more memory at long sequences than "
-                "Transformer Engine)"]
+        if job.model.attention_backend in UNFUSED_CHOICES:
+            return [f"model.transformer_impl: local with attention_backend: "
+                    f"{job.model.attention_backend} on GPUs runs megatron-core's unfused "
+                    f"attention (its memory grows with the square of the sequence); auto "
+                    f"uses torch's fused kernels"]
+        return []
     if job.model.attention_backend == "local":
         return ["model.attention_backend: local needs model.transformer_impl: local; with "
                 "Transformer Engine the ranks will stop (use auto, flash, fused or unfused)"]
@@ -202,6 +269,9 @@ def attention_in_use(impl: LayerImpl) -> str | None:
     (``_attention_backends``); the local spec always runs megatron's unfused attention. None
     when TE's bookkeeping is not where this version keeps it (the log then shows the request)."""
     if impl.name == LOCAL:
+        if impl.core_attention == TORCH_SDPA:
+            from . import fused_attention
+            return fused_attention.kernel_in_use() or impl.attention_name()
         return "local (megatron-core unfused)"
     for name in TE_ATTENTION_STATE_MODULES:
         try:

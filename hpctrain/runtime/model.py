@@ -99,6 +99,7 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
         bias_dropout_fusion=impl.fusions["bias_dropout_fusion"],
         masked_softmax_fusion=impl.fusions["masked_softmax_fusion"],
         apply_rope_fusion=impl.fusions["apply_rope_fusion"], persist_layer_norm=False,
+        deterministic_mode=bool(getattr(t, "deterministic_mode", False)),
         recompute_granularity=recompute,
         recompute_method=t.recompute_method if recompute == "full" else None,
         recompute_num_layers=t.recompute_num_layers if recompute == "full" else None,

@@ -66,7 +66,13 @@ def test_local_spec_on_cuda_enables_only_the_fusions_whose_kernels_import():
     assert impl.fusions == {"masked_softmax_fusion": apex_softmax, "bias_activation_fusion": True,
                             "bias_dropout_fusion": True, "gradient_accumulation_fusion": apex_wgrad,
                             "apply_rope_fusion": False}
-    assert any("unfused attention" in n for n in impl.notes)
+    assert impl.core_attention == "torch_sdpa"
+    assert impl.sdpa_kernels == ("flash", "cudnn", "efficient")
+    assert any("with torch's fused attention (kernels tried in order: flash,cudnn,efficient)"
+               in n for n in impl.notes)
+    unfused = layers.choose(_job(transformer_impl="local", attention_backend="local"), "cuda")
+    assert unfused.core_attention == "megatron_unfused"
+    assert any("unfused attention" in n for n in unfused.notes)
     if not apex_softmax:
         assert any(n.startswith("masked softmax fusion off: apex's softmax kernels are not "
                                 "importable") for n in impl.notes)
@@ -78,7 +84,30 @@ def test_local_spec_on_cuda_enables_only_the_fusions_whose_kernels_import():
     assert config.bias_dropout_fusion and config.bias_activation_fusion
     assert config.attention_backend.name == "local"
     assert notes[:len(impl.notes)] == list(impl.notes)
-    assert impl.describe().startswith("layers local, attention local, fusions ")
+    assert impl.describe().startswith("layers local, attention torch sdpa "
+                                      "[flash,cudnn,efficient], fusions ")
+    assert unfused.describe().startswith("layers local, attention megatron unfused, fusions ")
+    spec = layers.layer_spec(_job(transformer_impl="local"), impl)
+    core = spec.submodules.self_attention.submodules.core_attention
+    from hpctrain.runtime.fused_attention import TorchFusedAttention
+    assert core.module is TorchFusedAttention and len(core.params["kernels"]) == 3
+    unfused_spec = layers.layer_spec(_job(transformer_impl="local"), unfused)
+    assert unfused_spec.submodules.self_attention.submodules.core_attention.__name__ == \
+        "DotProductAttention"
+
+
+def test_deterministic_mode_keeps_cudnn_attention_out():
+    layers = _fresh_choice()
+    job = job_from_mapping(job_mapping("/nonexistent", "single", model={"transformer_impl": "local"},
+                                       train={"precision": "bf16", "deterministic_mode": True}),
+                           "job")
+    assert layers.choose(job, "cuda").sdpa_kernels == ("flash", "efficient")
+    fused = job_from_mapping(job_mapping("/nonexistent", "single", model={
+        "transformer_impl": "local", "attention_backend": "fused"}, train={
+        "precision": "bf16", "deterministic_mode": True}), "job")
+    with pytest.raises(layers.LayerImplError, match="cuDNN's fused attention has no "
+                                                    "deterministic backward"):
+        layers.choose(fused, "cuda")
 
 
 def test_cpu_always_runs_the_local_spec_and_says_so():
@@ -90,7 +119,10 @@ def test_cpu_always_runs_the_local_spec_and_says_so():
                           "Transformer Engine)",)
     assert layers.choose(_job(transformer_impl="local"), "cpu").notes == ()
     assert impl.record() == {"transformer_impl": "local", "attention_backend": "local",
+                             "core_attention": "torch_sdpa", "sdpa_kernels": ["flash", "math"],
                              "fusions": [], "transformer_engine": None}
+    kept = layers.choose(_job(attention_backend="unfused"), "cpu")
+    assert kept.core_attention == "megatron_unfused" and kept.sdpa_kernels == ()
 
 
 def test_transformer_engine_with_the_local_attention_backend_is_refused():
@@ -122,9 +154,12 @@ def test_validate_and_submit_warn_without_importing_torch():
     from hpctrain.runtime.layers import launch_warnings
     cpu = profile_from_mapping(local_profile(1), "p.yaml", "p")
     assert launch_warnings(_job(), cpu) == []
-    assert launch_warnings(_job(transformer_impl="local"), _cuda_profile()) == [
-        "model.transformer_impl: local on GPUs runs megatron-core's own layers (unfused "
-        "attention, slower and more memory at long sequences than Transformer Engine)"]
+    assert launch_warnings(_job(transformer_impl="local"), _cuda_profile()) == []
+    assert launch_warnings(_job(transformer_impl="local", attention_backend="local"),
+                           _cuda_profile()) == [
+        "model.transformer_impl: local with attention_backend: local on GPUs runs "
+        "megatron-core's unfused attention (its memory grows with the square of the sequence); "
+        "auto uses torch's fused kernels"]
     te_here = importlib.util.find_spec("transformer_engine") is not None
     warned = launch_warnings(_job(), _cuda_profile())
     assert (warned == []) == te_here
@@ -138,7 +173,8 @@ def test_validate_and_submit_warn_without_importing_torch():
 def test_the_cli_prints_the_warning_and_stays_light(tmp_path):
     from tests.conftest import hpctrain
     import yaml
-    job = job_mapping(str(tmp_path / "data"), "single", model={"transformer_impl": "local"})
+    job = job_mapping(str(tmp_path / "data"), "single", model={"transformer_impl": "local",
+                                                                "attention_backend": "local"})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     prof = local_profile(1)
     prof["node"]["device"] = "cuda"
@@ -147,12 +183,14 @@ def test_the_cli_prints_the_warning_and_stays_light(tmp_path):
     proc = hpctrain("validate", str(tmp_path / "job.yaml"), "--profile",
                     str(tmp_path / "gpu-box.yaml"))
     assert proc.returncode == 0, proc.stderr
-    assert "warning: model.transformer_impl: local on GPUs runs megatron-core's own layers" in \
-        proc.stderr
+    assert "warning: model.transformer_impl: local with attention_backend: local on GPUs runs " \
+           "megatron-core's unfused attention" in proc.stderr
 
 
 def test_the_planner_counts_the_local_specs_attention_scores():
     from hpctrain.model_shape import ModelShape
     assert not ModelShape.from_job(_job()).attention_stores_scores            # TE, auto
-    assert ModelShape.from_job(_job(transformer_impl="local")).attention_stores_scores
+    assert not ModelShape.from_job(_job(transformer_impl="local")).attention_stores_scores
+    assert ModelShape.from_job(_job(transformer_impl="local",
+                                    attention_backend="local")).attention_stores_scores
     assert ModelShape.from_job(_job(attention_backend="unfused")).attention_stores_scores
