@@ -42,6 +42,12 @@ VARIABLES = {
                                       "is published; in the run's first attempt only (a fault "
                                       "to recover from, where a crash at a step repeats in every "
                                       "attempt like a bug would)",
+    "HPCTRAIN_TEST_FILL_AFTER_SAVE": "=1: once a background save is scheduled, allocate memory "
+                                     "of every size it staged (pinned on a GPU: where a released "
+                                     "staging buffer would be reused), first asking the save's "
+                                     "own host memory for it, and fill it with 0xA5 while the "
+                                     "writer runs; the resume then checks the weights it loads "
+                                     "against the digest taken at the save",
     "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "=N@R: in step N rank R blocks forever in the next "
                                         "collective megatron-core issues (the others then wait "
                                         "for it in that collective); first attempt only",

@@ -92,6 +92,8 @@ class AttemptResult(AttemptOutcome):
     saves: list | None = None
     load_seconds: float | None = None
     verify_seconds: float | None = None
+    resume_read: dict | None = None     # the checkpoint reader's bytes, rate, items verified
+    host_staging: str | None = None     # the checkpoint host memory this attempt held
     first_step_after_s: float | None = None
     weights_digest: str | None = None
     straggler: dict | None = None       # the slow node this attempt stopped to exclude

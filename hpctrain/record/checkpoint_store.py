@@ -11,7 +11,7 @@
       quarantine/           partial or corrupt checkpoints moved aside, never deleted
 
 A checkpoint is written into a ``.partial-*`` folder by every rank, then (after a barrier)
-rank 0 writes the manifest (every file with its size and CRC32, the step, the layout, the
+rank 0 writes the manifest (every file with its size and CRC32C, per item too, the step, the layout, the
 versions), renames the folder to ``step-N`` and replaces ``latest``. A crash at any point
 leaves either the previous state or a ``.partial-*`` folder, never a ``step-N`` folder
 without a verified manifest. Resuming picks the newest ``step-N`` whose manifest verifies;
@@ -48,7 +48,7 @@ QUARANTINE = "quarantine"
 OWNER = "owner.json"
 OWNER_FORMAT = "hpctrain-checkpoint-owner"
 FORMAT = "hpctrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: CRC32C per file and per item (1: zlib CRC32 per file)
 STEP_RE = re.compile(r"^step-(\d+)$")
 PARTIAL_PREFIX = ".partial-"
 CHUNK = 8 << 20
@@ -75,8 +75,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def file_checksum(path: Path) -> tuple[int, str]:
-    """(size, CRC32 as 8 hex digits) of a file, read in large chunks."""
+CHECKSUMS = ("crc32c", "crc32")   # manifests of format 2 use CRC32C; format 1's zlib CRC32
+
+
+def _crc_function(algorithm: str):
+    if algorithm == "crc32":
+        return zlib.crc32
+    import crc32c
+    return crc32c.crc32c
+
+
+def file_checksum(path: Path, algorithm: str = "crc32c") -> tuple[int, str]:
+    """(size, checksum as 8 hex digits) of a file, read in large chunks."""
+    update = _crc_function(algorithm)
     crc = 0
     size = 0
     with open(path, "rb", buffering=0) as f:
@@ -84,9 +95,17 @@ def file_checksum(path: Path) -> tuple[int, str]:
             block = f.read(CHUNK)
             if not block:
                 break
-            crc = zlib.crc32(block, crc)
+            crc = update(block, crc)
             size += len(block)
     return size, f"{crc & 0xFFFFFFFF:08x}"
+
+
+def recorded_checksum(info: dict) -> tuple[str, str] | None:
+    """(algorithm, hex) of a manifest's file entry; None when it records none."""
+    for algorithm in CHECKSUMS:
+        if info.get(algorithm):
+            return algorithm, info[algorithm]
+    return None
 
 
 def list_files(folder: Path) -> list[str]:
@@ -105,11 +124,11 @@ def share(names: list[str], rank: int, world: int) -> list[str]:
     return names[rank::world]
 
 
-def checksum_files(folder: Path, names: list[str]) -> dict[str, dict]:
+def checksum_files(folder: Path, names: list[str], algorithm: str = "crc32c") -> dict[str, dict]:
     out = {}
     for n in names:
-        size, crc = file_checksum(folder / n)
-        out[n] = {"size": size, "crc32": crc}
+        size, crc = file_checksum(folder / n, algorithm)
+        out[n] = {"size": size, algorithm: crc}
     return out
 
 
@@ -161,17 +180,20 @@ def manifest_problems(folder: Path, manifest: dict | None) -> list[str]:
 
 
 def checksum_problems(folder: Path, manifest: dict, names: list[str]) -> list[str]:
-    """Full check of ``names`` (a share of the manifest's files): CRC32 of the contents."""
+    """Full check of ``names`` (a share of the manifest's files): checksum of the contents."""
     problems = []
     for name in names:
-        info = manifest["files"][name]
+        recorded = recorded_checksum(manifest["files"][name])
+        if recorded is None:
+            continue
+        algorithm, expected = recorded
         try:
-            _, crc = file_checksum(folder / name)
+            _, crc = file_checksum(folder / name, algorithm)
         except OSError as e:
             problems.append(f"{name}: {e.strerror}")
             continue
-        if info.get("crc32") and crc != info["crc32"]:
-            problems.append(f"{name}: CRC32 {crc} != {info['crc32']} in the manifest")
+        if crc != expected:
+            problems.append(f"{name}: {algorithm.upper()} {crc} != {expected} in the manifest")
     return problems
 
 

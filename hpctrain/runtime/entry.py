@@ -230,10 +230,12 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     result.checkpoint_saved = outcome.checkpoint_saved or ckpt.last_published_path
     result.saves = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()
                      if k in ("step", "reason", "seconds", "stall_seconds", "total_seconds",
-                              "bytes", "sync")} for s in ckpt.saves]
+                              "bytes", "sync", "write_seconds")} for s in ckpt.saves]
+    result.host_staging = ckpt.arena.describe()
     if loaded is not None:
         result.load_seconds = round(loaded.seconds, 3)
         result.verify_seconds = round(ckpt.verify_seconds or 0.0, 3)
+        result.resume_read = ckpt.read_stats
     if trainer.first_step_started is not None:
         result.first_step_after_s = round(trainer.first_step_started - result.start_time, 3)
     result.weights_digest = weights_digest(mo.modules)

@@ -59,6 +59,8 @@ class TestHooks:
     hang_rank: int | None = None
     slow_rank: int | None = None
     slow_s: float = 0.0
+    fill_after_save: bool = False
+    filled: list = field(default_factory=list)   # what the fill hook allocated (kept alive)
     _kill_armed: bool = True
 
     @classmethod
@@ -86,6 +88,7 @@ class TestHooks:
         if get("HPCTRAIN_TEST_KILL_DURING_SAVE"):
             hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
                                                    "HPCTRAIN_TEST_KILL_DURING_SAVE")
+        hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
         if get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"):
             hooks.hang_step, hooks.hang_rank = _at(get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"),
                                                    "HPCTRAIN_TEST_HANG_IN_COLLECTIVE")
@@ -103,7 +106,7 @@ class TestHooks:
         return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
                     or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
-                    or self.slow_rank is not None)
+                    or self.slow_rank is not None or self.fill_after_save)
 
     def first_attempt(self) -> bool:
         return self.attempt in (None, 1)
@@ -168,6 +171,32 @@ class TestHooks:
 
     def nan_in(self, step: int) -> bool:
         return step in self.nan_steps
+
+    def fill_after_staging(self, arena, log) -> None:
+        """HPCTRAIN_TEST_FILL_AFTER_SAVE: right after a background save was scheduled, take
+        memory of the sizes it staged and fill it. The save's own host memory must refuse
+        (its writer still reads it); if it did not, the fill lands in the bytes being written
+        and the resume's digest check catches it."""
+        if not self.fill_after_save:
+            return
+        import torch
+
+        from .checkpoint.staging import ArenaBusy
+        sizes = [n for n in arena.last_sizes if n]
+        refused = False
+        try:
+            slots = arena.acquire("HPCTRAIN_TEST_FILL_AFTER_SAVE", sizes)
+            for slot in slots:
+                arena.tensor(slot, torch.uint8, (slot.nbytes,)).fill_(0xA5)
+            arena.release("HPCTRAIN_TEST_FILL_AFTER_SAVE")
+        except ArenaBusy:
+            refused = True
+        pin = torch.cuda.is_available()
+        self.filled = [torch.full((n,), 0xA5, dtype=torch.uint8, pin_memory=pin) for n in sizes]
+        self.fill_after_save = False     # once: the first background save
+        log(f"test hook: filled {len(sizes)} {'pinned ' if pin else ''}buffers of the staged "
+            f"sizes ({sum(sizes) / 1e6:.1f} MB) while the writer runs; the staging memory "
+            f"{'refused them' if refused else 'gave them out'}")
 
     def kill_during_save(self, rank: int, step: int) -> bool:
         if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):

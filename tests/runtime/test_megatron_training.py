@@ -173,7 +173,7 @@ def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     res = launch(run.path, 1)
     assert res.codes == [0], _explain(res)
     assert result(run, 1)["start_step"] == 6
-    assert "step-00000012 is damaged" in res.output(0) and "CRC32" in res.output(0)
+    assert "step-00000012 is damaged" in res.output(0) and "CRC32C" in res.output(0)
     (aside,) = (run.path / "checkpoints" / store.QUARANTINE).iterdir()
     assert aside.name.startswith("step-00000012")
 

@@ -20,7 +20,7 @@ tried.
 from __future__ import annotations
 
 import functools
-import glob
+import json
 import os
 import signal
 import time
@@ -31,9 +31,14 @@ from ... import __version__
 from ...record import checkpoint_store as store
 from ...record.checkpoint_store import CheckpointError
 from .. import collectives, rng
+from ..digest import weights_digest
 from ..log import logger
 from . import cross_device
+from . import reader
+from . import staging
+from .staging import staging_estimate
 from . import state as ckstate
+from . import writer
 from .results_queue import install_results_queue
 
 SIDECAR = ".crc-rank{rank}.json"
@@ -62,18 +67,25 @@ def versions() -> dict:
             "torch": torch.__version__}
 
 
-def _write_then_checksum(write_fn, folder: str, rank: int, main_pid: int, kill: bool,
-                         *args, **kwargs):
-    """Runs where megatron's writer runs (a forked process for async saves): write, then
-    checksum this rank's files into a sidecar the publisher merges into the manifest."""
-    if write_fn is not None:
-        write_fn(*args, **kwargs)
+def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, *args):
+    """Runs where megatron's writer runs (a forked process for async saves): write the staged
+    buckets with their checksums (``writer.write_buckets``)."""
+    writer.write_buckets(transform_list, *args, folder=folder, sidecar=SIDECAR.format(rank=rank))
     if kill:  # HPCTRAIN_TEST_KILL_DURING_SAVE: die with the shards written, unpublished
         os.kill(main_pid, signal.SIGKILL)
         os._exit(1)
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, f"__{rank}_*")))
-    sums = store.checksum_files(Path(folder), names)
-    store.write_json_atomic(Path(folder) / SIDECAR.format(rank=rank), sums)
+
+
+def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, kill: bool):
+    """megatron's save request with hpctrain's staging (the process's host arena, held until
+    the writer finished) and writer (checksums of the bytes written) in place of its own."""
+    if request.async_fn is None:            # nothing for this rank to write
+        return request
+    transform_list = request.async_fn.args[0]      # partial(write_preloaded_data_multiproc, ..)
+    buckets = request.async_fn_args[1]
+    return request._replace(
+        preload_fn=functools.partial(writer.stage, arena, owner, buckets),
+        async_fn=functools.partial(_write, transform_list, folder, rank, os.getpid(), kill))
 
 
 def _load_strategy(folder: Path):
@@ -86,6 +98,34 @@ def _load_strategy(folder: Path):
         FullyParallelLoadStrategyWrapper
     return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(folder)),
                                             ps.get_data_parallel_group(with_context_parallel=True))
+
+
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint failed a check made while loading it (set aside; the previous one is tried)."""
+
+
+def _checksum_failures(error: BaseException) -> list[str]:
+    """The item checksum failures inside torch's CheckpointException (every rank's)."""
+    failures = getattr(error, "failures", None) or {}
+    out = []
+    for rank, wrapped in sorted(failures.items()):
+        exc = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        if isinstance(exc, reader.ChecksumMismatch):
+            out.append(f"rank {rank}: {exc}")
+    if isinstance(error, reader.ChecksumMismatch):
+        out.append(str(error))
+    return out
+
+
+def _read_stats(readers, seconds: float) -> dict:
+    stats = {"bytes": 0, "items": 0, "verified": 0, "zero_copy": 0, "threads": 0,
+             "seconds": round(seconds, 3)}
+    for r in readers:
+        for k in ("bytes", "items", "verified", "zero_copy"):
+            stats[k] += r.stats[k]
+        stats["threads"] = max(stats["threads"], r.threads)
+    stats["gb_per_s"] = stats["bytes"] / 1e9 / seconds if seconds > 0 else 0.0
+    return stats
 
 
 class Checkpointer:
@@ -103,6 +143,9 @@ class Checkpointer:
         self.estimate = None                # a preemption.SaveEstimate, fed with every save
         self.saves: list[dict] = []         # timings of every save this attempt
         self.verify_seconds: float | None = None
+        self.arena = staging.process_arena(ctx.device)   # host memory of every save and load
+        self.arena.reserve(staging_estimate(mo, ctx.layout))
+        self.read_stats: dict = {}
 
     # ------------------------------------------------------------------ saving
     def _save_strategy(self):
@@ -113,6 +156,10 @@ class Checkpointer:
             from megatron.core.dist_checkpointing.strategies.fully_parallel import \
                 FullyParallelSaveStrategyWrapper
             base = get_default_save_sharded_strategy()
+            # the state's structure is the same at every save of a process: plan once, reuse
+            # (Megatron-LM's --ckpt-assume-constant-structure; megatron-core validates the
+            # cached plan against a fresh one at the second save and reuses it from the third)
+            base.use_cached_ckpt_structure = True
             group = ps.get_data_parallel_group(with_context_parallel=True)
             self._strategy = FullyParallelSaveStrategyWrapper(base, group, do_cache_distribution=True)
         return self._strategy
@@ -143,17 +190,22 @@ class Checkpointer:
                 store.quarantine(self.root, partial, "left by an earlier save of the same step")
             partial.mkdir()
         collectives.barrier()
+        digest = weights_digest(self.mo.modules)   # the weights this save must give back
         sd = ckstate.full_sharded_state(self.mo, common, rng.capture(self.ctx.device),
                                         self.ctx.job.checkpoint.optimizer_format)
         request = dist_checkpointing.save(
             sd, str(partial), sharded_strategy=self._save_strategy(), async_sharded_save=True,
             validate_access_integrity=not self._validated)
         self._validated = True
+        del sd
         kill = self.hooks.kill_during_save(self.ctx.rank, step)
-        request = request._replace(async_fn=functools.partial(
-            _write_then_checksum, request.async_fn, str(partial), self.ctx.rank, os.getpid(), kill))
+        owner = f"the save of step {step}"
+        self.arena.release()          # every earlier writer has finished (waited above)
+        request = own_staging_and_writer(request, self.arena, owner, str(partial),
+                                         self.ctx.rank, kill)
         info = {"step": step, "reason": reason, "partial": partial, "started": started,
-                "sync": sync, "wall_started": time.time()}
+                "sync": sync, "wall_started": time.time(), "digest": digest}
+        request.add_finalize_fn(functools.partial(self.arena.release, owner))
         request.add_finalize_fn(functools.partial(self._publish, info, common))
         if sync:
             request.execute_sync()
@@ -163,6 +215,7 @@ class Checkpointer:
             self._async_queue().schedule_async_request(request)
             info["stall_seconds"] = time.monotonic() - started
             self.pending.append(info)
+            self.hooks.fill_after_staging(self.arena, logger.info)
         self.saves.append(info)
         return info
 
@@ -190,12 +243,16 @@ class Checkpointer:
         if self.ctx.is_rank0:
             try:
                 files: dict[str, dict] = {}
+                write_seconds = []
                 for sidecar in sorted(partial.glob(".crc-rank*.json")):
-                    import json
-                    files.update(json.loads(sidecar.read_text()))
+                    record = json.loads(sidecar.read_text())
+                    files.update(record["files"])
+                    write_seconds.append(record.get("write_seconds", 0.0))
                     sidecar.unlink()
+                info["write_seconds"] = max(write_seconds, default=None)
+                # the small files rank 0 wrote itself (metadata, common state)
                 rest = [n for n in store.list_files(partial) if n not in files]
-                files.update(store.checksum_files(partial, rest))
+                files.update(store.checksum_files(partial, rest, writer.CHECKSUM))
                 manifest = store.build_manifest(
                     step, files, kind="full", reason=info["reason"],
                     consumed_samples=common["consumed_samples"],
@@ -204,7 +261,8 @@ class Checkpointer:
                     device=self.ctx.device, layers=layers_record(self.mo),
                     run=self.ctx.run.id, attempt=self.ctx.attempt, job=self.ctx.job.name,
                     save_seconds=round(time.monotonic() - info["started"], 3),
-                    background=not info["sync"])
+                    background=not info["sync"], checksum=writer.CHECKSUM,
+                    weights_digest=info["digest"])
                 final = store.publish(partial, self.root, step, manifest)
                 info["bytes"] = manifest["total_bytes"]
                 info["path"] = str(final)
@@ -241,13 +299,16 @@ class Checkpointer:
                     folder_mode(self.ctx.profile.storage.group_readable))
 
     def _verify(self, folder: Path) -> tuple[dict | None, list[str]]:
-        """Collective: cheap checks on rank 0, then CRC32 of a share of the files on each rank."""
+        """Collective: cheap checks on rank 0 (the manifest, every file at its size). A
+        checkpoint whose writer recorded each item's CRC32C is verified while it loads, in the
+        same read (``reader``); an older one (a CRC of each file only) is read through once
+        here, its files shared out over the ranks."""
         checked = None
         if self.ctx.is_rank0:
             manifest = store.read_manifest(folder)
             checked = (manifest, store.manifest_problems(folder, manifest))
         manifest, problems = collectives.broadcast_object(checked)
-        if problems:
+        if problems or reader.manifest_items(manifest):
             return manifest, problems
         names = sorted(manifest["files"])
         mine = store.checksum_problems(folder, manifest,
@@ -255,8 +316,9 @@ class Checkpointer:
         problems = [p for ps in collectives.gather_objects(mine) for p in ps]
         return manifest, problems
 
-    def find_resumable(self) -> tuple[Path, dict] | None:
-        """The newest checkpoint that verifies; everything broken on the way is quarantined."""
+    def _candidates(self) -> list[Path]:
+        """Rank 0 claims the folder and sets incomplete saves aside; every rank gets the
+        ``step-N`` folders, newest first."""
         candidates = None
         refused = None
         if self.ctx.is_rank0:
@@ -276,28 +338,53 @@ class Checkpointer:
                 logger.info(f"checkpoint: moved incomplete {partial.name} to {where}")
                 self.ctx.run.event("checkpoint_quarantined", path=str(where), reason="incomplete")
             candidates = [str(d) for _, d in store.complete_checkpoints(self.root)]
-        for folder in map(Path, collectives.broadcast_object(candidates) or []):
+        return list(map(Path, collectives.broadcast_object(candidates) or []))
+
+    def _set_aside(self, folder: Path, problems: list[str]) -> None:
+        if self.ctx.is_rank0:
+            reason = "; ".join(problems[:5])
+            where = store.quarantine(self.root, folder, f"failed verification: {reason}")
+            logger.info(f"checkpoint: {folder.name} is damaged ({reason}); moved it to "
+                        f"{where} and trying the previous one")
+            self.ctx.run.event("checkpoint_quarantined", path=str(where), reason=reason)
+        collectives.barrier()
+
+    def find_resumable(self) -> tuple[Path, dict] | None:
+        """The newest checkpoint that passes the checks made before loading; everything broken
+        on the way is quarantined."""
+        for folder in self._candidates():
             manifest, problems = self._verify(folder)
             if not problems:
                 return folder, manifest
-            if self.ctx.is_rank0:
-                reason = "; ".join(problems[:5])
-                where = store.quarantine(self.root, folder, f"failed verification: {reason}")
-                logger.info(f"checkpoint: {folder.name} is damaged ({reason}); moved it to "
-                            f"{where} and trying the previous one")
-                self.ctx.run.event("checkpoint_quarantined", path=str(where), reason=reason)
-            collectives.barrier()
+            self._set_aside(folder, problems)
         return None
 
     def resume(self) -> Loaded | None:
+        """Load the newest good checkpoint. One that fails its checks while loading (an item's
+        CRC32C, the weights' digest) is quarantined and the previous one loaded over it; when
+        none is left after such a failure the attempt stops rather than train from a model
+        that a damaged checkpoint half overwrote (the next attempt starts fresh)."""
         started = time.monotonic()
         self.ctx.progress("load: verifying checkpoints")
-        found = self.find_resumable()
-        self.verify_seconds = time.monotonic() - started
-        if found is None:
-            return None
-        folder, manifest = found
-        return self.load(folder, manifest)
+        self.verify_seconds = 0.0
+        overwritten = None
+        for folder in self._candidates():
+            checked = time.monotonic()
+            manifest, problems = self._verify(folder)
+            self.verify_seconds += time.monotonic() - checked
+            if not problems:
+                try:
+                    return self.load(folder, manifest)
+                except CheckpointDamaged as e:
+                    problems, overwritten = [str(e)], folder.name
+            self._set_aside(folder, problems)
+        if overwritten is not None:
+            raise CheckpointError(f"checkpoint {overwritten} failed verification while loading "
+                                  f"and no older checkpoint is left; the damaged ones are in "
+                                  f"{self.root / store.QUARANTINE}; the next attempt starts "
+                                  f"from the initial weights")
+        logger.debug(f"no checkpoint to resume ({time.monotonic() - started:.2f}s)")
+        return None
 
     def load(self, folder: Path, manifest: dict) -> Loaded:
         import torch
@@ -330,7 +417,18 @@ class Checkpointer:
         template = ckstate.loading_template(self.mo, with_rng=same_layout, fmt=fmt)
         template["hpctrain"] = None
         kept = cross_device.set_aside_absent_entries(template, folder, "checkpoint")
-        loaded = dist_checkpointing.load(template, str(folder), _load_strategy(folder))
+        self.arena.wait_ready()
+        read_started = time.monotonic()
+        try:
+            with reader.installed(folder, manifest, self.arena) as readers:
+                loaded = dist_checkpointing.load(template, str(folder), _load_strategy(folder))
+        except BaseException as e:   # torch's CheckpointException is a BaseException: it
+            # reports every rank's failure on all ranks; anything else goes on up
+            damaged = _checksum_failures(e)
+            if damaged:
+                raise CheckpointDamaged("; ".join(damaged[:3])) from e
+            raise
+        self.read_stats = _read_stats(readers, time.monotonic() - read_started)
         common = loaded["hpctrain"]
         cross_device.put_back(loaded, kept)
         ckstate.load_model_state(self.mo.model, loaded)
@@ -343,6 +441,13 @@ class Checkpointer:
         del loaded
         if self.ctx.device == "cuda":
             torch.cuda.synchronize()
+        saved_digest = manifest.get("weights_digest")
+        if saved_digest and same_layout and cross_device.saved_impl(manifest) == impl:
+            digest = weights_digest(self.mo.modules)
+            if digest != saved_digest:
+                raise CheckpointDamaged(f"the weights loaded (digest {digest[:12]}) are not the "
+                                        f"weights saved (digest {saved_digest[:12]})")
+            self.read_stats["digest_checked"] = True
         seconds = time.monotonic() - started
         self.last_published_step = int(common["step"])
         if self.ctx.is_rank0:
@@ -356,7 +461,14 @@ class Checkpointer:
                          f"{cross_device.saved_device(manifest)}, loaded into {impl}")
             if kept:
                 note += f"; {cross_device.describe_kept(kept)}"
+            stats = self.read_stats
+            read = (f"; read {stats['bytes'] / 1e6:.1f} MB on rank 0 by {stats['threads']} "
+                    f"threads at {stats['gb_per_s']:.2f} GB/s, {stats['verified']} of "
+                    f"{stats['items']} items verified by CRC32C in the same pass"
+                    + (", weights equal to the digest taken at the save"
+                       if stats.get("digest_checked") else "")) if stats.get("items") else ""
             logger.info(f"checkpoint: resumed from {folder} (step {common['step']}, "
-                        f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in {seconds:.2f}s){note}")
+                        f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in {seconds:.2f}s)"
+                        f"{read}{note}")
         return Loaded(step=int(common["step"]), path=folder, common=common, manifest=manifest,
                       seconds=seconds, same_layout=same_layout)

@@ -1,0 +1,214 @@
+"""Host memory for checkpoint bytes: allocated once per process, reused by every save and the
+resume, and never handed out while a writer still reads it.
+
+megatron-core's asynchronous save copies every tensor to freshly allocated pinned memory on
+the training thread (``tensor.to("cpu", non_blocking=True)``: torch's pinned-memory cache,
+cudaHostAlloc the first time), forks the writer, and drops its references as soon as the
+writer has started. Two costs follow: the allocation stalls training on every save whose
+sizes the cache cannot serve, and the released blocks go back to the cache while the writer
+is still reading them, so the next pinned allocation (the data loader's batches, a flag
+tensor) may be given the same memory and overwrite bytes not yet written (pinned memory is a
+shared mapping: a forked child sees the parent's later writes).
+
+:class:`HostArena` owns the memory instead:
+
+* segments of anonymous ``MAP_SHARED`` memory (the same sharing across ``fork`` as pinned
+  memory, so the CPU rehearsal runs the same code path and the same lifetime rules), on CUDA
+  page-locked with ``cudaHostRegister`` so that copies to and from the GPU are asynchronous
+  DMA; sized to exactly what is placed in them (torch's pinned cache rounds every block up to
+  a power of two);
+* allocated and page-locked by a background thread started when the model is built
+  (:meth:`reserve`), so the training thread does not pay for it; a save that needs more than
+  was reserved grows the arena once and keeps it;
+* :meth:`acquire` places tensors in it for one owner (a save, or the resume) and refuses to
+  place anything while another owner holds it: a save's bytes stay untouched until
+  :meth:`release`, which the save calls after its writer finished;
+* every placed tensor has a storage of its own (``torch.frombuffer`` over its slice), so
+  ``torch.save`` writes that tensor's bytes, not the whole segment.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from dataclasses import dataclass
+
+SEGMENT_BYTES = 256 << 20
+ALIGN = 64
+
+
+class ArenaBusy(RuntimeError):
+    """The arena's memory is held by a writer (or a load) that has not finished."""
+
+
+@dataclass
+class Slot:
+    segment: int
+    offset: int
+    nbytes: int
+
+
+class _Segment:
+    def __init__(self, nbytes: int, pin: bool) -> None:
+        import torch
+        self.nbytes = nbytes
+        self.map = mmap.mmap(-1, nbytes)       # anonymous and MAP_SHARED
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.used = 0
+        self.pinned = False
+        self.pin_error: str | None = None
+        if pin:
+            self._pin()
+
+    def _pin(self) -> None:
+        import torch
+        cudart = torch.cuda.cudart()
+        rc = cudart.cudaHostRegister(self.bytes.data_ptr(), self.nbytes, 0)
+        if int(getattr(rc, "value", rc)) == 0:
+            self.pinned = True
+        else:
+            self.pin_error = f"cudaHostRegister returned {rc}"
+
+    def view(self, offset: int, nbytes: int):
+        """``nbytes`` at ``offset`` as a uint8 tensor with a storage of its own."""
+        import torch
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes, offset=offset)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class HostArena:
+    def __init__(self, pin: bool, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.pin = pin
+        self.segment_bytes = segment_bytes
+        self.segments: list[_Segment] = []
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._ready.set()
+        self._thread: threading.Thread | None = None
+        self.holder: str | None = None
+        self.reserve_seconds: float | None = None
+        self.grown_bytes = 0          # allocated on the caller's thread (more than reserved)
+        self.last_sizes: list[int] = []
+
+    # ---------------------------------------------------------------- allocation
+    @property
+    def capacity(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(s.nbytes for s in self.segments if s.pinned)
+
+    def reserve(self, nbytes: int) -> None:
+        """Allocate (and on CUDA page-lock) ``nbytes`` in the background."""
+        if nbytes <= self.capacity or self._thread is not None:
+            return
+        self._ready.clear()
+
+        def work():
+            started = time.monotonic()
+            try:
+                while self.capacity < nbytes:
+                    segment = _Segment(min(self.segment_bytes, nbytes - self.capacity), self.pin)
+                    with self._lock:
+                        self.segments.append(segment)
+            finally:
+                self.reserve_seconds = time.monotonic() - started
+                self._ready.set()
+
+        self._thread = threading.Thread(target=work, name="hpctrain-host-arena", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self) -> float:
+        """Wait for a reservation in progress; returns the seconds waited."""
+        started = time.monotonic()
+        self._ready.wait()
+        return time.monotonic() - started
+
+    # ---------------------------------------------------------------- placement
+    def acquire(self, owner: str, sizes: list[int]) -> list[Slot]:
+        """Places for tensors of ``sizes`` bytes, for ``owner`` alone until :meth:`release`."""
+        self.wait_ready()
+        with self._lock:
+            if self.holder is not None and self.holder != owner:
+                raise ArenaBusy(f"host staging memory is held by {self.holder}")
+            self.holder = owner
+            self.last_sizes = list(sizes)
+            for s in self.segments:
+                s.used = 0
+            slots = []
+            for n in sizes:
+                slots.append(self._place(_aligned(n)) if n else Slot(-1, 0, 0))
+            return [Slot(s.segment, s.offset, n) for s, n in zip(slots, sizes)]
+
+    def _place(self, n: int) -> Slot:
+        for i, s in enumerate(self.segments):
+            if s.nbytes - s.used >= n:
+                slot = Slot(i, s.used, n)
+                s.used += n
+                return slot
+        segment = _Segment(max(n, self.segment_bytes), self.pin)
+        self.grown_bytes += segment.nbytes
+        self.segments.append(segment)
+        segment.used = n
+        return Slot(len(self.segments) - 1, 0, n)
+
+    def release(self, owner: str | None = None) -> None:
+        """``owner`` is done with its memory (None: whoever held it; the caller knows that
+        every writer has finished)."""
+        with self._lock:
+            if owner is None or self.holder == owner:
+                self.holder = None
+
+    def tensor(self, slot: Slot, dtype, shape):
+        """The placed bytes as a tensor of ``dtype`` and ``shape`` (its own storage)."""
+        import torch
+        if slot.nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return self.segments[slot.segment].view(slot.offset, slot.nbytes).view(dtype).view(shape)
+
+    def buffer(self, slot: Slot) -> memoryview:
+        """The placed bytes, for reading into and checksumming."""
+        if slot.nbytes == 0:
+            return memoryview(b"")
+        return memoryview(self.segments[slot.segment].map)[slot.offset:slot.offset + slot.nbytes]
+
+    def is_pinned(self, slot: Slot) -> bool:
+        return slot.nbytes > 0 and self.segments[slot.segment].pinned
+
+    def describe(self) -> str:
+        pinned = f", {self.pinned_bytes / 1e9:.2f} GB page-locked" if self.pin else ""
+        took = f" in {self.reserve_seconds:.2f}s" if self.reserve_seconds is not None else ""
+        return f"{self.capacity / 1e9:.2f} GB host staging{pinned}{took}"
+
+
+_ARENA: HostArena | None = None
+
+
+def process_arena(device: str) -> HostArena:
+    """The one arena of this process (every save and the resume share it)."""
+    global _ARENA
+    if _ARENA is None:
+        _ARENA = HostArena(pin=device == "cuda")
+    return _ARENA
+
+
+def staging_estimate(mo, layout) -> int:
+    """What this rank will stage for a save (and read at resume), before the first save: its
+    parameters and Adam's state for them (the fp32 main copy of 16-bit parameters and two
+    moments), over the data-parallel ranks, which write one share each (megatron-core's fully
+    parallel save spreads the replicated tensors over them). The arena grows if it is short."""
+    numel = param_bytes = 0
+    for module in mo.modules:
+        for p in module.parameters():
+            numel += p.numel()
+            param_bytes += p.numel() * p.element_size()
+    sixteen_bit = param_bytes < 4 * numel
+    optimizer = numel * (12 if sixteen_bit else 8)
+    return (param_bytes + optimizer) // max(1, layout.data_parallel_size)

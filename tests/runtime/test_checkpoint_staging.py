@@ -1,0 +1,158 @@
+"""The save path's host memory and checksums, on their own (hpctrain.runtime.checkpoint.staging,
+.writer, .reader): the staging memory is allocated once and reused, never handed out while a
+writer holds it, shared with a forked writer exactly as CUDA pinned memory is (which is why
+holding it matters), and the checksum recorded for the bytes written catches one flipped byte.
+The same code runs in every save and resume of the runtime tests; the end-to-end check (the
+weights loaded equal the digest taken at the save, with memory of the staged sizes filled
+while the writer ran) is in test_checkpoint_io_runs.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import queue
+
+import crc32c
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpctrain.runtime.checkpoint import reader, staging, store, writer  # noqa: E402
+
+
+def test_staging_memory_is_reused_by_every_save_and_sized_exactly():
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    arena.reserve(3 << 20)
+    assert arena.wait_ready() >= 0 and arena.capacity == 3 << 20
+    sizes = [1000, 4096, 700_000, 0]
+    first = arena.acquire("save 1", sizes)
+    ptrs = [arena.tensor(s, torch.uint8, (n,)).data_ptr() for s, n in zip(first, sizes) if n]
+    arena.release("save 1")
+    second = arena.acquire("save 2", sizes)
+    assert [arena.tensor(s, torch.uint8, (n,)).data_ptr() for s, n in zip(second, sizes)
+            if n] == ptrs                                   # the same memory, again
+    assert arena.capacity == 3 << 20 and arena.grown_bytes == 0
+    # each placed tensor has a storage of its own: torch.save writes its bytes, not a segment
+    t = arena.tensor(second[0], torch.uint8, (1000,))
+    assert t.untyped_storage().nbytes() == 1000
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    assert len(buf.getvalue()) < 1000 + 2048
+
+
+def test_a_save_larger_than_the_reservation_grows_the_memory_once():
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    arena.reserve(1 << 20)
+    arena.acquire("save 1", [900_000, 900_000, 3 << 20])
+    grown = arena.grown_bytes
+    assert grown == (1 << 20) + (3 << 20)
+    arena.release("save 1")
+    arena.acquire("save 2", [900_000, 900_000, 3 << 20])
+    assert arena.grown_bytes == grown                       # kept, not allocated again
+
+
+def test_memory_held_by_a_writer_is_not_given_out():
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    arena.acquire("the save of step 20", [4096])
+    with pytest.raises(staging.ArenaBusy, match="held by the save of step 20"):
+        arena.acquire("the data loader", [4096])
+    arena.release("the data loader")                        # not the holder: nothing happens
+    with pytest.raises(staging.ArenaBusy):
+        arena.acquire("the data loader", [4096])
+    arena.release("the save of step 20")
+    arena.acquire("the data loader", [4096])
+
+
+def test_a_forked_writer_sees_what_the_rank_writes_into_staging_memory_later():
+    """Why the memory must be held until the writer is done: staging memory is shared with
+    the forked writer (as pinned memory is), so bytes reused by the rank after the fork are
+    the bytes the writer writes. Ordinary memory would be copied on write, which is why the
+    hazard cannot show on the CPU with megatron-core's own staging."""
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    (slot,) = arena.acquire("save", [1 << 16])
+    staged = arena.tensor(slot, torch.uint8, (1 << 16,))
+    staged.fill_(1)
+    private = bytearray(b"\x01" * (1 << 16))
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:                     # the writer (no torch ops: its thread pool is the parent's)
+        os.read(r, 1)                                       # until the rank reused the memory
+        os.write(w2, json.dumps([sum(arena.buffer(slot)), sum(private)]).encode())
+        os._exit(0)
+    staged.fill_(0xA5)                                      # released early and reused ...
+    private[:] = b"\xa5" * (1 << 16)
+    os.write(w, b"x")
+    seen = json.loads(os.read(r2, 100))
+    os.waitpid(pid, 0)
+    assert seen[0] == 0xA5 * (1 << 16)                      # ... the writer writes the new bytes
+    assert seen[1] == 1 << 16                               # copy-on-write memory would not
+
+
+def _write_one(tmp_path, tensors: dict) -> tuple[dict, dict]:
+    """Write ``tensors`` as one bucket through the writer, as a save does."""
+    from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
+                                                       TensorProperties)
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+    arena = staging.HostArena(pin=False)
+    items = []
+    for name, t in tensors.items():
+        item = WriteItem(index=MetadataIndex(name, (0,)), type=WriteItemType.TENSOR,
+                         tensor_data=TensorWriteData(ChunkStorageMetadata((0,), t.shape),
+                                                     TensorProperties(dtype=t.dtype), t.shape))
+        items.append((item, t))
+    buckets = [(str(tmp_path / "__0_0.distcp"), "__0_", ([], items))]
+    staged = writer.stage(arena, "save", buckets)
+    q = queue.Queue()
+    writer.write_buckets([_StorageWriterTransforms()], 0, staged, q, folder=str(tmp_path),
+                         sidecar="sums.json")
+    results = q.get_nowait()
+    assert not isinstance(results, Exception), results
+    return results, json.loads((tmp_path / "sums.json").read_text())["files"]["__0_0.distcp"]
+
+
+def test_the_writer_records_the_crc32c_of_every_item_and_file_it_writes(tmp_path):
+    tensors = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.randn(3, 5).bfloat16()}
+    results, sums = _write_one(tmp_path, tensors)
+    data = (tmp_path / "__0_0.distcp").read_bytes()
+    assert sums["size"] == len(data) and sums["crc32c"] == writer.crc_hex(crc32c.crc32c(data))
+    written = sorted((r.storage_data.offset, r.storage_data.length) for r in results[0])
+    assert [tuple(i[:2]) for i in sums["items"]] == written
+    for offset, length, crc in sums["items"]:
+        assert crc == writer.crc_hex(crc32c.crc32c(data[offset:offset + length]))
+    # the item's bytes hold the tensor's, where the resume takes them without a copy
+    offset, length, _ = sums["items"][0]
+    view = memoryview(data)[offset:offset + length]
+    start = reader.raw_record(view, 4000)
+    assert start is not None
+    assert torch.equal(torch.frombuffer(bytearray(view[start:start + 4000]), dtype=torch.float32),
+                       tensors["a"])
+    assert reader.raw_record(view, 3999) is None           # not the expected size: torch.load
+
+
+def test_the_checksum_catches_one_flipped_byte(tmp_path):
+    _, sums = _write_one(tmp_path, {"w": torch.randn(4096)})
+    manifest = {"files": {"__0_0.distcp": sums}, "checksum": "crc32c"}
+    assert store.checksum_problems(tmp_path, manifest, ["__0_0.distcp"]) == []
+    path = tmp_path / "__0_0.distcp"
+    data = bytearray(path.read_bytes())
+    offset, length, crc = sums["items"][0]
+    data[offset + length // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    (problem,) = store.checksum_problems(tmp_path, manifest, ["__0_0.distcp"])
+    assert problem.startswith("__0_0.distcp: CRC32C ") and sums["crc32c"] in problem
+    items = reader.manifest_items(manifest)["__0_0.distcp"]
+    view = memoryview(bytes(data))[offset:offset + length]
+    assert items[offset] == (length, crc) != (length, writer.crc_hex(crc32c.crc32c(view)))
+
+
+def test_format_1_manifests_are_still_verified_with_zlib_crc32(tmp_path):
+    (tmp_path / "f").write_bytes(b"hello")
+    old = {"files": store.checksum_files(tmp_path, ["f"], "crc32")}
+    assert old["files"]["f"] == {"size": 5, "crc32": "3610a686"}
+    assert store.checksum_problems(tmp_path, old, ["f"]) == []
+    (tmp_path / "f").write_bytes(b"hellO")
+    assert store.checksum_problems(tmp_path, old, ["f"])[0].startswith("f: CRC32 ")
+    assert reader.manifest_items(old) == {}                 # verified before loading, as before
