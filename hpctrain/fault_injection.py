@@ -48,6 +48,9 @@ VARIABLES = {
                                      "own host memory for it, and fill it with 0xA5 while the "
                                      "writer runs; the resume then checks the weights it loads "
                                      "against the digest taken at the save",
+    "HPCTRAIN_TEST_READ_THREADS": "=N: a resume reads its checkpoint with N threads (0: "
+                                  "megatron-core's own reader, one thread, the files verified "
+                                  "in a pass before it), to compare parallel and serial loads",
     "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "=N@R: in step N rank R blocks forever in the next "
                                         "collective megatron-core issues (the others then wait "
                                         "for it in that collective); first attempt only",

@@ -62,6 +62,14 @@ class ModelSection:
                                 "local.",
                                 choices=("transformer_engine", "local"),
                                 default="transformer_engine")
+    apply_rope_fusion: bool = doc("RoPE in one fused kernel on GPUs (Megatron-LM's default; "
+                                  "--no-rope-fusion): Transformer Engine's, or with the local "
+                                  "spec megatron-core's own RoPE compiled by torch.compile.",
+                                  default=True)
+    cross_entropy_loss_fusion: bool = doc("megatron-core's native fused cross entropy on GPUs "
+                                          "(torch.compile'd; its logits gradient is bf16, so "
+                                          "bf16 training only, and not in deterministic mode).",
+                                          default=True)
     hidden_dropout: float = doc("Dropout after attention/MLP.", default=0.0, at_least=0, below=1)
     attention_dropout: float = doc("Dropout on attention probabilities.", default=0.0, at_least=0,
                                    below=1)
@@ -90,6 +98,9 @@ class ParallelSection:
                                      "next forward pass.", default=True)
     overlap_p2p_comm: bool = doc("Interleaved schedule: overlap pipeline sends/receives with "
                                  "compute (batched p2p otherwise).", default=True)
+    deallocate_pipeline_outputs: bool = doc("PP > 1 on GPUs: free each stage output's data "
+                                            "once sent, keeping only its autograd graph "
+                                            "(Megatron-LM always does).", default=True)
     ddp_bucket_size: int | None = doc("Parameters per gradient-reduction bucket (null: "
                                       "megatron-core's max(40M, 1M × DP)).", default=None,
                                       at_least=1, at_most=10**12)
@@ -157,6 +168,10 @@ class TrainSection:
                           "same steps instead (Megatron-LM's --manual-gc).", default=True)
     manual_gc_interval: int = doc("manual_gc: collect every N steps (0: only once, before the "
                                   "first step).", default=100, at_least=0, at_most=10**9)
+    fused_adam: bool = doc("torch's fused AdamW (one kernel per step, in place) where "
+                           "megatron-core falls back to torch's optimizer (no Transformer "
+                           "Engine nor apex); false: torch's default foreach AdamW.",
+                           default=True)
     deterministic_mode: bool = doc("Bitwise-reproducible training (Megatron-LM's "
                                    "--deterministic-mode): torch.use_deterministic_algorithms, "
                                    "CUBLAS_WORKSPACE_CONFIG=:4096:8, NCCL_ALGO=Ring unless set, "

@@ -60,6 +60,7 @@ class TestHooks:
     slow_rank: int | None = None
     slow_s: float = 0.0
     fill_after_save: bool = False
+    read_threads: int | None = None
     filled: list = field(default_factory=list)   # what the fill hook allocated (kept alive)
     _kill_armed: bool = True
 
@@ -89,6 +90,8 @@ class TestHooks:
             hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
                                                    "HPCTRAIN_TEST_KILL_DURING_SAVE")
         hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
+        if get("HPCTRAIN_TEST_READ_THREADS"):
+            hooks.read_threads = int(get("HPCTRAIN_TEST_READ_THREADS"))
         if get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"):
             hooks.hang_step, hooks.hang_rank = _at(get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"),
                                                    "HPCTRAIN_TEST_HANG_IN_COLLECTIVE")
@@ -106,7 +109,8 @@ class TestHooks:
         return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
                     or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
-                    or self.slow_rank is not None or self.fill_after_save)
+                    or self.slow_rank is not None or self.fill_after_save
+                    or self.read_threads is not None)
 
     def first_attempt(self) -> bool:
         return self.attempt in (None, 1)

@@ -19,7 +19,8 @@
   ``fused_weight_gradient_mlp_cuda`` (the GPT output layer is megatron's own
   ``ColumnParallelLinear`` in both specs and needs it), while the bias+activation and
   bias+dropout fusions are megatron's ``jit_fuser`` (torch.compile / TorchScript) and always
-  available on CUDA. RoPE fusion comes from TE only.
+  available on CUDA. RoPE fusion is TE's kernel with TE, torch.compile's with the local spec
+  (``hpctrain.runtime.rope``); the native cross-entropy fusion runs in bf16 (``_with_speedups``).
 * **CPU** (the rehearsal) always builds the local spec with every fusion off (they are CUDA
   kernels) and says so when the job asks for Transformer Engine; its attention follows the
   job as on a GPU (torch's CPU flash kernel for the fused choices).
@@ -137,11 +138,39 @@ def choose(job, device: str) -> LayerImpl:
     m = job.model
     wanted = getattr(m, "transformer_impl", TRANSFORMER_ENGINE)
     deterministic = bool(getattr(job.train, "deterministic_mode", False))
-    key = (wanted, m.attention_backend, m.position_embedding_type, device, deterministic)
+    rope = getattr(m, "apply_rope_fusion", True)
+    cross_entropy = (getattr(m, "cross_entropy_loss_fusion", True) and device == "cuda"
+                     and job.train.precision == "bf16" and not deterministic)
+    key = (wanted, m.attention_backend, m.position_embedding_type, device, deterministic, rope,
+           cross_entropy)
     if key not in _cache:
         impl = _choose(wanted, m.attention_backend, m.position_embedding_type, device)
-        _cache[key] = _with_core_attention(impl, m.attention_backend, device, deterministic)
+        impl = _with_core_attention(impl, m.attention_backend, device, deterministic)
+        _cache[key] = _with_speedups(impl, device, m.position_embedding_type == "rope" and rope,
+                                     cross_entropy)
     return _cache[key]
+
+
+def _with_speedups(impl: LayerImpl, device: str, rope: bool, cross_entropy: bool) -> LayerImpl:
+    """Megatron-LM's fusions that run without Transformer Engine or apex, on GPUs:
+
+    * RoPE in one kernel (``model.apply_rope_fusion``, Megatron-LM's default): Transformer
+      Engine's where it imports, else megatron-core's own RoPE compiled by torch.compile
+      (``hpctrain.runtime.rope``): the same formula, computed in fp32 inside one kernel;
+    * the cross entropy's native fusion (``model.cross_entropy_loss_fusion``): megatron-core's
+      ``fused_vocab_parallel_cross_entropy`` (its elementwise parts compiled by
+      torch.compile), whose logits gradient is bf16 by construction: what the unfused loss
+      gives for bf16 logits, so it is used in bf16 only, and never in deterministic mode
+      (Megatron-LM refuses it there).
+    """
+    import dataclasses
+    if device != "cuda":
+        return impl
+    fusions = dict(impl.fusions)
+    fusions["apply_rope_fusion"] = rope and (fusions.get("apply_rope_fusion", False)
+                                             or impl.name == LOCAL)
+    fusions["cross_entropy_loss_fusion"] = cross_entropy
+    return dataclasses.replace(impl, fusions=fusions)
 
 
 def _with_core_attention(impl: LayerImpl, backend: str, device: str,

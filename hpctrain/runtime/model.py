@@ -68,6 +68,11 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
         sequence_parallel = False
     swiglu = m.activation == "swiglu"
     backend = getattr(AttnBackend, impl.attention_backend)
+    if impl.fusions.get("apply_rope_fusion"):
+        from . import rope
+        if rope.install() == "torch.compile":
+            notes.append("RoPE fusion: megatron-core's RoPE compiled by torch.compile (no "
+                         "Transformer Engine)")
     recompute = t.recompute_granularity
     kwargs = dict(
         num_layers=m.num_layers, hidden_size=m.hidden_size,
@@ -99,6 +104,12 @@ def transformer_config(job, layout, device: str, notes: list[str] | None = None)
         bias_dropout_fusion=impl.fusions["bias_dropout_fusion"],
         masked_softmax_fusion=impl.fusions["masked_softmax_fusion"],
         apply_rope_fusion=impl.fusions["apply_rope_fusion"], persist_layer_norm=False,
+        cross_entropy_loss_fusion=impl.fusions.get("cross_entropy_loss_fusion", False),
+        cross_entropy_fusion_impl="native",
+        # Megatron-LM always: free each stage output's data once sent (its graph stays for
+        # backward); on GPUs only, where NCCL keeps the memory until the send has run
+        deallocate_pipeline_outputs=gpu and bool(getattr(job.parallel,
+                                                         "deallocate_pipeline_outputs", True)),
         deterministic_mode=bool(getattr(t, "deterministic_mode", False)),
         recompute_granularity=recompute,
         recompute_method=t.recompute_method if recompute == "full" else None,
@@ -202,6 +213,10 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
         params_dtype=config.params_dtype, use_distributed_optimizer=distopt,
         overlap_param_gather=ddp_config.overlap_param_gather, decoupled_weight_decay=True)
     optimizer = get_megatron_optimizer(opt_config, model)
+    from .checkpoint.optimizer_step import use_fused_adam
+    if getattr(t, "fused_adam", True) and use_fused_adam(optimizer):
+        notes.append("Adam: torch's fused AdamW (one kernel per step, in place; its step "
+                     "counts on the parameters' device)")
     wire_schedule(config, model, ddp_config)
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss

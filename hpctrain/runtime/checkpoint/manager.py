@@ -308,7 +308,7 @@ class Checkpointer:
             manifest = store.read_manifest(folder)
             checked = (manifest, store.manifest_problems(folder, manifest))
         manifest, problems = collectives.broadcast_object(checked)
-        if problems or reader.manifest_items(manifest):
+        if problems or (reader.manifest_items(manifest) and self.hooks.read_threads != 0):
             return manifest, problems
         names = sorted(manifest["files"])
         mine = store.checksum_problems(folder, manifest,
@@ -420,7 +420,8 @@ class Checkpointer:
         self.arena.wait_ready()
         read_started = time.monotonic()
         try:
-            with reader.installed(folder, manifest, self.arena) as readers:
+            with reader.installed(folder, manifest, self.arena, self.hooks.read_threads) \
+                    as readers:
                 loaded = dist_checkpointing.load(template, str(folder), _load_strategy(folder))
         except BaseException as e:   # torch's CheckpointException is a BaseException: it
             # reports every rank's failure on all ranks; anything else goes on up

@@ -88,7 +88,8 @@ def describe(inner) -> str:
     cls = type(inner)
     module = cls.__module__.split(".")[0]
     if module == "torch":
-        return f"torch.optim.{cls.__name__}"
+        fused = any(g.get("fused") for g in inner.param_groups if g["params"])
+        return f"torch.optim.{cls.__name__}" + (" fused" if fused else "")
     return f"{cls.__module__}.{cls.__name__}"
 
 
@@ -114,16 +115,69 @@ def describe_optimizer(optimizer) -> str:
     return " + ".join(dict.fromkeys(parts))
 
 
+def _step_device(group, param):
+    """Where torch's Adam wants a parameter's step: on its device when the group is fused or
+    capturable (torch's own ``_init_group`` and ``load_state_dict`` rule), else the CPU."""
+    return param.device if group.get("fused") or group.get("capturable") else "cpu"
+
+
 def _set_in_state(inner, updates: int) -> None:
     import torch
-    for state in inner.state.values():
-        if not state:
-            continue   # never stepped: torch creates the step with the first update
-        old = state.get("step")
-        if isinstance(old, torch.Tensor):
-            state["step"] = torch.full_like(old, float(updates))
-        else:
-            state["step"] = torch.tensor(float(updates), dtype=torch.float32)
+    for group in inner.param_groups:
+        for p in group["params"]:
+            state = inner.state.get(p)
+            if not state:
+                continue   # never stepped: torch creates the step with the first update
+            state["step"] = torch.tensor(float(updates), dtype=torch.float32,
+                                         device=_step_device(group, p))
+
+
+def set_fused_adam(optimizer, on: bool) -> None:
+    """Make every torch Adam group fused (``on``) or not, with steps where torch wants them."""
+    import torch
+    if on:
+        use_fused_adam(optimizer)
+        return
+    for inner in _leaf_optimizers(optimizer):
+        if step_location(inner) != STATE:
+            continue
+        for group in inner.param_groups:
+            if group.get("fused"):
+                group["fused"] = None
+                for p in group["params"]:
+                    state = inner.state.get(p)
+                    if state and isinstance(state.get("step"), torch.Tensor):
+                        state["step"] = state["step"].to(device="cpu", dtype=torch.float32)
+
+
+def use_fused_adam(optimizer) -> bool:
+    """Switch megatron's torch AdamW (its fallback without TE or apex) to torch's fused
+    implementation: ``get_megatron_optimizer`` builds ``torch.optim.AdamW`` with torch's default
+    (foreach: about ten passes over the state and an fp32 temporary the size of the updated
+    elements at every step); ``fused`` updates in one kernel, in place. torch keeps a fused
+    group's step counts on the parameters' device, so steps that exist are moved there.
+    Called after building and after every load (a checkpoint's param groups replace the
+    flags). False when there is no torch Adam to switch (TE's or apex's FusedAdam)."""
+    import torch
+    switched = False
+    for inner in _leaf_optimizers(optimizer):
+        if step_location(inner) != STATE:
+            continue
+        for group in inner.param_groups:
+            if not group["params"] or not all(p.dtype.is_floating_point for p in group["params"]):
+                continue
+            group["fused"], group["foreach"] = True, False
+            switched = True
+            for p in group["params"]:
+                state = inner.state.get(p)
+                if state and isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+    return switched
+
+
+def fused_adam_in_use(optimizer) -> bool:
+    return any(g.get("fused") for inner in _leaf_optimizers(optimizer)
+               if step_location(inner) == STATE for g in inner.param_groups if g["params"])
 
 
 def _set_in_groups(inner, updates: int) -> None:

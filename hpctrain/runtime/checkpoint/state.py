@@ -182,12 +182,15 @@ def load_optimizer_state(optimizer, loaded_optimizer_state, updates: int) -> Non
             original, setter = _step_set_aside(o)
             o._set_main_param_and_optimizer_states = setter
             restore.append((o, original))
+    fused = optimizer_step.fused_adam_in_use(optimizer)
     try:
         with torch.no_grad(), optimizer_step.load_in_own_step_format(optimizer, updates):
             optimizer.load_state_dict(loaded_optimizer_state)
     finally:
         for o, original in restore:
             o._set_main_param_and_optimizer_states = original
+    # the checkpoint's param groups carried its saver's flags: this run's choice stands
+    optimizer_step.set_fused_adam(optimizer, fused)
     set_adam_step(optimizer, updates)
 
 

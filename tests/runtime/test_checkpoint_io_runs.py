@@ -1,0 +1,89 @@
+"""The save and resume paths in real megatron-core runs (CPU/gloo): a background save whose
+staged sizes are taken and filled while its writer runs still gives back, at the resume,
+exactly the weights of the digest taken at the save; a checkpoint whose weights are not
+those of its digest is set aside; the parallel, verify-as-you-read resume loads bit for bit
+what one thread and megatron-core's own reader load. Shares the session's corpus and initial
+weights (conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.runtime.checkpoint import store
+from tests.launch import launch
+from tests.runtime.conftest import _explain
+from tests.runtime.helpers import losses, result
+from tests.runtime.test_megatron_training import _copy_checkpoint
+
+pytestmark = pytest.mark.megatron
+FILL = {"HPCTRAIN_TEST_FILL_AFTER_SAVE": "1"}
+
+
+@pytest.fixture(scope="module")
+def filled(ws):
+    """A run whose background save of step 6 had memory of its staged sizes taken and filled
+    with 0xA5 while the writer ran (and training went on, changing every weight)."""
+    run, res = ws.train("fill-after-save", "dp2_zero1", steps=8, env=FILL,
+                        checkpoint={"interval_steps": 6, "async_save": True,
+                                    "save_at_end": False})
+    return run, res
+
+
+def test_weights_loaded_equal_the_digest_taken_at_the_save(ws, filled):
+    source, res = filled
+    assert "while the writer runs; the staging memory refused them" in res.output(0)
+    manifest = store.read_manifest(source.path / "checkpoints" / "step-00000006")
+    assert manifest["checksum"] == "crc32c" and len(manifest["weights_digest"]) == 64
+    assert manifest["format_version"] == 2
+    run = ws.new_run("resume-after-fill", "dp2_zero1", steps=8)
+    _copy_checkpoint(source, 6, run)
+    out = launch(run.path, 2)
+    assert out.codes == [0, 0], _explain(out)
+    r = result(run, 1)
+    assert r["start_step"] == 6 and r["resume_read"]["digest_checked"] is True
+    assert r["resume_read"]["verified"] == r["resume_read"]["items"] > 0
+    assert "weights equal to the digest taken at the save" in out.output(0)
+    assert [losses(run)[s] for s in (7, 8)] == [losses(source)[s] for s in (7, 8)]
+
+
+def test_a_checkpoint_whose_weights_differ_from_its_digest_is_set_aside(ws, filled):
+    source, _ = filled
+    run = ws.new_run("digest-mismatch", "dp2_zero1", steps=8)
+    folder = _copy_checkpoint(source, 6, run)
+    manifest = store.read_manifest(folder)
+    store.write_json_atomic(folder / store.MANIFEST, {**manifest, "weights_digest": "0" * 64})
+    out = launch(run.path, 2)
+    # the only checkpoint was loaded over the model and failed: no training from that state
+    assert out.codes != [0, 0]
+    assert "are not the weights saved" in out.output(0)
+    (aside,) = (run.path / "checkpoints" / store.QUARANTINE).iterdir()
+    assert aside.name.startswith("step-00000006")
+
+
+@pytest.mark.parametrize("threads", ["1", "0"])
+def test_parallel_resume_equals_serial_resume_bit_for_bit(ws, threads):
+    """8 reader threads (the default) against one, and against megatron-core's own reader:
+    the same losses and the same final weights, bit for bit."""
+    ref = ws.reference("dp2_zero1")          # a background save at step 6, finished at 12
+    runs = {}
+    for name, env in (("parallel", {}), (f"threads-{threads}",
+                                         {"HPCTRAIN_TEST_READ_THREADS": threads})):
+        key = f"resume-{name}"
+        if name == "parallel" and key in ws.runs:
+            runs[name] = ws.runs[key]
+            continue
+        run = ws.new_run(key, "dp2_zero1")
+        _copy_checkpoint(ref, 6, run)
+        out = launch(run.path, 2, env=env)
+        assert out.codes == [0, 0], _explain(out)
+        runs[name] = ws.runs[key] = run
+    parallel, other = runs["parallel"], runs[f"threads-{threads}"]
+    read = result(parallel, 1)["resume_read"]
+    assert read["threads"] >= 2 and read["verified"] == read["items"] > 0
+    if threads == "1":
+        assert result(other, 1)["resume_read"]["threads"] == 1
+    else:
+        assert not result(other, 1)["resume_read"]                 # megatron-core's reader
+    assert losses(parallel) == losses(other)
+    assert result(parallel, 1)["weights_digest"] == result(other, 1)["weights_digest"] == \
+        result(ref, 1)["weights_digest"]
