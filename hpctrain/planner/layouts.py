@@ -207,6 +207,9 @@ class Execution:
         # the local spec's softmax is megatron's torch fallback unless apex is there: assume not
         local = job.model.transformer_impl == "local"
         kernels = GPU_LOCAL_SPEC_KERNELS if local else GPU_KERNELS
+        if kernels.foreach_adam and getattr(job.train, "fused_adam", False):
+            # torch's fused AdamW (the runtime's default without TE) updates in place
+            kernels = dataclasses.replace(kernels, foreach_adam=False)
         # the local spec runs torch's fused attention unless the job keeps megatron's own
         backend = "local" if (local and shape.attention_stores_scores) or \
             job.model.attention_backend == "local" else job.model.attention_backend

@@ -47,12 +47,14 @@ def test_foreach_adam_allocates_one_fp32_copy_of_the_elements_it_updates():
     assert 4 * elements <= mode.peak <= 4 * elements + 4096
 
 
-def _plan(transformer_impl: str, recompute: str | None):
-    # the local spec with megatron's unfused attention: its scores make the activations large
+def _plan(transformer_impl: str, recompute: str | None, fused_adam: bool = False):
+    # the local spec with megatron's unfused attention: its scores make the activations large;
+    # torch's foreach AdamW (train.fused_adam: false) allocates the step's copy
     unfused = {"attention_backend": "local"} if transformer_impl == "local" else {}
+    train = {"fused_adam": fused_adam, **({"recompute_granularity": recompute} if recompute
+                                          else {})}
     job = make_job(dict(LLAMA2_7B, transformer_impl=transformer_impl, **unfused), mbs=1, gbs=8,
-                   parallel={"use_distributed_optimizer": True},
-                   train={"recompute_granularity": recompute} if recompute else None)
+                   parallel={"use_distributed_optimizer": True}, train=train)
     target = Target(8, 8, 80 * 2**30, Hardware(989.0, 450.0, 50.0, 8))
     return plan_layout(job, Layout(8, 1, None, 1, 1, 8), target, sequence_parallel=True,
                        recompute=recompute)
@@ -62,6 +64,7 @@ def test_the_plan_counts_the_larger_of_the_activations_and_the_step_copy():
     local = _plan("local", "full").memory
     te = _plan("transformer_engine", "full").memory
     assert te.optimizer_step == 0          # TE's FusedAdam updates in place
+    assert _plan("local", "full", fused_adam=True).memory.optimizer_step == 0   # torch's fused
     # fp32 master copy of the same elements: 4 of the optimizer's 12 bytes per element
     assert local.optimizer_step == local.optimizer // 3
     assert local.optimizer_step > local.activations     # full recompute keeps little
