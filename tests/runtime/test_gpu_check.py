@@ -38,25 +38,39 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:], proc.stderr[-3000:])
     assert parts["versions"]["megatron_core"] == "0.16.1"
     train, bare, resume = parts["train"], parts["bare"], parts["resume"]
+    local, memory, speedups = parts["local"], parts["memory"], parts["speedups"]
     assert train["transformer_impl"] == "local"
-    assert train["optimizer"] == "DistributedOptimizer(torch.optim.AdamW)"
-    assert train["step_time_s"] > 0 and bare["step_time_s"] > 0
-    assert train["end_step"] == 24
-    assert train["async_save_stall_s"] is not None and train["async_save_stall_s"] >= 0
-    assert [s["reason"] for s in train["saves"]] == ["periodic", "final"]
-    assert resume["start_step"] == 24 and resume["end_step"] == 26
-    assert resume["loaded"].endswith("step-00000024")
+    # the train column runs torch's fused attention, the local and bare columns megatron's own
+    assert train["attention"] == "torch sdpa flash (tried flash,math)"
+    assert local["attention"] == "local (megatron-core unfused)"
+    assert train["optimizer"] == "DistributedOptimizer(torch.optim.AdamW fused)"
+    assert local["optimizer"] == "DistributedOptimizer(torch.optim.AdamW)"
+    assert train["step_time_s"] > 0 and bare["step_time_s"] > 0 and local["step_time_s"] > 0
+    assert train["end_step"] == 44
+    assert [s["reason"] for s in train["saves"]] == ["periodic", "periodic", "final"]
+    assert len(train["save_stalls_s"]) == 2 and all(x >= 0 for x in train["save_stalls_s"])
+    # memory of the staged sizes taken while the first save's writer ran: the staging memory
+    # refused it, and the resume found the weights of the save's digest
+    assert train["staging_refused_the_fill"]
+    assert resume["start_step"] == 44 and resume["end_step"] == 48
+    assert resume["loaded"].endswith("step-00000044") and resume["digest_checked"]
+    assert resume["read"]["verified"] == resume["read"]["items"] > 0
+    assert resume["read_gb_per_s"] > 0
     assert parts["plan"]["predicted_peak_bytes"] > 0
-    # what the reference loop's first microbatch kept for backward, measured through autograd's
-    # saved-tensor hooks, is the planner's activation count to the byte
+    # what the reference loop's first microbatch kept for backward on the train column's job
+    # (fused attention), measured through autograd's saved-tensor hooks, is the planner's
+    # activation count to the byte
     act = parts["plan"]["activation_bytes"]
-    saved = bare["memory"]["saved_first_microbatch"]
+    saved = memory["memory"]["saved_first_microbatch"]
     assert saved["bytes"] == act["chunk_microbatch"] + act["output_layer"] + act["embedding"]
     assert "decoder.layers.*.mlp" in saved["by_module"]
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
+    assert set(speedups["attention_fwd_bwd_ms"]) == {"megatron unfused", "flash", "math"}
+    assert speedups["adamw"]["fused_ms"] > 0 and speedups["adamw"]["foreach_ms"] > 0
     assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
     assert [r[1] for r in report["table"] if r[0] == "part"] == \
-        ["versions", "plan", "train", "bare", "resume", "preflight", "preemption", "kernels"]
+        ["versions", "plan", "train", "local", "bare", "memory", "resume", "speedups",
+         "preflight", "preemption", "kernels"]
     # the kernel table, in the package's format, and the plan's step time from it beside the
     # measured one
     from hpctrain.gpu_table import load_table
@@ -73,7 +87,7 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     # the uninterrupted run's weights bit for bit
     drill = parts["preemption"]
     assert drill["attempts"] == ["preempted", "finished"] and drill["signalled_ranks"] == 1
-    assert drill["resumed_from"] == drill["saved_at"] == 21 and drill["end_step"] == 40
+    assert drill["resumed_from"] == drill["saved_at"] == 16 and drill["end_step"] == 30
     assert drill["same_weights"] and drill["loss"] == drill["straight_loss"]
 
 
@@ -102,7 +116,14 @@ def test_the_gpu_configuration_is_a_valid_one_billion_parameter_job_on_one_gpu()
     from hpctrain.model_shape import ModelShape, total_parameters
     tool = _tool()
     job = job_from_mapping(tool.job_mapping("/data/kjv", cpu=False,
-                                            transformer_impl="transformer_engine"), "job")
+                                            transformer_impl="local"), "job")
+    stock = job_from_mapping(tool.job_mapping("/data/kjv", cpu=False, transformer_impl="local",
+                                              stock_local=True), "job")
+    assert stock.model.attention_backend == "local" and not stock.train.fused_adam
+    assert not (stock.model.apply_rope_fusion or stock.model.cross_entropy_loss_fusion)
+    drill = job_from_mapping(tool.drill_job("/data/kjv", cpu=False, transformer_impl="local"),
+                             "job")
+    assert drill.train.deterministic_mode
     profile = profile_from_mapping(tool.profile_mapping(False, 989.0, 79.1), "p.yaml", "p")
     resolved = resolve(job, profile)
     assert resolved.layout.world_size == 1 and profile.node.device == "cuda"
