@@ -27,11 +27,11 @@ def _tool():
 @pytest.mark.megatron
 def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     out = tmp_path / "report.json"
-    # --budget: the parts' 300 s are sized for a GPU; the rehearsal on a loaded CPU gets this
-    # process's own limit, so a slow machine is not a failed part
+    # the budget is the GPU's 5 minutes; a loaded CPU gets what it needs (the verdict is
+    # about what ran, not how fast)
     proc = subprocess.run([sys.executable, str(TOOL), "--cpu", "--out", str(out),
-                           "--workdir", str(tmp_path / "work"), "--budget", "840"],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
+                           "--workdir", str(tmp_path / "work"), "--budget", "3000"],
+                          capture_output=True, text=True, timeout=3600, cwd=REPO)
     report = json.loads(out.read_text())
     parts = report["parts"]
     failed = {k: v.get("error") for k, v in parts.items() if not v.get("ok")}
