@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.runtime.checkpoint import store
+from hpctrain.record import checkpoint_store as store
 from tests.launch import launch
 from tests.runtime.conftest import _explain
 from tests.runtime.helpers import losses, result

@@ -18,7 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpctrain.runtime.checkpoint import reader, staging, store, writer  # noqa: E402
+from hpctrain.record import checkpoint_store as store  # noqa: E402
+from hpctrain.runtime.checkpoint import reader, staging, writer  # noqa: E402
 
 
 def test_staging_memory_is_reused_by_every_save_and_sized_exactly():
