@@ -417,7 +417,7 @@ class Checkpointer:
         template = ckstate.loading_template(self.mo, with_rng=same_layout, fmt=fmt)
         template["hpctrain"] = None
         kept = cross_device.set_aside_absent_entries(template, folder, "checkpoint")
-        self.arena.wait_ready()
+        arena_wait = self.arena.wait_ready()    # host memory still being page-locked
         read_started = time.monotonic()
         try:
             with reader.installed(folder, manifest, self.arena, self.hooks.read_threads) \
@@ -430,6 +430,7 @@ class Checkpointer:
                 raise CheckpointDamaged("; ".join(damaged[:3])) from e
             raise
         self.read_stats = _read_stats(readers, time.monotonic() - read_started)
+        self.read_stats["host_memory_wait_s"] = round(arena_wait, 3)
         common = loaded["hpctrain"]
         cross_device.put_back(loaded, kept)
         ckstate.load_model_state(self.mo.model, loaded)
