@@ -34,13 +34,16 @@ def _as_integers(t):
     return flat.view(as_int)
 
 
-def local_digest(modules) -> str:
-    """This rank's digest over the parameters of ``modules`` (sorted by name per module)."""
+def local_digest(modules, keep=None) -> str:
+    """This rank's digest over the parameters of ``modules`` (sorted by name per module; only
+    those ``keep(param)`` accepts, when given)."""
     import torch
     h = hashlib.sha256()
     sums, weights = [], None
     for chunk in modules:
         for name, p in sorted(chunk.named_parameters(), key=lambda kv: kv[0]):
+            if keep is not None and not keep(p):
+                continue
             h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
             if weights is None:
                 weights = _weights(p.device)
@@ -57,4 +60,27 @@ def weights_digest(modules) -> str:
     """SHA-256 of every rank's :func:`local_digest`, in rank order (collective)."""
     from . import collectives
     parts = collectives.gather_objects(local_digest(modules))
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def stored_weights_digest(modules) -> str:
+    """The digest of the weights a checkpoint stores: one copy of each (collective).
+
+    A checkpoint keeps one copy of a replicated parameter (megatron-core's main replica:
+    tensor-parallel rank 0's copy of a parameter every TP rank holds, one data-parallel
+    rank's copy). The copies are equal in exact arithmetic, but need not be bitwise on every
+    device (on the CPU, torch's vectorized kernels round by the data's memory alignment, which
+    differs between processes), and a resume gives every rank the stored copy. So the digest
+    taken at a save and the one after a load cover data-parallel rank 0's parameters, and of
+    the tensor-parallel-replicated ones (norms, biases of row-parallel layers, position
+    embeddings) TP rank 0's."""
+    from megatron.core import parallel_state as ps
+
+    from . import collectives
+    mine = ""
+    if ps.get_data_parallel_rank() == 0:
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        mine = local_digest(modules, keep=lambda p: tp_rank == 0 or bool(
+            getattr(p, "tensor_model_parallel", False)))
+    parts = collectives.gather_objects(mine)
     return hashlib.sha256("".join(parts).encode()).hexdigest()

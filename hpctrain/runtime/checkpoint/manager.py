@@ -31,7 +31,7 @@ from ... import __version__
 from ...record import checkpoint_store as store
 from ...record.checkpoint_store import CheckpointError
 from .. import collectives, rng
-from ..digest import weights_digest
+from ..digest import stored_weights_digest
 from ..log import logger
 from . import cross_device
 from . import reader
@@ -190,7 +190,7 @@ class Checkpointer:
                 store.quarantine(self.root, partial, "left by an earlier save of the same step")
             partial.mkdir()
         collectives.barrier()
-        digest = weights_digest(self.mo.modules)   # the weights this save must give back
+        digest = stored_weights_digest(self.mo.modules)   # what this save must give back
         sd = ckstate.full_sharded_state(self.mo, common, rng.capture(self.ctx.device),
                                         self.ctx.job.checkpoint.optimizer_format)
         request = dist_checkpointing.save(
@@ -444,8 +444,11 @@ class Checkpointer:
         if self.ctx.device == "cuda":
             torch.cuda.synchronize()
         saved_digest = manifest.get("weights_digest")
-        if saved_digest and same_layout and cross_device.saved_impl(manifest) == impl:
-            digest = weights_digest(self.mo.modules)
+        # one stored copy per replicated weight: data-parallel replicas are equal by
+        # construction only with the distributed optimizer (it all-gathers one update)
+        one_copy = want_distopt or self.ctx.layout.data_parallel_size == 1
+        if saved_digest and same_layout and one_copy and cross_device.saved_impl(manifest) == impl:
+            digest = stored_weights_digest(self.mo.modules)
             if digest != saved_digest:
                 raise CheckpointDamaged(f"the weights loaded (digest {digest[:12]}) are not the "
                                         f"weights saved (digest {saved_digest[:12]})")
