@@ -65,7 +65,8 @@ def test_local_spec_on_cuda_enables_only_the_fusions_whose_kernels_import():
     assert impl.name == "local" and impl.attention_backend == "local"
     assert impl.fusions == {"masked_softmax_fusion": apex_softmax, "bias_activation_fusion": True,
                             "bias_dropout_fusion": True, "gradient_accumulation_fusion": apex_wgrad,
-                            "apply_rope_fusion": False}
+                            "apply_rope_fusion": False,        # learned positions here
+                            "cross_entropy_loss_fusion": True}  # bf16
     assert impl.core_attention == "torch_sdpa"
     assert impl.sdpa_kernels == ("flash", "cudnn", "efficient")
     assert any("with torch's fused attention (kernels tried in order: flash,cudnn,efficient)"
