@@ -144,8 +144,12 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
 
 
 def _path_or_text(name: str, value) -> None:
+    if name == "job" and isinstance(value, (Mapping, JobConfig)):
+        return                                  # a job given as a mapping or a loaded job
     if not isinstance(value, (str, Path)) or not str(value).strip():
-        raise UsageError(f"{name}: expected a path (a str or pathlib.Path), got {value!r} "
+        what = ("a job file, a mapping or a JobConfig" if name == "job"
+                else "a path (a str or pathlib.Path)")
+        raise UsageError(f"{name}: expected {what}, got {value!r} "
                          f"(a {type(value).__name__})")
 
 

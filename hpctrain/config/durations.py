@@ -5,6 +5,8 @@ A value (no I/O), so the CLI's tables and the ranks' progress lines (their ETA) 
 
 from __future__ import annotations
 
+import datetime as _dt
+
 
 def format_duration(seconds: float | int | None) -> str:
     """``42s``, ``3m05s``, ``2h03m``, ``1d04h`` (None: ``-``)."""
@@ -23,3 +25,14 @@ def format_duration(seconds: float | int | None) -> str:
         return f"{h}h{m:02d}m"
     d, h = divmod(h, 24)
     return f"{d}d{h:02d}h"
+
+
+def parse_iso(text: str | None) -> _dt.datetime | None:
+    """ISO times from run folders (with offset) or Slurm (local, no offset); None if unreadable."""
+    if not text:
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.astimezone()

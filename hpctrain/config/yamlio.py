@@ -304,8 +304,12 @@ class _Dumper(yaml.SafeDumper):
 
 for _tag, _pattern, _first in _CORE:
     _Dumper.add_implicit_resolver(_tag, re.compile(_pattern), _first)
-_Dumper.add_representer(TextInt, lambda d, v: d.represent_int(int(v)))
-_Dumper.add_representer(TextFloat, lambda d, v: d.represent_float(float(v)))
+# PyYAML's own safe dumper writes them as the numbers they are too: a mapping hpctrain read
+# (a profile, a job) stays something ``yaml.safe_dump`` can write, as it was before numbers
+# kept their text.
+for _dumper in (_Dumper, yaml.SafeDumper):
+    _dumper.add_representer(TextInt, lambda d, v: d.represent_int(int(v)))
+    _dumper.add_representer(TextFloat, lambda d, v: d.represent_float(float(v)))
 
 
 def dump(data: Any) -> str:

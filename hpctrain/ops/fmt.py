@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from ..config.durations import format_duration  # noqa: F401  (the CLI's one duration format)
+from ..config.durations import format_duration, parse_iso  # noqa: F401  (shared with the ranks and backends)
 
 
 def format_table(headers: list[str], rows: list[list], *, indent: str = "") -> str:
@@ -66,16 +66,6 @@ def format_bytes(n: int | None) -> str:
         n /= 1024
     return f"{n:.1f} TiB"
 
-
-def parse_iso(text: str | None) -> _dt.datetime | None:
-    """ISO times from run folders (with offset) or Slurm (local, no offset)."""
-    if not text:
-        return None
-    try:
-        t = _dt.datetime.fromisoformat(str(text))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.astimezone()
 
 
 def format_age(text: str | None, now: _dt.datetime | None = None) -> str:

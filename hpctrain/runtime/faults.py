@@ -18,6 +18,10 @@ from typing import Callable, Mapping
 from ..errors import UsageError
 from ..fault_injection import value
 
+HOLD_POLL_S = 0.05          # a hold looks for its release this often
+STOPPED_GAP_S = 1.0         # a poll that took this much longer: the rank was stopped meanwhile
+LINGER_AFTER_STOP_S = 1.0   # how long a released hold stays put after such a stop
+
 
 class InjectedCrash(RuntimeError):
     """Raised by HPCTRAIN_TEST_CRASH_AT_STEP."""
@@ -151,12 +155,20 @@ class TestHooks:
             return True
         self.hold_steps.discard(step)
         deadline = clock() + self.hold_max_s
+        stopped = False
         while not released():
             if clock() >= deadline:
                 return False
             if waiting is not None:
                 waiting()
-            sleep(0.05)
+            before = clock()
+            sleep(HOLD_POLL_S)
+            stopped = clock() - before > STOPPED_GAP_S
+        if stopped:
+            # the rank was stopped (SIGSTOP) while it waited: the stack dump the watcher asked
+            # for runs on whichever thread wakes first, so stay here a moment for it to find
+            # the main thread where the stop caught it, not already in the next step
+            sleep(LINGER_AFTER_STOP_S)
         return True
 
     def hold_in_evaluation(self, step: int, released, waiting=None) -> bool:

@@ -136,7 +136,8 @@ def submit(job_file: str | Path | Mapping | JobConfig,
     backend = backend_for(resolved.profile)
     # a dry run writes nothing outside its run folder and may run off the cluster: what it
     # cannot see here (data on the cluster's file system) is a warning
-    check_offline(resolved, force=force, prepare=not dry_run, warn=warn if dry_run else None)
+    check_offline(resolved, force=force, prepare=not dry_run, warn=warn if dry_run else None,
+                  dry_run=dry_run)
     run = prepare_run(resolved, runs_root_for(runs_dir, resolved.profile),
                       source=job_source(job_file))
     if overrides:
@@ -183,7 +184,8 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
                     p.resolved.job.train.eval_at_end))
         if key not in checked:
             checked.add(key)
-            check_data(p.resolved.job, prepare=not dry_run, warn=warn if dry_run else None)
+            check_data(p.resolved.job, prepare=not dry_run, warn=warn if dry_run else None,
+                       dry_run=dry_run)
     sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
                                           source=job_source(job_file))
     if overrides:

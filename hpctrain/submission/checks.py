@@ -97,7 +97,8 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
                          "pass --force to submit anyway.")
 
 
-def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None = None) -> None:
+def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None = None,
+               dry_run: bool = False) -> None:
     """The job's corpora (``data.path`` or the blends' paths): there, or preparable (the example
     corpora are prepared on first use), tokenized with a vocabulary the model holds, and split so
     that the training, validation or test data the job uses is not empty (each error names its
@@ -106,7 +107,8 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
     ``prepare=False`` writes nothing (validate, dry runs); the splits are then checked only when
     every corpus is there. With ``warn``, what this machine cannot see (data, or a tokenizer
     folder, that lives on the cluster's file system) is a warning instead of a refusal; a
-    vocabulary too small for the tokenizer is always refused.
+    vocabulary too small for the tokenizer is always refused. A ``dry_run`` with ``warn`` only
+    warns about corpora whose splits it cannot read (placeholders of the cluster's data).
     """
     from ..data.blend import check_splits
     from ..data.splits import all_prefixes
@@ -142,14 +144,19 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
             return                                   # submit prepares or refuses it
         from ..data.prepare import ensure_prepared
         ensure_prepared(job)
-    check_splits(job)
+    try:
+        check_splits(job)
+    except UsageError as e:
+        if not (dry_run and warn):
+            raise
+        warn(f"{e} (a dry run writes the script all the same; the job cannot start with it)")
 
 
 def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = True,
-                  warn: Callable[[str], None] | None = None) -> None:
+                  warn: Callable[[str], None] | None = None, dry_run: bool = False) -> None:
     """Every check ``submit`` makes before it creates a run folder that needs no cluster: the
     layout fits the GPUs' memory (:func:`check_fits`) and the data fits the model
     (:func:`check_data`). ``validate`` and ``submit --dry-run`` run this same function with
     ``prepare=False`` and a ``warn``, so a job ``validate`` calls ok is one ``submit`` takes."""
     check_fits(resolved, force)
-    check_data(resolved.job, prepare=prepare, warn=warn)
+    check_data(resolved.job, prepare=prepare, warn=warn, dry_run=dry_run)

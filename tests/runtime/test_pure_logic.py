@@ -337,3 +337,18 @@ def test_flops_gqa_swiglu_and_mfu():
     assert padded_vocab_size(257, 64, 3) == 384            # lcm(64, 3) = 192
     assert mfu(1e15, 2.0, 4, 250.0) == pytest.approx(1e15 / 2 / (4 * 250e12))
     assert mfu(1e15, 2.0, 4, None) is None
+
+
+def test_a_hold_released_after_a_stop_stays_put_a_moment_for_the_stack_dump():
+    h = TestHooks.from_env({**ON, "HPCTRAIN_TEST_HOLD_AFTER_STEP": "4,5"})
+    now, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s + (40.0 if len(slept) == 2 else 0.0)     # stopped during the second poll
+    polls = iter([False, False, True])
+    assert h.hold_after(4, lambda: next(polls), sleep, lambda: now[0])
+    assert slept[-1] >= 1.0 and len(slept) == 3              # lingered after the stop
+    slept.clear()
+    polls = iter([False, True])
+    assert h.hold_after(5, lambda: next(polls), sleep, lambda: now[0]) and slept == [0.05]

@@ -6,11 +6,11 @@ again)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import time
 from typing import Any, Callable
 
 from ...config import ClusterProfile, time_limit_seconds
+from ...config.durations import parse_iso
 from ...record.folder import RunFolder
 from ..backend import Backend, JobRef, JobState
 from .jobs import cancel_local, local_alive
@@ -38,7 +38,7 @@ class LocalBackend(Backend):
                           events: list[dict]) -> tuple[float | None, float | None]:
         """Since the newest attempt start (or submission) the run recorded; the profile's
         ``slurm.time_limit``, which the local controller enforces too."""
-        started = next((_when(e.get("time")) for e in reversed(events)
+        started = next((parse_iso(e.get("time")) for e in reversed(events)
                         if e.get("event") in ("attempt_start", "submitted")), None)
         elapsed = time.time() - started.timestamp() if started else None
         try:
@@ -50,12 +50,3 @@ class LocalBackend(Backend):
     def node_list(self, job: JobState) -> str | None:
         return job.nodes or None
 
-
-def _when(text: str | None) -> _dt.datetime | None:
-    if not text:
-        return None
-    try:
-        t = _dt.datetime.fromisoformat(str(text))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.astimezone()
