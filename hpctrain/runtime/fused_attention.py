@@ -12,7 +12,10 @@ signature and goes into the local spec's ``core_attention`` seam (``layers.layer
   into Transformer Engine's spec like any local-spec checkpoint).
 * Causal masking is the kernel's (``is_causal``): no s×s mask is built. A mask that megatron
   passes is honoured as ``DotProductAttention`` honours it (True = masked out).
-* GQA: key and value keep their g heads (``enable_gqa``); nothing is repeated to a heads.
+* GQA: key and value keep their g heads (``enable_gqa``) where the kernel takes them so
+  (torch: FlashAttention-2 and the math kernel); where only cuDNN's or the memory-efficient
+  kernel can run (``attention_backend: fused``, fp32, a head size flash refuses), key and
+  value are repeated to a heads first, as ``DotProductAttention`` does, and the log says so.
 * The softmax scale is ``DotProductAttention``'s net scale (``1/sqrt(d)`` or the config's
   ``softmax_scale``; query-key layer scaling divides and multiplies back by the layer number,
   so it cancels).
@@ -132,6 +135,9 @@ class TorchFusedAttention(MegatronModule):
         self.dropout_p = config.attention_dropout if attention_dropout is None else \
             attention_dropout
         self.kernels = tuple(kernels)
+        # GQA without repeating key and value: None until the first GQA forward asks torch's
+        # dispatcher (:func:`takes_gqa`); the same answer for every later forward (one shape)
+        self.native_gqa: bool | None = None
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
@@ -154,6 +160,17 @@ class TorchFusedAttention(MegatronModule):
         p = self.dropout_p if self.training else 0.0
         gqa = self.heads_per_partition != self.groups_per_partition
         with sdpa_kernel(list(self.kernels), set_priority=True):
+            if gqa and self.native_gqa is None:
+                self.native_gqa = takes_gqa(q, k, v, sdpa_mask, p, causal, self.softmax_scale)
+                if not self.native_gqa:
+                    from .log import logger
+                    logger.info(f"attention: no kernel of {describe_kernels(self.kernels)} "
+                                f"takes grouped key/value heads here; key and value are "
+                                f"repeated to {self.heads_per_partition} heads per rank")
+            if gqa and not self.native_gqa:
+                repeat = self.heads_per_partition // self.groups_per_partition
+                k, v = (t.repeat_interleave(repeat, dim=1) for t in (k, v))
+                gqa = False
             if not KERNEL_IN_USE:
                 _record_choice(q, k, v, sdpa_mask, p, causal, self.softmax_scale, gqa,
                                self.kernels)
@@ -173,6 +190,18 @@ class TorchFusedAttention(MegatronModule):
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         return {}   # no parameters: checkpoints are the local spec's
+
+
+def takes_gqa(q, k, v, mask, p, causal, scale) -> bool:
+    """Whether a kernel enabled here (inside ``sdpa_kernel``) runs GQA on key and value as they
+    are. torch's dispatcher answers: only FlashAttention-2 and the math kernel take grouped
+    heads (``enable_gqa``); with neither usable it finds no kernel at all."""
+    try:
+        chosen = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, p, causal, scale=scale,
+                                                    enable_gqa=True))
+    except RuntimeError:
+        return False
+    return chosen != SDPBackend.ERROR
 
 
 def _record_choice(q, k, v, mask, p, causal, scale, gqa, kernels) -> None:

@@ -48,7 +48,10 @@ def max_error(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def compare(name: str, heads: int, groups: int, dtype, layer_number: int = 1, **extra) -> dict:
+def compare(name: str, heads: int, groups: int, dtype, layer_number: int = 1,
+            native_gqa: bool | None = None, **extra) -> dict:
+    """``native_gqa=False``: the path taken where no enabled kernel takes grouped key/value
+    heads (cuDNN's, the memory-efficient kernel's on a GPU): key and value repeated first."""
     torch.manual_seed(7)
     s, b, d = 48, 2, 16
     q = torch.randn(s, b, heads, d, dtype=dtype)
@@ -59,7 +62,9 @@ def compare(name: str, heads: int, groups: int, dtype, layer_number: int = 1, **
     kw = dict(config=cfg, layer_number=layer_number, attn_mask_type=AttnMaskType.causal,
               attention_type="self")
     reference = run(DotProductAttention(**kw), q, k, v, grad)
-    fused = run(fused_attention.TorchFusedAttention(**kw), q, k, v, grad)
+    module = fused_attention.TorchFusedAttention(**kw)
+    module.native_gqa = native_gqa
+    fused = run(module, q, k, v, grad)
     # the exact answer in fp64, to judge both implementations by the same yardstick
     exact = run(fused_attention.TorchFusedAttention(**{**kw, "config": config(
         heads, groups, torch.float64, **extra)}), *(t.double() for t in (q, k, v)),
@@ -70,7 +75,7 @@ def compare(name: str, heads: int, groups: int, dtype, layer_number: int = 1, **
             "unfused_vs_exact": [max_error(r, e) for r, e in zip(reference, exact)],
             "fused_vs_exact": [max_error(a, e) for a, e in zip(fused, exact)],
             "parameters": sum(1 for _ in fused_attention.TorchFusedAttention(**kw).parameters()),
-            "kernel": dict(fused_attention.KERNEL_IN_USE)}
+            "kernel": dict(fused_attention.KERNEL_IN_USE), "native_gqa": module.native_gqa}
 
 
 def dropout_case() -> dict:
@@ -106,6 +111,7 @@ def main() -> None:
         compare("MQA fp32", 4, 1, torch.float32),
         compare("MHA bf16", 4, 4, torch.bfloat16),
         compare("GQA bf16", 4, 2, torch.bfloat16),
+        compare("GQA fp32 key/value repeated", 4, 2, torch.float32, native_gqa=False),
         compare("GQA fp32 query-key layer scaling", 4, 2, torch.float32, layer_number=3,
                 apply_query_key_layer_scaling=True),
     ], "dropout": dropout_case()}

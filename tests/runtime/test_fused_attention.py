@@ -32,7 +32,7 @@ def probed(tmp_path_factory) -> dict:
 
 
 CASES = ["MHA fp32", "GQA fp32", "MQA fp32", "MHA bf16", "GQA bf16",
-         "GQA fp32 query-key layer scaling"]
+         "GQA fp32 key/value repeated", "GQA fp32 query-key layer scaling"]
 
 
 @pytest.mark.megatron
@@ -48,6 +48,11 @@ def test_forward_and_backward_match_megatrons_unfused_attention(probed, name):
         for fused, unfused in zip(case["fused_vs_exact"], case["unfused_vs_exact"]):
             assert fused <= 2 * unfused + BF16_ULP_AT_ONE, case
     assert case["parameters"] == 0
+    # GQA: torch's dispatcher was asked whether the kernel takes grouped heads (the CPU's
+    # flash kernel does); a forced False ran with key and value repeated
+    grouped = case["groups"] != case["heads"]
+    assert case["native_gqa"] == ((name != "GQA fp32 key/value repeated") if grouped
+                                  else None), case
     assert case["kernel"]["kernel"] == "flash" and case["kernel"]["tried"] == "flash,math"
 
 
