@@ -17,9 +17,9 @@ shared mapping: a forked child sees the parent's later writes).
   page-locked with ``cudaHostRegister`` so that copies to and from the GPU are asynchronous
   DMA; sized to exactly what is placed in them (torch's pinned cache rounds every block up to
   a power of two);
-* allocated and page-locked by a background thread started when the model is built
-  (:meth:`reserve`), so the training thread does not pay for it; a save that needs more than
-  was reserved grows the arena once and keeps it;
+* allocated and page-locked by a background thread (on the rank's CUDA device) started when
+  the model is built (:meth:`reserve`), so the training thread does not pay for it; a save
+  that needs more than was reserved grows the arena once and keeps it;
 * :meth:`acquire` places tensors in it for one owner (a save, or the resume) and refuses to
   place anything while another owner holds it: a save's bytes stay untouched until
   :meth:`release`, which the save calls after its writer finished;
@@ -111,10 +111,19 @@ class HostArena:
         if nbytes <= self.capacity or self._thread is not None:
             return
         self._ready.clear()
+        # a new thread's CUDA device is device 0: page-locking from it would open a CUDA
+        # context on GPU 0 for every rank of the node; it works on the rank's own device
+        device = None
+        if self.pin:
+            import torch
+            device = torch.cuda.current_device()
 
         def work():
             started = time.monotonic()
             try:
+                if device is not None:
+                    import torch
+                    torch.cuda.set_device(device)
                 while self.capacity < nbytes:
                     segment = _Segment(min(self.segment_bytes, nbytes - self.capacity), self.pin)
                     with self._lock:
