@@ -179,8 +179,8 @@ def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
 
 
 def test_damage_in_another_ranks_share_of_the_files_is_caught(ws):
-    """Two ranks verify a checkpoint together, each the CRC32 of its share of the files: a
-    flipped byte in a file only rank 1 checks must still set the checkpoint aside."""
+    """Two ranks load a checkpoint together, each verifying the CRC32C of the items it reads:
+    a flipped byte in a file rank 0 does not check must still set the checkpoint aside."""
     src = ws.reference("single")
     run = ws.new_run("corrupt-rank1", "single", steps=8, world=2)     # DP2
     _copy_checkpoint(src, 6, run)
@@ -195,7 +195,9 @@ def test_damage_in_another_ranks_share_of_the_files_is_caught(ws):
     res = launch(run.path, 2)
     assert res.codes == [0, 0], _explain(res)
     assert result(run, 1)["start_step"] == 6
-    assert f"{damaged.name}: CRC32" in res.output(0) and "step-00000012 is damaged" in res.output(0)
+    out = res.output(0)
+    assert f"{damaged.name}: the item at byte" in out and "CRC32C" in out, out
+    assert "step-00000012 is damaged" in out
     (aside,) = (run.path / "checkpoints" / store.QUARANTINE).iterdir()
     assert aside.name.startswith("step-00000012")
 

@@ -282,12 +282,14 @@ def test_test_variables_do_nothing_without_the_switch():
              "HPCTRAIN_TEST_SYSFS_IB": "/x", "HPCTRAIN_TEST_SYSFS_NET": "/x",
              "HPCTRAIN_TEST_PROC_MOUNTS": "/x", "HPCTRAIN_TEST_SITE_PACKAGES": "/x",
              "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "2@1", "HPCTRAIN_TEST_SLOW_RANK": "1:0.5",
-             "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "1"}
+             "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "1", "HPCTRAIN_TEST_FILL_AFTER_SAVE": "1",
+             "HPCTRAIN_TEST_READ_THREADS": "0"}
     assert set(stray) == set(fault_injection.VARIABLES)      # every registered variable
     for switch in ({}, {"HPCTRAIN_TEST_HOOKS": "0"}, {"HPCTRAIN_TEST_HOOKS": "yes"}):
         env = {**stray, **switch}
         hooks = TestHooks.from_env(env)
         assert not hooks.active and hooks.step_sleep_s == 0 and not hooks.nan_in(1)
+        assert not hooks.fill_after_save and hooks.read_threads is None
         hooks.maybe_crash(1, 0)                                # no crash
         assert hooks.hold_in_evaluation(1, released=lambda: False)   # no hold
         assert not hooks.kill_during_save(0, 1)
