@@ -16,15 +16,16 @@ from ..config import (ClusterProfile, JobConfig, Resolved, job_from_mapping, loa
                       load_profile, resolve)
 from ..config.loader import resolve_job_paths
 from ..errors import UsageError
-from ..scheduler.choose import backend_for
+from ..scheduler.choose import backend_for, backend_named
 
 
 def load_profile_for(profile: str | Path | ClusterProfile, nodes: int | None = None) -> ClusterProfile:
     """A profile by name, by file, or as given, with ``nodes`` applied (a local profile runs on
     this machine only)."""
     p = profile if isinstance(profile, ClusterProfile) else load_profile(str(profile))
+    backend_named(p.scheduler).check_nodes(nodes)     # the flag named when it asks too much
     p = p.with_nodes(nodes)
-    backend_for(p).check_nodes(nodes)
+    backend_for(p)
     return p
 
 
