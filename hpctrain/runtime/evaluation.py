@@ -111,8 +111,9 @@ class Evaluator:
         return collectives.start_sum(flags)()
 
 
-def build_evaluator(ctx, mo, datasets, flag, metrics, hooks):
-    """The validation/test readers and their evaluator (None when the job evaluates nothing)."""
+def build_evaluator(ctx, mo, datasets, flag, metrics, hooks, order: str | None = None):
+    """The validation/test readers and their evaluator (None when the job evaluates nothing);
+    ``order``: the sample order of the run (:mod:`hpctrain.data.order`), as training reads."""
     from ..data.blend import split_samples
     from .batches import BatchFeeder
     job = ctx.job
@@ -126,6 +127,8 @@ def build_evaluator(ctx, mo, datasets, flag, metrics, hooks):
             for note in notes if ctx.is_rank0 else []:
                 logger.info(f"note: {note}")
             if samples is not None:
+                if order is not None:
+                    samples.use_order(order)
                 feeders[kind] = BatchFeeder(samples, ctx.layout, ctx.device,
                                             job.data.num_workers)
                 if ctx.is_rank0:

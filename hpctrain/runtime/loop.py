@@ -140,7 +140,8 @@ class Trainer:
         return {"step": self.step, "consumed_samples": self.consumed,
                 "optimizer_updates": self.updates, "lr_schedule": self.schedule.state_dict(),
                 "guard": self.guard.state_dict(), "job": self.ctx.job.name,
-                "evaluated_step": self.evaluated_step, "tested_step": self.tested_step}
+                "evaluated_step": self.evaluated_step, "tested_step": self.tested_step,
+                "sample_order": self.feeder.samples.order_kind}
 
     # --------------------------------------------------------------------- one step
     def train_step(self) -> dict:
