@@ -138,7 +138,8 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
         except UsageError as e:
             if warn is None:
                 raise
-            warn(f"data.tokenizer: {e}")
+            text = str(e)
+            warn(text if text.startswith("data.tokenizer") else f"data.tokenizer: {text}")
             vocab = None
         check_vocab(job, vocab)
         if not prepare:
