@@ -19,21 +19,36 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ["HPCTRAIN_TEST_HOOKS"] = "1"
 
 
+# The second dev cluster (tools/test starts it when the suite runs on workers), and the Slurm
+# test files that run there: about half of the Slurm tests' time, from a whole run's durations.
+SECOND_CONF = os.environ.get("HPCTRAIN_TEST_SLURM_CONF_2")
+ON_THE_SECOND_CLUSTER = frozenset({
+    "tests/integration/test_training_jobs.py",
+    "tests/ops/test_real_training.py",
+    "tests/ops/test_requeue_and_follow.py",
+    "tests/ops/test_checkpoint_ownership.py",
+    "tests/ops/test_gpu_hours.py",
+    "tests/ops/test_chain.py",
+})
+
+
 @functools.lru_cache(maxsize=None)
 def worker_group(path: str) -> str:
     """Which tests may not run beside each other (``tools/test`` runs pytest-xdist workers with
     ``--dist loadscope``; the tests of one group run on one worker, one after another), from
     the test file (``tests/...py``, relative to the repository):
 
-    * ``slurm``: every file with a test that uses the dev Slurm cluster. The cluster is one
+    * ``slurm``: every file with a test that uses the dev Slurm cluster. A cluster is one
       shared resource (three nodes; a preemption drill takes every node of a partition), so its
-      tests never run beside each other, whatever their folder;
+      tests never run beside each other, whatever their folder. Where ``tools/test`` started a
+      second cluster, the files of ``ON_THE_SECOND_CLUSTER`` form a second group, ``slurm-2``,
+      that runs on it (:func:`_the_file_s_cluster`) beside the first;
     * ``megatron-workspace``: the runtime tests that share the session workspace (the prepared
       corpus, the exported initial weights and the reference runs trained once), made once;
     * otherwise the file itself, so a module-scoped fixture is made once."""
     text = (REPO / path).read_text()
     if "slurm_cluster" in text or "mark.slurm" in text:
-        return "slurm"
+        return "slurm-2" if SECOND_CONF and path in ON_THE_SECOND_CLUSTER else "slurm"
     if re.search(r"def test_\w+\([^)]*\bws\b", text):
         return "megatron-workspace"
     return path
@@ -51,7 +66,40 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid.split("::", 1)[0])
 
+        def _assign_work_unit(self, node) -> None:
+            # the Slurm groups are the longest chains: each starts first, on a worker of its own
+            for scope in ("slurm-2", "slurm"):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     return GroupScheduling(config, log)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_file_s_cluster(request):
+    """The dev cluster of this test file's group: ``SLURM_CONF`` (which every Slurm command and
+    every process a test starts reads) points to the second cluster for the files of
+    ``slurm-2``, for as long as the file's tests and fixtures run."""
+    path = Path(str(request.fspath)).resolve()
+    try:
+        rel = str(path.relative_to(REPO))
+    except ValueError:
+        rel = ""
+    if not (rel and worker_group(rel) == "slurm-2"):
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPCTRAIN_DEV_CLUSTER_DIR")}
+    os.environ["SLURM_CONF"] = SECOND_CONF
+    os.environ["HPCTRAIN_DEV_CLUSTER_DIR"] = os.environ.get("HPCTRAIN_TEST_DEV_CLUSTER_DIR_2", "")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture

@@ -23,11 +23,14 @@ def data():
 @click.option("--output", "-o", required=True, metavar="PREFIX",
               help="Output prefix: writes PREFIX.bin, PREFIX.idx (and PREFIX.meta.json).")
 @click.option("--tokenizer", "-t", default="byte", show_default=True, metavar="byte|PATH",
-              help="`byte` (built in, vocabulary 257) or a local folder with tokenizer.json.")
+              help="`byte` (built in, vocabulary 257), a local folder with tokenizer.json, a "
+                   "SentencePiece .model or a tiktoken ranks file.")
 @click.option("--json-key", default="text", show_default=True,
               help="Field of each JSONL record that holds the text.")
+@click.option("--workers", "-j", default=1, show_default=True, type=int,
+              help="Tokenizer processes; the output bytes are the same for any count.")
 @json_option
-def prepare_cmd(files, output, tokenizer, json_key, as_json):
+def prepare_cmd(files, output, tokenizer, json_key, workers, as_json):
     """Tokenize .txt/.jsonl files (optionally .gz) into Megatron's indexed format.
 
     \b
@@ -36,6 +39,7 @@ def prepare_cmd(files, output, tokenizer, json_key, as_json):
     \b
     Example:
       hpctrain data prepare corpus/*.jsonl.gz --output data/corpus --tokenizer ./tokenizer
+      hpctrain data prepare big.jsonl --output data/big -t ./tokenizer.model --workers 8
     """
     from ..data.prepare import prepare
 
@@ -50,9 +54,9 @@ def prepare_cmd(files, output, tokenizer, json_key, as_json):
                     bar.update(done - state["done"])
                     state["done"] = done
 
-            stats = prepare(files, output, tokenizer, json_key, progress)
+            stats = prepare(files, output, tokenizer, json_key, progress, workers)
     else:
-        stats = prepare(files, output, tokenizer, json_key)
+        stats = prepare(files, output, tokenizer, json_key, workers=workers)
     if as_json:
         echo_json(stats.__dict__)
         return

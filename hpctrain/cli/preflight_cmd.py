@@ -39,8 +39,8 @@ def preflight(here, profile_name, nodes, as_json, runs_dir, wait_s):
       hpctrain preflight --profile dev-slurm --nodes 2
       hpctrain preflight --profile local --json
     """
-    from ..config import load_profile
-    profile = load_profile(profile_name).with_nodes(nodes)
+    from ..submission.checks import load_profile_for
+    profile = load_profile_for(profile_name, nodes)
     if here:
         report = _here(profile, as_json)
     else:

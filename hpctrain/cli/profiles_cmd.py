@@ -37,7 +37,7 @@ def list_cmd(as_json):
     rows = []
     for name, path in sorted(list_profiles().items()):
         try:
-            p = load_profile(str(path))
+            p = _accepted(load_profile(str(path)))
             rows.append({"name": name, "scheduler": p.scheduler, "nodes": p.slurm.nodes,
                          "gpus_per_node": p.slurm.gpus_per_node, "path": str(path),
                          "description": p.description, "valid": True})
@@ -86,10 +86,18 @@ def validate_cmd(files):
     failed = 0
     for f in files:
         try:
-            loader.load_profile(f)
+            _accepted(loader.load_profile(f))
             click.echo(f"{f}: ok")
         except Exception as e:
             failed += 1
             click.echo(f"Error: {e}", err=True)
     if failed:
         raise click.exceptions.Exit(2)
+
+
+def _accepted(profile):
+    """``profile``, once its scheduler's backend has accepted it (a local profile is one
+    node); imported here, not at the top: listing profiles needs no backend otherwise."""
+    from ..scheduler.choose import backend_for
+    backend_for(profile)
+    return profile

@@ -207,7 +207,9 @@ class DataSection:
                                          default_factory=list)
     test_blend: list[CorpusEntry] = doc("Separate test corpora (instead of a split).",
                                         default_factory=list)
-    tokenizer: str = doc("byte (built in) or a local Hugging Face tokenizer folder (for prepare).",
+    tokenizer: str = doc("byte (built in), a local Hugging Face tokenizer folder, a SentencePiece "
+                         ".model or a tiktoken ranks file (for prepare; extras "
+                         "hf-tokenizers, sentencepiece, tiktoken).",
                          default="byte")
     prepare_from: list[str] = doc("Text/JSONL files to prepare into `path` when it does not exist "
                                   "yet (hpctrain data prepare).", default_factory=list)

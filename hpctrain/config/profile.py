@@ -277,8 +277,6 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
             and s.gpus_per_node > n.gpus:
         problems.add("slurm.gpus_per_node", f"asks for {s.gpus_per_node} GPUs per node but node.gpus "
                                             f"says a node has {n.gpus}; lower slurm.gpus_per_node")
-    if p.scheduler == "local" and isinstance(s.nodes, int) and s.nodes != 1:
-        problems.add("slurm.nodes", "a local profile runs on this machine only; set it to 1")
     for i, m in enumerate(p.modules or []):
         safety.check(safety.MODULE, m, f"modules[{i}]", problems, "module name")
     for k, v in (p.env or {}).items():

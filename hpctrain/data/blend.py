@@ -73,6 +73,15 @@ class BlendedSamples:
         corpus, within = self.block_order(k)
         return int(corpus[slot]), int(within[slot])
 
+    def use_order(self, kind: str) -> None:
+        """Every corpus visits its samples in the order ``kind`` (see :mod:`.order`)."""
+        for part in self.parts:
+            part.use_order(kind)
+
+    @property
+    def order_kind(self) -> str:
+        return self.parts[0].order_kind
+
     def sample(self, position: int, check: bool = True) -> np.ndarray:
         corpus, within = self.locate(position)
         return self.parts[corpus].sample(within, check)

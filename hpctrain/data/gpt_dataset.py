@@ -3,9 +3,10 @@
 The token stream is every document back to back (end-of-document ids included), exactly
 the ``.bin`` file. Sample ``j`` is the window ``tokens[j·s : j·s + s + 1]`` (inputs are the
 first s, labels the last s, so neighbouring samples share one token, as in Megatron-LM).
-Samples are visited in a random order per epoch, drawn from ``(seed, epoch)``; the position
-in that order is the number of samples consumed so far, a single integer a checkpoint saves
-and restores exactly, whatever the layout.
+Samples are visited in a random order per epoch, drawn from ``(seed, epoch)`` and computed
+position by position (:mod:`.order`: nothing is built at start, whatever the corpus size); the
+position in that order is the number of samples consumed so far, a single integer a checkpoint
+saves and restores exactly, whatever the layout.
 
 Global batch ``b`` is the samples at positions ``[b·G, (b+1)·G)``; data-parallel rank ``r``
 of ``D`` takes the ``r``-th contiguous ``G/D`` of them, cut into microbatches. The global
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .indexed import IndexedDataset
+from .order import FEISTEL, make_order
 
 
 class GPTSamples:
@@ -42,20 +44,20 @@ class GPTSamples:
                              f"{' in this split' if tokens is not None else ''}, fewer than one "
                              f"sample of model.seq_length + 1 = {seq_length + 1}; use more data, "
                              f"a larger share of data.split or a shorter seq_length")
-        self._epoch = -1
-        self._order: np.ndarray | None = None
+        self.use_order(FEISTEL)
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The sample order of ``epoch`` (a permutation of all samples)."""
-        if epoch != self._epoch:
-            rng = np.random.Generator(np.random.PCG64([self.seed, epoch, *self.stream]))
-            self._order = rng.permutation(self.num_samples)
-            self._epoch = epoch
-        return self._order
+    def use_order(self, kind: str) -> None:
+        """Visit the samples in the order ``kind`` (:data:`.order.KINDS`; a checkpoint says
+        which one its run used)."""
+        self._order = make_order(kind, self.num_samples, self.seed, self.stream)
+
+    @property
+    def order_kind(self) -> str:
+        return self._order.kind
 
     def sample_index(self, position: int) -> int:
         epoch, within = divmod(position, self.num_samples)
-        return int(self.order(epoch)[within])
+        return self._order.index(epoch, within)
 
     def sample(self, position: int, check: bool = True) -> np.ndarray:
         """The ``seq_length + 1`` tokens of the sample at ``position`` in the visiting order

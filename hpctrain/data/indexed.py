@@ -130,6 +130,13 @@ class IndexedDatasetWriter:
             self.abort()
 
 
+def _mapped(path: Path, dtype, count: int, offset: int) -> np.ndarray:
+    """``count`` values of ``dtype`` at byte ``offset`` of ``path``, memory-mapped."""
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+
 class IndexedDataset:
     """Read-only, memory-mapped view of a dataset. ``tokens`` is the whole ``.bin`` as one array."""
 
@@ -140,8 +147,10 @@ class IndexedDataset:
             if not p.is_file():
                 raise UsageError(f"dataset file {p} does not exist (data.path is the prefix of "
                                  f"PREFIX.bin + PREFIX.idx; `hpctrain data prepare` writes them)")
-        raw = ip.read_bytes()
         fixed = len(HEADER) + 8 + 1 + 8 + 8
+        with open(ip, "rb") as f:
+            raw = f.read(fixed)
+        size_idx = ip.stat().st_size
         if len(raw) < fixed or raw[:len(HEADER)] != HEADER:
             raise UsageError(f"{ip} is not a Megatron index file (bad header); re-create it with "
                              f"`hpctrain data prepare`")
@@ -154,16 +163,21 @@ class IndexedDataset:
         self.dtype = np.dtype(DTYPES[code])
         seqs, docs = struct.unpack_from("<QQ", raw, len(HEADER) + 9)
         need = fixed + seqs * 4 + seqs * 8 + docs * 8
-        if len(raw) < need:
-            raise UsageError(f"{ip} is truncated ({len(raw)} bytes, the header promises {need}); "
+        if size_idx < need:
+            raise UsageError(f"{ip} is truncated ({size_idx} bytes, the header promises {need}); "
                              f"re-create the dataset")
+        # memory-mapped, not read: at 10^9 documents the index is 20 GB, of which a run
+        # touches a few pages (the split boundaries and the sequences it reads)
         off = fixed
-        self.sequence_lengths = np.frombuffer(raw, np.int32, seqs, off)
+        self.sequence_lengths = _mapped(ip, np.int32, seqs, off)
         off += seqs * 4
-        self.sequence_pointers = np.frombuffer(raw, np.int64, seqs, off)
+        self.sequence_pointers = _mapped(ip, np.int64, seqs, off)
         off += seqs * 8
-        self.document_indices = np.frombuffer(raw, np.int64, docs, off)
-        expected = int(self.sequence_lengths.sum(dtype=np.int64)) * self.dtype.itemsize
+        self.document_indices = _mapped(ip, np.int64, docs, off)
+        # the sequences lie back to back, so the last one's end is the .bin's size (summing
+        # every length would read the whole index)
+        expected = (int(self.sequence_pointers[-1]) +
+                    int(self.sequence_lengths[-1]) * self.dtype.itemsize) if seqs else 0
         size = bp.stat().st_size
         if size != expected:
             raise UsageError(f"{bp} holds {size} bytes but {ip} describes {expected}; the pair "

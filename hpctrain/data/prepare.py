@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import UsageError
 from . import indexed, sources
@@ -53,8 +53,14 @@ def read_meta(prefix: str | os.PathLike) -> dict:
 
 def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer: str = "byte",
             json_key: str = "text",
-            progress: Callable[[int, int], None] | None = None) -> PrepareStats:
-    """Tokenize ``files`` into ``output.bin``/``output.idx``; ``progress(done, total)`` in bytes."""
+            progress: Callable[[int, int], None] | None = None,
+            workers: int = 1) -> PrepareStats:
+    """Tokenize ``files`` into ``output.bin``/``output.idx``; ``progress(done, total)`` in bytes.
+
+    ``workers > 1`` tokenizes batches in that many processes; the output is the same bytes
+    (batches are cut and written in input order whatever the count)."""
+    if workers < 1:
+        raise UsageError(f"--workers: {workers} is below 1; give 1 (no extra process) or more")
     paths = check_inputs(list(files))
     out = Path(output).expanduser()
     if out.is_dir():
@@ -68,13 +74,16 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     total = total_input_bytes(paths)
     done_before = 0
     writer = indexed.IndexedDatasetWriter(out, indexed.token_dtype(tok.vocab_size))
+    encoder = None
     try:
+        encoder = _Encoder(tok, tokenizer, workers)
         for path in paths:
             report = None
             if progress:
                 base = done_before
                 report = lambda pos, base=base: progress(min(total, base + pos), total)  # noqa: E731
-            _tokenize_file(path, json_key, tok, writer, report)
+            for batch, ids in encoder.map(_batches(path, json_key, report)):
+                _write(batch, ids, tok.eod, writer)
             done_before += path.stat().st_size
         if writer.num_tokens == 0:
             raise UsageError("the input holds no text: nothing to prepare")
@@ -82,6 +91,9 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     except BaseException:
         writer.abort()
         raise
+    finally:
+        if encoder is not None:
+            encoder.close()
     stats = PrepareStats(output=str(out), tokenizer=tok.name, vocab_size=int(tok.vocab_size),
                          eod=int(tok.eod), dtype=writer.dtype.name,
                          documents=writer.num_documents, sequences=writer.num_sequences,
@@ -92,31 +104,79 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     return stats
 
 
-def _tokenize_file(path: Path, json_key: str, tok, writer, report) -> None:
+def _batches(path: Path, json_key: str, report) -> Iterator[list]:
+    """The pieces of ``path`` in batches, bounded by count (many short documents) and by size
+    (a few long ones, or one huge line arriving in pieces): memory does not grow with the
+    input. The cut depends on the input alone, never on the worker count."""
     batch: list = []
-
-    def flush():
-        ids = tok.encode_batch([p.text for p in batch])
-        for piece, arr in zip(batch, ids):
-            if piece.last:
-                arr = _append(arr, tok.eod)
-            if arr.size:
-                writer.add_sequence(arr)
-            if piece.last:
-                writer.end_document()
-        batch.clear()
-
     chars = 0
     for piece in read_pieces(path, json_key, report):
         batch.append(piece)
         chars += len(piece.text)
-        # bounded by count (many short documents) and by size (a few long ones, or one huge
-        # line arriving in pieces): memory does not grow with the input
         if len(batch) >= BATCH_TEXTS or chars >= BATCH_PIECES_OF_TEXT * sources.PIECE_CHARS:
-            flush()
-            chars = 0
+            yield batch
+            batch, chars = [], 0
     if batch:
-        flush()
+        yield batch
+
+
+def _write(batch: list, ids: list, eod: int, writer) -> None:
+    for piece, arr in zip(batch, ids):
+        if piece.last:
+            arr = _append(arr, eod)
+        if arr.size:
+            writer.add_sequence(arr)
+        if piece.last:
+            writer.end_document()
+
+
+_worker_tokenizer = None
+
+
+def _init_worker(spec: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = load_tokenizer(spec)
+
+
+def _encode_in_worker(texts: list[str]) -> list:
+    return _worker_tokenizer.encode_batch(texts)
+
+
+class _Encoder:
+    """Batches -> token ids, here or in ``workers`` processes, in input order. At most
+    ``2 × workers`` batches are in flight, so memory stays bounded per worker (a pool's
+    ``imap`` would read the whole input ahead)."""
+
+    def __init__(self, tok, spec: str, workers: int) -> None:
+        self.tok, self.workers, self.pool = tok, workers, None
+        if workers > 1:
+            import multiprocessing
+            # spawn: a forked child would inherit the tokenizer libraries' threads
+            self.pool = multiprocessing.get_context("spawn").Pool(
+                workers, initializer=_init_worker, initargs=(spec,))
+
+    def map(self, batches) -> Iterator[tuple[list, list]]:
+        if self.pool is None:
+            for batch in batches:
+                yield batch, self.tok.encode_batch([p.text for p in batch])
+            return
+        from collections import deque
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, self.pool.apply_async(_encode_in_worker,
+                                                         ([p.text for p in batch],))))
+            if len(pending) >= 2 * self.workers:
+                done, result = pending.popleft()
+                yield done, result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, result.get()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
 
 
 def _append(arr, value):

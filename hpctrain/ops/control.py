@@ -16,7 +16,7 @@ from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
 from ..record.files import now_iso
 from ..record.folder import RunFolder
-from ..scheduler.choose import backend_for, backend_of
+from ..scheduler.choose import backend_for, backend_named, backend_of
 from ..scheduler.state import live_jobs
 from ..submission import Submitted, check_fits, submit_training
 from ..view.runview import RunView, build_view
@@ -124,12 +124,13 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
         _refuse_finished(view, "resume")
     old = run.resolved_profile()
     new = load_profile(profile_name) if profile_name else old
+    backend_named(new.scheduler).check_nodes(nodes)   # the flag named when it asks too much
     new = new.with_nodes(nodes)
     if new.scheduler != old.scheduler:
         raise UsageError(f"--profile: run {run.id} ran with scheduler {old.scheduler!r} and "
                          f"{new.name!r} uses {new.scheduler!r}; a run stays on one kind of "
                          "scheduler (start a new run with `train.init_from` instead)")
-    backend_for(new).check_nodes(new.slurm.nodes)
+    backend_for(new)
     resolved = _resolve_for(run, new, new_job)
     check_fits(resolved, force)
     changed = to_dict(new) != to_dict(old)

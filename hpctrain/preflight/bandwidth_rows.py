@@ -1,6 +1,7 @@
 """Turning per-rank timings into bandwidth rows (rank 0's side of the collective checks).
 
-Pure: it never touches torch. Each rank reports the median time of one all-reduce per size;
+Pure: it never touches torch. Each rank reports one all-reduce's time per size (the median
+of the timed iterations on GPUs, the fastest on the CPU);
 a group's time is its slowest member's (the collective finishes when the last rank does, as
 in nccl-tests), and bandwidth follows :mod:`.bandwidth`. A failed or hung group names the
 ranks that never arrived at the collective, and their nodes.

@@ -126,6 +126,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     """One attempt of training on this rank, filling ``result`` in as it goes (what a
     failure midway leaves there is what result.json says)."""
     from ..data.blend import split_samples
+    from ..data.order import FEISTEL, PERMUTATION
     from . import collectives, distributed
     from .batches import BatchFeeder
     from .checkpoint.manager import Checkpointer
@@ -197,14 +198,18 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     stragglers = _straggler_watch(ctx, feeder, hooks)
     ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
     loaded = ckpt.resume()
+    order = FEISTEL
     if loaded is not None:
         result.checkpoint_loaded = str(loaded.path)
+        # a run saved before the on-the-fly order goes on reading the order it started with
+        order = loaded.common.get("sample_order", PERMUTATION)
+        samples.use_order(order)
     elif job.train.init_from:
         folder = load_model_only(mo, job.train.init_from)
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
     metrics = MetricsWriter(ctx, job.train.steps)
-    evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks)
+    evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks, order)
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
                       watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step

@@ -125,6 +125,10 @@ class Trainer:
         self.watchdog = watchdog          # progress for the hang check
         self.stragglers = stragglers
         self.evaluator = evaluator        # None: no evaluation
+        if evaluator is not None:
+            evaluator.deadline_near = lambda batch_s: self.deadline.must_stop(
+                self.estimate.seconds, batch_s)
+        self.stopped_by = "signal"        # what stopped the last evaluation cut short
         self.straggler: dict | None = None   # the node this attempt stopped to exclude
         from megatron.core import parallel_state as ps
         # one rank per loss value: TP rank 0 of the last stage, in every DP replica
@@ -140,7 +144,8 @@ class Trainer:
         return {"step": self.step, "consumed_samples": self.consumed,
                 "optimizer_updates": self.updates, "lr_schedule": self.schedule.state_dict(),
                 "guard": self.guard.state_dict(), "job": self.ctx.job.name,
-                "evaluated_step": self.evaluated_step, "tested_step": self.tested_step}
+                "evaluated_step": self.evaluated_step, "tested_step": self.tested_step,
+                "sample_order": self.feeder.samples.order_kind}
 
     # --------------------------------------------------------------------- one step
     def train_step(self) -> dict:
@@ -309,7 +314,8 @@ class Trainer:
 
     def _evaluations(self) -> bool:
         """The evaluations due after this step and not done yet (validation every
-        ``train.eval_interval`` steps, test at the end); False when a signal stopped one."""
+        ``train.eval_interval`` steps, test at the end); False when a signal or the time
+        limit stopped one, or the time limit came near during one: save and stop."""
         ev = self.evaluator
         if ev is None:
             return True
@@ -320,28 +326,38 @@ class Trainer:
             wanted.append("test")
         for kind in wanted:
             self.param_gather.sync()    # overlap_param_gather: the parameters must be current
-            if ev.evaluate(kind, self.step).loss is None:
+            result = ev.evaluate(kind, self.step)
+            if result.loss is None:
+                self.stopped_by = result.stopped_by or "signal"
                 return False
             if kind == "validation":
                 self.evaluated_step = self.step
             else:
                 self.tested_step = self.step
+            if result.stopped_by == "deadline" and self.step < self.total_steps:
+                self.stopped_by = "deadline"      # done, but no time left for another step
+                return False
         if wanted and self.watchdog is not None:
             self.watchdog.progress(step=self.step, phase="step")
         return True
 
     def _preempted_in_evaluation(self) -> Outcome:
-        """A signal during an evaluation: save the training step (unless it is the one this
-        attempt loaded) and exit to be requeued; the next attempt evaluates again."""
+        """A signal, or the time limit, during an evaluation: save the training step (unless
+        it is the one this attempt loaded) and exit to be requeued; the next attempt
+        evaluates again."""
+        deadline = self.stopped_by == "deadline"
+        cause = ("the job's time limit is near" if deadline else
+                 f"signal {self.flag.received or 'on another rank'}")
         if self.ctx.is_rank0:
-            logger.info(f"step {self.step}: signal during evaluation; saving an emergency "
+            logger.info(f"step {self.step}: {cause} during evaluation; saving an emergency "
                         f"checkpoint" if self.step != self.start_step else
-                        f"step {self.step}: signal during evaluation; the loaded checkpoint "
+                        f"step {self.step}: {cause} during evaluation; the loaded checkpoint "
                         f"holds this step")
-        saved = self._save("emergency", sync=True) if self.step != self.start_step else None
-        return self._outcome(ExitReason.PREEMPTED, exit_codes.PREEMPTED,
-                             f"signal {self.flag.received or 'on another rank'} during "
-                             f"evaluation: step {self.step} saved, exiting to be requeued", saved)
+        saved = self._save("deadline" if deadline else "emergency", sync=True) \
+            if self.step != self.start_step else None
+        return self._outcome(ExitReason.DEADLINE if deadline else ExitReason.PREEMPTED,
+                             exit_codes.PREEMPTED, f"{cause} during evaluation: step "
+                             f"{self.step} saved, exiting to be requeued", saved)
 
     def _stop_for_straggler(self, node) -> Outcome:
         """health.exclude_stragglers: every rank reached the same decision from the same

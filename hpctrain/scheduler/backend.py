@@ -117,6 +117,17 @@ class Backend(ABC):
             raise UsageError(f"--nodes: a {self.name} profile runs {self.where()} only; use "
                              f"--nodes {self.max_nodes}")
 
+    def check_profile(self, profile: ClusterProfile) -> None:
+        """Refuse a profile asking for more nodes than one of this backend's jobs can have (a
+        local profile: this machine alone). Here, not in the profile's own checks: what a
+        scheduler can give is the backend's to say."""
+        from ..errors import UsageError
+        nodes = profile.slurm.nodes
+        if isinstance(nodes, int) and self.max_nodes is not None and \
+                not 1 <= nodes <= self.max_nodes:
+            raise UsageError(f"profile {profile.name!r}: slurm.nodes: a {self.name} profile runs "
+                             f"{self.where()} only; set it to {self.max_nodes}")
+
     def where(self) -> str:
         """Where this backend's jobs run, for messages that refuse what it cannot do."""
         return "on this machine" if self.on_this_machine else f"through {self.name}"

@@ -20,8 +20,11 @@ def backend_named(name: str | None) -> Backend:
 
 
 def backend_for(profile: ClusterProfile) -> Backend:
-    """The backend of ``profile``'s ``scheduler``."""
-    return backend_named(profile.scheduler)
+    """The backend of ``profile``'s ``scheduler``, once it has accepted the profile (a local
+    profile is one node: :meth:`Backend.check_profile`)."""
+    backend = backend_named(profile.scheduler)
+    backend.check_profile(profile)
+    return backend
 
 
 def backend_of(run: RunFolder, meta: dict | None = None) -> Backend:

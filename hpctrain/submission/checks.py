@@ -16,15 +16,16 @@ from ..config import (ClusterProfile, JobConfig, Resolved, job_from_mapping, loa
                       load_profile, resolve)
 from ..config.loader import resolve_job_paths
 from ..errors import UsageError
-from ..scheduler.choose import backend_for
+from ..scheduler.choose import backend_for, backend_named
 
 
 def load_profile_for(profile: str | Path | ClusterProfile, nodes: int | None = None) -> ClusterProfile:
     """A profile by name, by file, or as given, with ``nodes`` applied (a local profile runs on
     this machine only)."""
     p = profile if isinstance(profile, ClusterProfile) else load_profile(str(profile))
+    backend_named(p.scheduler).check_nodes(nodes)     # the flag named when it asks too much
     p = p.with_nodes(nodes)
-    backend_for(p).check_nodes(nodes)
+    backend_for(p)
     return p
 
 
@@ -137,7 +138,8 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
         except UsageError as e:
             if warn is None:
                 raise
-            warn(f"data.tokenizer: {e}")
+            text = str(e)
+            warn(text if text.startswith("data.tokenizer") else f"data.tokenizer: {text}")
             vocab = None
         check_vocab(job, vocab)
         if not prepare:

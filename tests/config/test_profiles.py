@@ -102,9 +102,21 @@ def test_cross_checks():
     assert "must name its HCAs" in probs["interconnect.hcas"]
 
 
-def test_local_profile_is_single_node():
-    (path, msg), = problems_of({"scheduler": "local", "slurm": {"nodes": 2}})
-    assert path == "slurm.nodes" and "this machine only" in msg
+def test_local_profile_is_single_node(tmp_path):
+    """The local backend refuses a two-node profile (what it can give is the backend's to say),
+    wherever the profile is used or checked."""
+    from hpctrain.scheduler.choose import backend_for
+    assert profile_from_mapping({"scheduler": "local", "slurm": {"nodes": 2}}, "p.yaml")
+    two = load_profile("local").with_nodes(2)
+    with pytest.raises(UsageError, match=r"slurm\.nodes: a local profile runs on this machine "
+                                         r"only; set it to 1"):
+        backend_for(two)
+    backend_for(load_profile("local"))
+    path = tmp_path / "two.yaml"
+    path.write_text("scheduler: local\nslurm: {nodes: 2}\n")
+    proc = hpctrain("profiles", "validate", str(path))
+    assert proc.returncode == 2 and "slurm.nodes" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_profile_search_path_and_unknown_name(tmp_path, monkeypatch):

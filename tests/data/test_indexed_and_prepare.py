@@ -198,8 +198,9 @@ def test_gpt_samples_order_is_seeded_and_dp_slices_tile_the_global_batch(tmp_pat
     whole = rank_microbatches(a, 32, 16, 0, 1, 4)
     parts = [m for r in range(2) for m in rank_microbatches(a, 32, 16, r, 2, 2)]
     assert np.array_equal(np.concatenate(whole), np.concatenate(parts))
+    beyond = next(p for p in range(a.num_samples) if a.sample_index(p) * 9 % 250 >= 100)
     with pytest.raises(UsageError, match="beyond model.vocab_size"):
-        GPTSamples(ds, 9, seed=7, vocab_size=100).sample(0)
+        GPTSamples(ds, 9, seed=7, vocab_size=100).sample(beyond)   # a window with ids >= 100
     with pytest.raises(UsageError, match="fewer than one sample"):
         GPTSamples(ds, 5000, seed=7)
 

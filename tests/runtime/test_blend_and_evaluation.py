@@ -2,11 +2,12 @@
 the same global batches and validation loss on TP2×PP2×VPP2 and on DP4, evaluation that
 leaves training bit for bit unchanged, and a preemption in the middle of an evaluation that
 loses no training work (the resumed attempt evaluates again and ends on the uninterrupted
-run's weights)."""
+run's weights), and a time limit that comes near during an evaluation stops it in time."""
 
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_evaluation_leaves_training_bit_for_bit_unchanged(ws, blend, evaluated):
     assert plain.metrics(kind="validation") == []
 
 
-def test_preemption_during_evaluation_saves_the_step_and_evaluates_again(ws, blend, evaluated):
+def test_preemption_or_deadline_during_evaluation_saves_the_step_and_evaluates_again(ws, blend, evaluated):
     ref, _ = evaluated
     run = ws.new_run("blend-eval-preempted", "tp2pp2vpp2", data=blend, train=dict(EVAL),
                      checkpoint={"interval_steps": 6})
@@ -97,12 +98,24 @@ def test_preemption_during_evaluation_saves_the_step_and_evaluates_again(ws, ble
     assert sorted(_evals(run)) == [4]                  # the evaluation of step 8 was cut short
     (run.path / "hold-release").unlink()
 
+    # the next attempt starts with the time limit already within the save's lead: its
+    # evaluation of step 8 stops after the first of its two batches instead of eating it
+    near = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "77",
+            "HPCTRAIN_DEADLINE": str(time.time() + 5)}
+    res = launch(run.path, 4, env=near)
+    assert res.codes == [exit_codes.PREEMPTED] * 4, _explain(res)   # no progress: no requeue
+    r2 = result(run, 2)
+    assert r2["exit_reason"] == "deadline" and "during evaluation" in r2["message"]
+    assert r2["start_step"] == r2["end_step"] == 8 and not r2["checkpoint_saved"]
+    assert "validation stopped by the time limit" in res.output(0)
+    assert sorted(_evals(run)) == [4]
+
     res = launch(run.path, 4, env={"SUBMITIT_EXECUTOR": "local"})
     assert res.codes == [0] * 4, _explain(res)
-    r2 = result(run, 2)
-    assert r2["start_step"] == 8 and r2["exit_reason"] == "finished"
-    again = [r for r in run.metrics(kind="validation") if r["attempt"] == 2]
+    r3 = result(run, 3)
+    assert r3["start_step"] == 8 and r3["exit_reason"] == "finished"
+    again = [r for r in run.metrics(kind="validation") if r["attempt"] == 3]
     assert [r["step"] for r in again] == [8, 12]       # evaluated again, then on schedule
     assert _evals(run) == _evals(ref)                  # the same samples, the same loss
     assert losses(run) == losses(ref)                  # next sample of every corpus: bitwise
-    assert r2["weights_digest"] == result(ref, 1)["weights_digest"]
+    assert r3["weights_digest"] == result(ref, 1)["weights_digest"]

@@ -1,10 +1,8 @@
 """One backend seam: outside ``hpctrain.scheduler``, no module asks which backend a run or a
 profile has (a comparison of a ``scheduler`` value with ``"slurm"`` or ``"local"``), and none
 reaches into a backend's own modules: everything goes through
-``hpctrain.scheduler.choose`` and the :class:`~hpctrain.scheduler.backend.Backend` interface.
-
-The one exception is the profile's own check when its file is loaded (``config.profile``: a
-``local`` profile describes one node), a rule of values below the backends' layer.
+``hpctrain.scheduler.choose`` and the :class:`~hpctrain.scheduler.backend.Backend` interface,
+with no exception (a local profile's one node is the local backend's rule too).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import ast
 from tests.structure.test_import_graph import PACKAGE, imports_of, module_files
 
 NAMES = {"slurm", "local"}
-VALUE_RULE = "hpctrain.config.profile"
 
 
 def _backend_branches(tree: ast.AST) -> list[int]:
@@ -41,7 +38,7 @@ def test_the_branch_finder_sees_a_comparison_with_a_backend_name():
 def test_only_the_backend_choice_asks_which_backend_it_is():
     wrong = []
     for name, path in module_files(PACKAGE).items():
-        if name.startswith("hpctrain.scheduler") or name == VALUE_RULE:
+        if name.startswith("hpctrain.scheduler"):
             continue
         wrong += [f"{name}:{line}" for line in _backend_branches(ast.parse(path.read_text()))]
     assert wrong == []
