@@ -29,6 +29,7 @@ ON_THE_SECOND_CLUSTER = frozenset({
     "tests/ops/test_checkpoint_ownership.py",
     "tests/ops/test_gpu_hours.py",
     "tests/ops/test_chain.py",
+    "tests/ops/test_preempted_run.py",
 })
 
 
