@@ -159,9 +159,11 @@ class WandbBackend(Backend):
         self.run = None
 
     def open(self, info: RunInfo, saved: dict) -> None:
+        import secrets
         import wandb
         s = self.section
-        run_id = saved.get("run_id") or wandb.util.generate_id()
+        # W&B's own ids are 8 lowercase letters and digits; ours too, chosen once per run
+        run_id = saved.get("run_id") or secrets.token_hex(4)
         folder = Path(s.dir) if s.dir else info.run_path / "wandb"
         folder.mkdir(parents=True, exist_ok=True)
         group = s.group or (str(info.sweep.get("id")) if info.sweep else None)

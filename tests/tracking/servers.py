@@ -3,6 +3,7 @@ a free loopback port, started and killed (SIGKILL, as a crashed server) by the t
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,7 +29,9 @@ class MlflowServer:
              "--port", str(self.port), "--workers", "1",
              "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
              "--artifacts-destination", str(self.folder / "artifacts")],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True,
+            # no background job workers (MLflow's GenAI jobs): a tracking store is all we need
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -44,7 +47,6 @@ class MlflowServer:
 
     def kill(self) -> None:
         """SIGKILL to the server and its workers (its own process group): a crashed server."""
-        import os
         import signal
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)

@@ -30,19 +30,22 @@ def _attempt(section, info, number, resume, steps, commits, status, logs):
     thread.close(status)
 
 
-def _info(tmp_path):
-    run_path = tmp_path / "run"
+def _info(tmp_path, name="run", sweep=None):
+    run_path = tmp_path / name
     run_path.mkdir()
     return RunInfo(run_id="tiny-20260101-000000-ab12", run_path=run_path, job_name="tiny",
+                   sweep=sweep,
                    attempt=1, config={"job": {"train": {"steps": 8, "lr": 0.001}},
                                       "profile": {"name": "local"}})
 
 
-def test_a_resumed_run_is_one_mlflow_run_with_each_step_once(tmp_path):
+def test_a_resumed_run_is_one_mlflow_run_with_each_step_once_and_a_sweep_one_parent(tmp_path):
     from mlflow import MlflowClient
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     section = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
-    info, logs = _info(tmp_path), []
+    (tmp_path / "sweep").mkdir()
+    sweep = {"id": "tiny-20260101-000000-cd34", "dir": str(tmp_path / "sweep"), "index": 0}
+    info, logs = _info(tmp_path, sweep=sweep), []
     # attempt 1 crashes after step 6; its newest checkpoint holds step 4
     _attempt(section, info, 1, 0, range(1, 7), {2, 4}, "failed", logs)
     append_jsonl(info.run_path / "events.jsonl", {"event": "resume", "by": "me"})
@@ -58,7 +61,15 @@ def test_a_resumed_run_is_one_mlflow_run_with_each_step_once(tmp_path):
     run = client.get_run(state["run_id"])
     assert run.data.params["job.train.steps"] == "8" and run.info.status == "FINISHED"
     assert run.data.tags["hpctrain.events.resume"] == "1"
-    assert len(client.search_runs([state["experiment_id"]])) == 1
+    # a second run of the sweep: a child of the same parent run
+    other = dataclasses.replace(_info(tmp_path, "run2", dict(sweep, index=1)),
+                                run_id="tiny-20260101-000001-ef56")
+    _attempt(section, other, 1, 0, range(1, 3), {2}, "finished", logs)
+    other_id = json.loads((other.run_path / "tracking" / "state.json").read_text())["mlflow"]
+    parent = run.data.tags["mlflow.parentRunId"]
+    assert client.get_run(other_id["run_id"]).data.tags["mlflow.parentRunId"] == parent
+    assert client.get_run(parent).info.run_name == sweep["id"]
+    assert len(client.search_runs([state["experiment_id"]])) == 3   # the parent, two runs
 
 
 def test_a_tracker_that_does_not_answer_is_warned_about_and_its_records_kept(tmp_path):

@@ -33,25 +33,28 @@ def _sent_step(run, tracker):
         return 0
 
 
-def wandb_history_steps(folder):
-    """The ``step`` of every history row in a W&B offline run folder, read with W&B's reader."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
-    (path,) = folder.glob("*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
-    steps, run_ids = [], set()
-    while (data := store.scan_data()) is not None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        if record.WhichOneof("record_type") == "history":
-            row = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                   for i in record.history.item}
-            if "train/loss" in row:
-                steps.append(row["step"])
-        elif record.WhichOneof("record_type") == "run":
-            run_ids.add(record.run.run_id)
-    return steps, run_ids
+def wandb_records(folder):
+    """The records of a W&B offline run folder, read by W&B's own reader (``wandb leet inspect
+    --json``, which decodes the run's ``.wandb`` transaction log)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    wandb_cli = Path(sys.executable).with_name("wandb")
+    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(folder)],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def wandb_history(folder):
+    """(training steps logged, run ids, tags) of one W&B offline run folder."""
+    steps, ids, tags = [], set(), set()
+    for record in wandb_records(folder):
+        if record.get("type") == "history" and "train/loss" in record["history"]["item"]:
+            steps.append(record["history"]["item"]["step"])
+        elif record.get("type") == "run":
+            ids.add(record["run"]["run_id"])
+            tags |= set(record["run"].get("tags") or [])
+    return steps, ids, tags
 
 
 def test_a_preempted_and_resumed_run_is_one_tracker_run_with_each_step_once(tmp_path):
@@ -118,9 +121,11 @@ def test_a_preempted_and_resumed_run_is_one_tracker_run_with_each_step_once(tmp_
 
         folders = offline_folders(run)
         assert len(folders) == 2                     # one per attempt, one W&B run id
-        (s1, ids1), (s2, ids2) = (wandb_history_steps(f) for f in folders)
+        (s1, ids1, tags1), (s2, ids2, tags2) = (wandb_history(f) for f in folders)
         assert ids1 == ids2 == {state["wandb"]["run_id"]}
         assert s1 + s2 == list(range(1, 11))
+        assert {"tiny", "cancel", "emergency-checkpoint"} <= tags1
+        assert "resume" in tags2
 
         out = cli(root, "sync", run.id, "--no-upload").stdout
         assert "mlflow: steps up to 10 sent" in out and "wandb: steps up to 10 sent" in out
