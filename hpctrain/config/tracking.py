@@ -51,8 +51,9 @@ class TrackingSection:
                                      "off.", default=None)
     mlflow: MlflowSection | None = doc("MLflow (pip install 'hpctrain[mlflow]'); null: off.",
                                        default=None)
-    flush_timeout_s: float = doc("At the end of an attempt, wait at most this long for a slow "
-                                 "or unreachable tracker; what is still unsent stays in "
+    flush_timeout_s: float = doc("When training finishes, wait at most this long for a slow "
+                                 "or unreachable tracker (at most 10 s when an attempt stops "
+                                 "to be continued); what is still unsent stays in "
                                  "metrics.jsonl and is sent by the next attempt or "
                                  "`hpctrain sync`. (The profile's applies to jobs that name no "
                                  "tracker of their own.)", default=60.0, at_least=0, at_most=3600)

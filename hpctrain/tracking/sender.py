@@ -5,7 +5,9 @@ Training never waits on a tracker: :meth:`TrackerThread.add`, :meth:`commit` and
 the records it has not been sent and is sent those up to the newest committed step (a
 published checkpoint, or the end of training; see :mod:`hpctrain.tracking`). A tracker that
 fails is warned about once, keeps its records and is tried again every ``retry_s``; when it
-answers again the log says so. :meth:`close` waits at most ``flush_timeout_s``, then writes
+answers again the log says so. :meth:`close` waits at most ``flush_timeout_s`` when training
+finished, at most ``STOPPING_FLUSH_S`` when the attempt stops to be continued (a preempted job's
+time is short, and the next attempt sends what is left first), then writes
 what a tracker did not receive to ``tracking/unsent.jsonl``.
 """
 
@@ -24,6 +26,7 @@ from .state import TrackingState
 from .unsent import write_unsent
 
 RETRY_S = 5.0
+STOPPING_FLUSH_S = 10.0
 
 
 class _Channel:
@@ -58,6 +61,7 @@ class TrackerThread:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name="hpctrain-tracking", daemon=True)
         self._unsent_written = False
+        self._flush_s = flush_timeout_s
 
     # ---- the training thread's side: never blocks ------------------------------------------
     def start(self) -> "TrackerThread":
@@ -81,11 +85,14 @@ class TrackerThread:
     def close(self, status: str) -> None:
         """End of the attempt (``status``: finished, stopped or failed): flush for at most
         ``flush_timeout_s``, then record what was not sent."""
+        wait = self.flush_timeout_s if status == "finished" else min(self.flush_timeout_s,
+                                                                     STOPPING_FLUSH_S)
+        self._flush_s = wait
         self._queue.put(("close", status))
-        self._thread.join(self.flush_timeout_s + 30)
+        self._thread.join(wait + 15)
         if self._thread.is_alive():        # stuck inside a tracker call: give up on it
-            self.log(f"tracking: a tracker did not answer within {self.flush_timeout_s:.0f} s "
-                     "at the end of the attempt; training is not held for it")
+            self.log(f"tracking: a tracker did not answer within {wait:.0f} s at the end of "
+                     "the attempt; the attempt does not wait for it")
             self._write_unsent()
 
     # ---- the tracker thread ------------------------------------------------------------------
@@ -106,7 +113,7 @@ class TrackerThread:
                         break
                     closing = self._take(kind, value)
             self._pump(force=False)
-        deadline = time.monotonic() + self.flush_timeout_s
+        deadline = time.monotonic() + self._flush_s
         while True:
             self._pump(force=True)
             if not any(self._due(ch) or ch.files for ch in self.channels) \

@@ -35,7 +35,8 @@ class MlflowServer:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.folder / 'server.log').read_text()[-2000:]}")
+                log_text = (self.folder / "server.log").read_text()[-2000:]
+                raise RuntimeError(f"mlflow server exited: {log_text}")
             try:
                 with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
                     if r.status == 200:

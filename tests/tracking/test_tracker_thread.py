@@ -18,7 +18,8 @@ def _attempt(section, info, number, resume, steps, commits, status, logs):
     run_path = info.run_path
     thread = TrackerThread(backends_for(section), dataclasses.replace(info, attempt=number),
                            resume_step=resume, metrics_file=run_path / "metrics.jsonl",
-                           events_file=run_path / "events.jsonl", flush_timeout_s=section.flush_timeout_s,
+                           events_file=run_path / "events.jsonl",
+                           flush_timeout_s=section.flush_timeout_s,
                            log=logs.append, retry_s=0.2).start()
     for step in steps:
         record = {"kind": "train", "step": step, "loss": 10.0 * number + step, "lr": 1e-3,

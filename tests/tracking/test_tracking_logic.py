@@ -61,7 +61,8 @@ JOB = {"name": "t", "model": {"num_layers": 1, "hidden_size": 8, "num_attention_
 
 @pytest.mark.parametrize("tracking, field, words", [
     ({"wandb": {"project": "a/b"}}, "tracking.wandb.project", "not a W&B name"),
-    ({"wandb": {"project": "p", "mode": "offlien"}}, "tracking.wandb.mode", "did you mean 'offline'"),
+    ({"wandb": {"project": "p", "mode": "offlien"}}, "tracking.wandb.mode",
+     "did you mean 'offline'"),
     ({"wandb": {}}, "tracking.wandb.project", "missing"),
     ({"mlflow": {"tracking_uri": "localhost:5000"}}, "tracking.mlflow.tracking_uri",
      "not a tracking URI"),
