@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .records import describe_event, flat_params, metric_values
@@ -24,7 +24,6 @@ class RunInfo:
     attempt: int
     config: dict                       # {"job": {...}, "profile": {...}}, resolved
     sweep: dict | None = None          # run.yaml's sweep: {"id", "dir", "index", ...}
-    extra_tags: list[str] = field(default_factory=list)
 
 
 class Backend:

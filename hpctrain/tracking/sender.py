@@ -27,6 +27,7 @@ from .unsent import write_unsent
 
 RETRY_S = 5.0
 STOPPING_FLUSH_S = 10.0
+REPORT_TIMEOUT_S = 120.0
 
 
 class _Channel:
@@ -47,7 +48,8 @@ class _Channel:
 class TrackerThread:
     def __init__(self, backends: list[Backend], info: RunInfo, *, resume_step: int,
                  metrics_file: Path, events_file: Path, flush_timeout_s: float,
-                 log: Callable[[str], None], retry_s: float = RETRY_S) -> None:
+                 log: Callable[[str], None], retry_s: float = RETRY_S,
+                 stopping_flush_s: float = STOPPING_FLUSH_S) -> None:
         self.info = info
         self.state = TrackingState(info.run_path)
         self.channels = [_Channel(b, self.state.of(b.name)) for b in backends]
@@ -62,6 +64,8 @@ class TrackerThread:
         self._thread = threading.Thread(target=self._main, name="hpctrain-tracking", daemon=True)
         self._unsent_written = False
         self._flush_s = flush_timeout_s
+        self._stopping_flush_s = stopping_flush_s
+        self._want_report = False
 
     # ---- the training thread's side: never blocks ------------------------------------------
     def start(self) -> "TrackerThread":
@@ -86,10 +90,10 @@ class TrackerThread:
         """End of the attempt (``status``: finished, stopped or failed): flush for at most
         ``flush_timeout_s``, then record what was not sent."""
         wait = self.flush_timeout_s if status == "finished" else min(self.flush_timeout_s,
-                                                                     STOPPING_FLUSH_S)
+                                                                     self._stopping_flush_s)
         self._flush_s = wait
         self._queue.put(("close", status))
-        self._thread.join(wait + 15)
+        self._thread.join(wait + 15 + (REPORT_TIMEOUT_S if status == "finished" else 0))
         if self._thread.is_alive():        # stuck inside a tracker call: give up on it
             self.log(f"tracking: a tracker did not answer within {wait:.0f} s at the end of "
                      "the attempt; the attempt does not wait for it")
@@ -120,6 +124,11 @@ class TrackerThread:
                     or time.monotonic() >= deadline:
                 break
             time.sleep(min(1.0, self.retry_s))
+        if self._want_report:
+            path = self._report()
+            if path is not None:
+                self._take("file", path)
+                self._pump(force=True)
         for ch in self.channels:
             if ch.opened:
                 try:
@@ -129,11 +138,9 @@ class TrackerThread:
         self._write_unsent()
 
     def _take(self, kind: str, value) -> str | None:
-        if kind == "report":
-            path = self._report()
-            if path is None:
-                return None
-            kind, value = "file", path
+        if kind == "report":               # drawn at the end, after the records are sent
+            self._want_report = True
+            return None
         with self._lock:
             if kind == "record":
                 for ch in self.channels:
@@ -157,7 +164,7 @@ class TrackerThread:
         try:
             done = subprocess.run([sys.executable, "-m", "hpctrain", "report",
                                    str(self.info.run_path), "-o", str(path)],
-                                  capture_output=True, text=True, timeout=300)
+                                  capture_output=True, text=True, timeout=REPORT_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
             self.log(f"tracking: the report PNG could not be drawn: {_short(e)}")
             return None

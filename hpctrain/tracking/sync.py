@@ -20,7 +20,6 @@ from typing import Callable
 from ..config.schema import to_dict
 from ..config.tracking import effective
 from ..errors import UsageError
-from ..record.files import read_jsonl
 from ..record.folder import RunFolder
 from .backends import RunInfo, backends_for
 from .sender import TrackerThread
@@ -86,4 +85,4 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
     return code
 
 
-__all__ = ["final_step", "offline_folders", "read_jsonl", "sync_run"]
+__all__ = ["final_step", "offline_folders", "sync_run"]

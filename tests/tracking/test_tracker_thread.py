@@ -20,7 +20,8 @@ def _attempt(section, info, number, resume, steps, commits, status, logs):
                            resume_step=resume, metrics_file=run_path / "metrics.jsonl",
                            events_file=run_path / "events.jsonl",
                            flush_timeout_s=section.flush_timeout_s,
-                           log=logs.append, retry_s=0.2).start()
+                           log=logs.append, retry_s=0.2,
+                           stopping_flush_s=section.flush_timeout_s).start()
     for step in steps:
         record = {"kind": "train", "step": step, "loss": 10.0 * number + step, "lr": 1e-3,
                   "attempt": number, "time": 1.7e9 + step}
