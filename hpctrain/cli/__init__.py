@@ -34,6 +34,7 @@ COMMANDS = {
     "requeue": "runs_cmd:requeue",
     "resume": "runs_cmd:resume",
     "report": "report_cmd:report",
+    "sync": "sync_cmd:sync",
     "bench": "bench_cmd:bench",
 }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from . import safety
 from .problems import Problems
 from .schema import doc
+from .tracking import TrackingSection, check_tracking
 
 MAX_LAYERS = 512   # several times the deepest published LLM; bounds the planner's enumeration
 
@@ -287,6 +288,9 @@ class JobConfig:
     checkpoint: CheckpointSection = doc("Checkpointing.", default_factory=CheckpointSection)
     health: HealthSection = doc("Hung ranks and stragglers, watched while training runs.",
                                 default_factory=HealthSection)
+    tracking: TrackingSection = doc("Experiment trackers (W&B, MLflow) the run reports to, "
+                                    "beside metrics.jsonl and TensorBoard.",
+                                    default_factory=TrackingSection)
 
 
 def check_job(j: JobConfig, problems: Problems) -> None:
@@ -303,6 +307,9 @@ def check_job(j: JobConfig, problems: Problems) -> None:
         safety.check_path(d.tokenizer, "data.tokenizer", problems)
     safety.check_path(j.train.init_from, "train.init_from", problems)
     safety.check_path(j.checkpoint.dir, "checkpoint.dir", problems)
+    check_tracking(j.tracking, problems)
+    if j.tracking is not None and j.tracking.wandb is not None:
+        safety.check_path(j.tracking.wandb.dir, "tracking.wandb.dir", problems)
     m = j.model
     if isinstance(m.hidden_size, int) and isinstance(m.num_attention_heads, int) \
             and m.num_attention_heads > 0 and m.kv_channels is None \

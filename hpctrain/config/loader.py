@@ -148,6 +148,9 @@ def resolve_job_paths(job: JobConfig, base: Path) -> JobConfig:
         job.train.init_from = str((base / os.path.expanduser(job.train.init_from)).resolve())
     if job.checkpoint.dir:
         job.checkpoint.dir = str((base / os.path.expanduser(job.checkpoint.dir)).resolve())
+    wandb = job.tracking.wandb if job.tracking is not None else None
+    if wandb is not None and wandb.dir:
+        wandb.dir = resolved(wandb.dir)
     _check_resolved_paths(job)
     return job
 

@@ -15,6 +15,7 @@ from ..checkpoint_interval import DEFAULT_NODE_MTBF_HOURS
 from . import safety
 from .problems import Problems
 from .schema import doc
+from .tracking import TrackingSection, check_tracking
 
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 # Upper bounds that no real cluster reaches and that keep the planner's enumeration (divisors of
@@ -188,6 +189,10 @@ class ClusterProfile:
     reliability: ReliabilitySection = doc("How often nodes fail (the checkpoint interval).",
                                           default_factory=ReliabilitySection)
     preflight: PreflightSection = doc("Preflight settings.", default_factory=PreflightSection)
+    tracking: TrackingSection = doc("Experiment trackers for every job on this cluster (a "
+                                    "cluster-wide MLflow server, a W&B team); a tracker the job "
+                                    "names replaces the profile's.",
+                                    default_factory=TrackingSection)
 
     @property
     def world_size(self) -> int:
@@ -304,3 +309,4 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
                                                    f"slurm.time_limit ({s.time_limit}); lower it")
     for key in ("checkpoint_root", "runs_root"):
         safety.check_path(getattr(p.storage, key), f"storage.{key}", problems, safety.PATH_LIKE)
+    check_tracking(p.tracking, problems)

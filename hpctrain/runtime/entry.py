@@ -208,13 +208,15 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         folder = load_model_only(mo, job.train.init_from)
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
-    metrics = MetricsWriter(ctx, job.train.steps)
+    metrics = MetricsWriter(ctx, job.train.steps, resume_step=loaded.step if loaded else 0)
+    ckpt.on_published = metrics.committed
     evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks, order)
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
                       watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step
     ctx.watchdog.progress(step=trainer.step, phase="step")
     ctx.watchdog.start_step = trainer.step
+    outcome = None
     try:
         outcome = trainer.run()
         flag.stand_down()
@@ -222,7 +224,10 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         result.end_step = trainer.step
         result.last_loss = trainer.last_loss
         result.straggler = trainer.straggler
-        metrics.close()
+        finished = outcome is not None and outcome.exit_reason == ExitReason.FINISHED
+        metrics.close(finished_step=trainer.step if finished else None,
+                      status="finished" if finished else "failed" if outcome is None
+                      or outcome.exit_reason == ExitReason.UNSTABLE else "stopped")
         feeder.close()
         logger.info(f"data: {feeder.microbatches_read} microbatches read by this rank "
                     f"({feeder.where})")

@@ -10,6 +10,8 @@ Every evaluation (``runtime.evaluation``) adds a record of its own kind: ``{"kin
 say ``"kind": "train"`` (records without a kind, from older runs, are training records).
 TensorBoard event files go to ``RUN/tensorboard/`` when the ``tensorboard`` package is
 installed (it is optional): ``train/*``, ``validation/loss`` and ``test/loss``.
+Every record also goes to the run's experiment trackers (``tracking:``, W&B and MLflow), through
+:mod:`hpctrain.tracking`'s thread: sent once a checkpoint holds its step (:meth:`committed`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _finite(x):
 
 
 class MetricsWriter:
-    def __init__(self, ctx, total_steps: int) -> None:
+    def __init__(self, ctx, total_steps: int, resume_step: int = 0) -> None:
         self.ctx = ctx
         self.total_steps = total_steps
         job = ctx.job
@@ -46,6 +48,15 @@ class MetricsWriter:
         # One writer (rank 0), one line per record, flushed but not fsynced: a lost last line
         # after a node crash costs nothing, an fsync per logged step costs step time.
         self._file = open(ctx.run.metrics_file, "a") if ctx.is_rank0 else None
+        self.tracker = None
+        if ctx.is_rank0:
+            from ..tracking.runtime import start_tracking
+            self.tracker = start_tracking(ctx, resume_step, logger.warning)
+
+    def committed(self, step: int) -> None:
+        """A checkpoint of step ``step`` is published: the trackers may be sent up to it."""
+        if self.tracker is not None:
+            self.tracker.commit(step)
 
     def _tensorboard(self):
         try:
@@ -93,6 +104,8 @@ class MetricsWriter:
                 rec["rank_tflops_min"] = min((t for t in compute["tflops"] if t), default=None)
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
+        if self.tracker is not None:
+            self.tracker.add(rec)
         if self.tb is not None:
             for key in ("loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "mfu"):
                 value = rec[key]
@@ -111,6 +124,8 @@ class MetricsWriter:
                "time": round(time.time(), 3)}
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
+        if self.tracker is not None:
+            self.tracker.add(rec)
         if self.tb is not None and isinstance(rec["loss"], float):
             self.tb.add_scalar(f"{kind}/loss", rec["loss"], step)
         shown = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
@@ -136,7 +151,15 @@ class MetricsWriter:
             line += " | straggler " + ", ".join(n["node"] for n in rec["stragglers"])
         return line
 
-    def close(self) -> None:
+    def close(self, finished_step: int | None = None, status: str = "failed") -> None:
+        """``finished_step``: training finished there (every step is final; the report PNG
+        goes to the trackers). ``status``: finished, stopped (to be continued) or failed."""
+        if self.tracker is not None:
+            if finished_step is not None:
+                self.tracker.commit(finished_step)
+                self.tracker.add_report()
+            self.tracker.close(status)
+            self.tracker = None
         if self.tb is not None:
             self.tb.close()
         if self._file is not None:

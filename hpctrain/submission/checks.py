@@ -161,4 +161,18 @@ def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = Tr
     (:func:`check_data`). ``validate`` and ``submit --dry-run`` run this same function with
     ``prepare=False`` and a ``warn``, so a job ``validate`` calls ok is one ``submit`` takes."""
     check_fits(resolved, force)
+    check_trackers(resolved)
     check_data(resolved.job, prepare=prepare, warn=warn, dry_run=dry_run)
+
+
+def check_trackers(resolved: Resolved) -> None:
+    """A tracker the job (or profile) asks for is installed here, before anything is queued:
+    the ranks would otherwise find out after the job waited for its nodes. (The nodes run the
+    same Python unless the profile's ``python`` names another; it must have it too.)"""
+    import importlib.util
+    from ..config.tracking import effective, requested
+    section = effective(resolved.job.tracking, resolved.profile.tracking)
+    for tracker, module in requested(section):
+        if importlib.util.find_spec(module) is None:
+            raise UsageError(f"tracking.{tracker}: the {module} package is not installed; "
+                             f"pip install 'hpctrain[{tracker}]', or remove tracking.{tracker}")

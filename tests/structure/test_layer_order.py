@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("scheduler",)),
     # what the use cases are built from: data, the planner, a run seen from outside, preflight
     # and the training runtime (torch is imported here and nowhere below)
-    ("services", ("data", "planner", "view", "preflight", "runtime")),
+    ("services", ("data", "planner", "view", "preflight", "runtime", "tracking")),
     # what a person does: submit, operate on runs, benchmark
     ("use cases", ("submission", "ops", "bench")),
     # the faces: the Python API and the command line, thin over the use cases

@@ -142,6 +142,7 @@ class Checkpointer:
         self.last_published_path: str | None = None
         self.estimate = None                # a preemption.SaveEstimate, fed with every save
         self.saves: list[dict] = []         # timings of every save this attempt
+        self.on_published = None            # rank 0: called with each published step
         self.verify_seconds: float | None = None
         self.arena = staging.process_arena(ctx.device)   # host memory of every save and load
         self.arena.reserve(staging_estimate(mo, ctx.layout))
@@ -288,6 +289,8 @@ class Checkpointer:
                                attempt=self.ctx.attempt)
             store.prune(self.root, self.ctx.job.checkpoint.keep_last, logger.info,
                         run_id=self.ctx.run.id)
+            if self.on_published is not None:
+                self.on_published(step)
         collectives.barrier()
 
     # ------------------------------------------------------------------ resuming

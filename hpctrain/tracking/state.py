@@ -1,0 +1,44 @@
+"""``RUN/tracking/state.json``: each tracker's run id and how far it has been sent.
+
+One file per run, written only by the run's rank 0 (one attempt at a time) and by ``hpctrain
+sync`` (on a run with no live job), replaced atomically. Per tracker: the ids that make the next
+attempt continue the same tracker run, ``sent_step`` (every record up to it was received) and
+``events_sent`` (how many of ``events.jsonl``'s records were looked at).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import yamlio
+
+
+def tracking_dir(run_path: Path) -> Path:
+    return Path(run_path) / "tracking"
+
+
+class TrackingState:
+    def __init__(self, run_path: Path) -> None:
+        self.path = tracking_dir(run_path) / "state.json"
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            data = {}
+        except (OSError, ValueError):
+            # A damaged state file would start a second tracker run; keep it aside, start anew.
+            data = {}
+            try:
+                self.path.rename(self.path.with_suffix(".damaged"))
+            except OSError:
+                pass
+        self.data: dict = data if isinstance(data, dict) else {}
+
+    def of(self, tracker: str) -> dict:
+        entry = self.data.setdefault(tracker, {})
+        entry.setdefault("sent_step", 0)
+        entry.setdefault("events_sent", 0)
+        return entry
+
+    def save(self) -> None:
+        yamlio.write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n")

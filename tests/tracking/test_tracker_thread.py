@@ -1,0 +1,89 @@
+"""The tracker thread against MLflow's real client and store (SQLite, no server): attempts of one
+run continue one MLflow run, a step trained again after a resume is logged once, as the later
+attempt trained it; a tracker nobody answers for is warned about and its records kept."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+
+from hpctrain.config.tracking import MlflowSection, TrackingSection
+from hpctrain.record.files import append_jsonl, read_jsonl
+from hpctrain.tracking.backends import RunInfo, backends_for
+from hpctrain.tracking.sender import TrackerThread
+
+
+def _attempt(section, info, number, resume, steps, commits, status, logs):
+    run_path = info.run_path
+    thread = TrackerThread(backends_for(section), dataclasses.replace(info, attempt=number),
+                           resume_step=resume, metrics_file=run_path / "metrics.jsonl",
+                           events_file=run_path / "events.jsonl",
+                           flush_timeout_s=section.flush_timeout_s,
+                           log=logs.append, retry_s=0.2,
+                           stopping_flush_s=section.flush_timeout_s).start()
+    for step in steps:
+        record = {"kind": "train", "step": step, "loss": 10.0 * number + step, "lr": 1e-3,
+                  "attempt": number, "time": 1.7e9 + step}
+        append_jsonl(run_path / "metrics.jsonl", record)   # what MetricsWriter writes first
+        thread.add(record)
+        if step in commits:
+            thread.commit(step)
+    thread.close(status)
+
+
+def _info(tmp_path, name="run", sweep=None):
+    run_path = tmp_path / name
+    run_path.mkdir()
+    return RunInfo(run_id="tiny-20260101-000000-ab12", run_path=run_path, job_name="tiny",
+                   sweep=sweep,
+                   attempt=1, config={"job": {"train": {"steps": 8, "lr": 0.001}},
+                                      "profile": {"name": "local"}})
+
+
+def test_a_resumed_run_is_one_mlflow_run_with_each_step_once_and_a_sweep_one_parent(tmp_path):
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    section = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
+    (tmp_path / "sweep").mkdir()
+    sweep = {"id": "tiny-20260101-000000-cd34", "dir": str(tmp_path / "sweep"), "index": 0}
+    info, logs = _info(tmp_path, sweep=sweep), []
+    # attempt 1 crashes after step 6; its newest checkpoint holds step 4
+    _attempt(section, info, 1, 0, range(1, 7), {2, 4}, "failed", logs)
+    append_jsonl(info.run_path / "events.jsonl", {"event": "resume", "by": "me"})
+    _attempt(section, info, 2, 4, range(5, 9), {6}, "finished", logs)
+    # a third attempt that resumes from 6 and finishes at 8 (as after `resume --steps`)
+    _attempt(section, info, 3, 6, range(7, 9), {8}, "finished", logs)
+    assert logs == []
+    state = json.loads((info.run_path / "tracking" / "state.json").read_text())["mlflow"]
+    client = MlflowClient(tracking_uri=uri)
+    history = client.get_metric_history(state["run_id"], "train/loss")
+    assert [(m.step, m.value) for m in history] == [
+        (1, 11), (2, 12), (3, 13), (4, 14), (5, 25), (6, 26), (7, 37), (8, 38)]
+    run = client.get_run(state["run_id"])
+    assert run.data.params["job.train.steps"] == "8" and run.info.status == "FINISHED"
+    assert run.data.tags["hpctrain.events.resume"] == "1"
+    # a second run of the sweep: a child of the same parent run
+    other = dataclasses.replace(_info(tmp_path, "run2", dict(sweep, index=1)),
+                                run_id="tiny-20260101-000001-ef56")
+    _attempt(section, other, 1, 0, range(1, 3), {2}, "finished", logs)
+    other_id = json.loads((other.run_path / "tracking" / "state.json").read_text())["mlflow"]
+    parent = run.data.tags["mlflow.parentRunId"]
+    assert client.get_run(other_id["run_id"]).data.tags["mlflow.parentRunId"] == parent
+    assert client.get_run(parent).info.run_name == sweep["id"]
+    assert len(client.search_runs([state["experiment_id"]])) == 3   # the parent, two runs
+
+
+def test_a_tracker_that_does_not_answer_is_warned_about_and_its_records_kept(tmp_path):
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    section = TrackingSection(mlflow=MlflowSection(tracking_uri=f"http://127.0.0.1:{port}"))
+    info, logs = _info(tmp_path), []
+    _attempt(dataclasses.replace(section, flush_timeout_s=1), info, 1, 0, range(1, 5), {4},
+             "stopped", logs)
+    assert any(line.startswith("tracking: mlflow cannot be reached") and
+               "training continues" in line for line in logs), logs
+    unsent = read_jsonl(info.run_path / "tracking" / "unsent.jsonl")
+    assert [u["record"]["step"] for u in unsent] == [1, 2, 3, 4]
+    assert any("`hpctrain sync tiny-20260101-000000-ab12`" in line for line in logs)
