@@ -97,6 +97,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_NL, "core/ReplaceComparisonOperator_Gt_NotEq",
      'if ib and nodes > 1 and not via.get("NET/IB"):'):
         "a job has at least one node: `!= 1` and `> 1` agree",
+    (_NL, "core/ReplaceComparisonOperator_NotEq_Lt", 'if profile.node.device != "cuda":'):
+        "node.device is one of cuda and cpu (the profile refuses any other), and only cpu "
+        "sorts before cuda: `<` and `!=` agree",
+    (_NL, "core/ReplaceComparisonOperator_NotEq_Gt", 'if profile.node.device != "cuda":'):
+        "the one caller (preflight.job._transport_rows) answers a cpu profile with its skip row "
+        "before it reads any log, so a cuda profile is all this line sees",
+    (_NL, "core/NumberReplacer",
+     'for h in re.findall(r"\\]([^\\s:\\]]+):\\d+", m.group(1))})'):
+        "the whole match adds only `NET/IB : Using ` and `; OOB` around group 1, and neither "
+        "holds a `]name:port`: both find the same HCAs",
 }
 
 

@@ -303,3 +303,59 @@ def test_transport_older_nccl_announcing_sockets_only_fails_on_an_ib_profile():
     ib = check_transport(parse_nccl_transport(fixture_text("nccl_log/roce-net-ib.log")),
                          h100_profile(interconnect={"kind": "roce"}), "n2", 2)
     assert ib.status == "pass" and not ib.detail["socket_announced"]
+
+
+def test_the_shipped_h100_profile_fails_a_socket_fallback_and_passes_ib():
+    """The profile a user submits with is read from its YAML file (not built in code): its
+    transport check runs and fails the run that fell back to sockets."""
+    from hpctrain.config import load_profile
+    profile = load_profile("h100-ib-pyxis")
+    sock = check_transport(parse_nccl_transport(fixture_text("nccl_log/socket-fallback.log")),
+                           profile, "n2", 2)
+    assert sock.status == "fail" and sock.expected == "NET/IB"
+    gdr = check_transport(parse_nccl_transport(fixture_text("nccl_log/roce-net-ib.log")),
+                          profile, "n2", 2)
+    assert gdr.status == "pass" and gdr.expected == "NET/IB"
+
+
+def test_a_node_whose_log_was_never_read_warns_and_says_how_to_get_it():
+    """The node's NCCL log never reached the store (NCCL_DEBUG_FILE not honoured): no verdict
+    on its transport, a warning that names the setting to rerun with."""
+    row = check_transport(None, h100_profile(), "n3", 2)
+    assert row.status == "warn" and row.measured == "no NCCL INFO lines found"
+    assert "NCCL_DEBUG=INFO" in row.fix
+
+
+def test_older_nccl_without_a_network_line_is_judged_by_its_channels():
+    """NCCL releases that print no `Using network` line still log each channel: channels over
+    NET/IB/GDRDMA pass, channels over NET/Socket fail on an InfiniBand profile."""
+    ib_text = "\n".join(line for line in fixture_text("nccl_log/roce-net-ib.log").splitlines()
+                        if "Using network" not in line)
+    ib = parse_nccl_transport(ib_text)
+    assert ib["networks"] == {} and ib["via"]["NET/IB"] == 2
+    row = check_transport(ib, h100_profile(interconnect={"kind": "roce"}), "n2", 2)
+    assert row.status == "pass" and row.measured.startswith("network -; channels NET/IB x2")
+    sock_text = "\n".join(line for line in fixture_text("nccl_log/socket-fallback.log").splitlines()
+                          if "Using network" not in line)
+    sock = check_transport(parse_nccl_transport(sock_text), h100_profile(), "n2", 2)
+    assert sock.status == "fail" and "NET/Socket x4" in sock.measured
+
+
+def test_a_rank_with_only_local_ring_neighbours_still_fails_a_socket_network():
+    """The rank's ring neighbours are on its own node, so it logs no NET/ channel, but NCCL
+    said `Using network Socket`: its inter-node traffic goes over TCP all the same."""
+    text = "\n".join(line for line in fixture_text("nccl_log/socket-fallback.log").splitlines()
+                     if " via " not in line)
+    summary = parse_nccl_transport(text)
+    assert summary["networks"] == {"Socket": 1} and summary["via"] == {}
+    row = check_transport(summary, h100_profile(), "n1", 2)
+    assert row.status == "fail" and "Socket" in row.measured
+
+
+def test_an_ethernet_cluster_passes_whatever_transport_nccl_chose():
+    """On a cluster whose profile says Ethernet, TCP sockets are the expected transport: no
+    failure, no warning about missing IB channels between its two nodes."""
+    profile = h100_profile(interconnect={"kind": "ethernet"})
+    for log in ("nccl_log/socket-fallback.log", "nccl_log/roce-net-ib.log"):
+        row = check_transport(parse_nccl_transport(fixture_text(log)), profile, "n2", 2)
+        assert row.status == "pass" and row.expected == "any", (log, row)
