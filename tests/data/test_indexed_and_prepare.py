@@ -201,7 +201,8 @@ def test_gpt_samples_order_is_seeded_and_dp_slices_tile_the_global_batch(tmp_pat
     beyond = next(p for p in range(a.num_samples) if a.sample_index(p) * 9 % 250 >= 100)
     with pytest.raises(UsageError, match="beyond model.vocab_size"):
         GPTSamples(ds, 9, seed=7, vocab_size=100).sample(beyond)   # a window with ids >= 100
-    with pytest.raises(UsageError, match="fewer than one sample"):
+    with pytest.raises(UsageError, match=r"holds 1000 tokens, fewer than one sample of "
+                                         r"model.seq_length \+ 1 = 5001; use more data"):
         GPTSamples(ds, 5000, seed=7)
 
 
@@ -256,3 +257,17 @@ def test_every_sample_of_a_step_is_read_once_over_the_ranks_whatever_the_micro_b
             assert flat == list(range(first, first + global_batch // dp))
             read += flat
         assert read == list(range(consumed, consumed + global_batch))
+
+
+def test_every_sample_is_whole_when_the_corpus_ends_on_a_sample_boundary(tmp_path):
+    """A corpus of exactly 100 samples' worth of tokens (1000 tokens, seq_length 10): a sample
+    needs seq_length + 1 tokens (its labels reach one token further), so only 99 samples fit,
+    and each one the run reads over two epochs is whole, with its labels shifted by one."""
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.uint16) as w:
+        w.add_document(np.arange(1000) % 250)
+    samples = GPTSamples(indexed.IndexedDataset(tmp_path / "d"), 10, seed=1)
+    assert samples.num_samples == 99
+    for position in range(2 * samples.num_samples):
+        window = samples.sample(position)
+        assert window.size == 11
+        assert list(window[1:]) == list((window[:-1] + 1) % 250)
