@@ -40,6 +40,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/scheduler/test_local_exits.py", "tests/runs/test_runs_and_attempts.py"]),
     "attempt_end": ("hpctrain/record/attempt_end.py", ["tests/runs/test_runs_and_attempts.py"]),
     "hang": ("hpctrain/health/hang.py", ["tests/health/test_hang_attribution.py"]),
+    "culprit": ("hpctrain/record/culprit.py", ["tests/health/test_culprit.py"]),
     "stragglers": ("hpctrain/health/stragglers.py", ["tests/health/test_stragglers.py"]),
     "node_exclusion": ("hpctrain/scheduler/slurm/node_exclusion.py",
                        ["tests/scheduler/test_node_exclusion.py"]),
