@@ -57,7 +57,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/data/test_indexed_and_prepare.py::"
         "test_every_sample_of_a_step_is_read_once_over_the_ranks_whatever_the_micro_batch",
         "tests/data/test_indexed_and_prepare.py::"
-        "test_every_sample_is_whole_when_the_corpus_ends_on_a_sample_boundary"]),
+        "test_every_sample_is_whole_when_the_corpus_ends_on_a_sample_boundary",
+        "tests/data/test_indexed_and_prepare.py::"
+        "test_a_corpus_of_exactly_one_sample_trains_on_it_every_step"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py"]),
     "safety": ("hpctrain/config/safety.py", ["tests/safety/test_script_injection.py",
                                              "tests/safety/test_bad_files.py"]),
@@ -75,7 +77,11 @@ _ENUM = ("exit reasons are ExitReason members (the records' from_dict and reason
 _RQ = "hpctrain/record/requeue_policy.py"
 _ST = "hpctrain/health/stragglers.py"
 _NL = "hpctrain/preflight/nccl_log.py"
+_GD = "hpctrain/data/gpt_dataset.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_GD, "core/ReplaceUnaryOperator_USub_Invert", "self._epoch = -1"):
+        "the cached order's epoch starts as any number no epoch has: positions count samples "
+        "consumed, so epochs are 0 or more, and -1 and ~1 (-2) are both none",
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.FINISHED:"): _ENUM,
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.CANCELLED:"): _ENUM,
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.UNSTABLE:"): _ENUM,

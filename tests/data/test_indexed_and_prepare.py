@@ -271,3 +271,16 @@ def test_every_sample_is_whole_when_the_corpus_ends_on_a_sample_boundary(tmp_pat
         window = samples.sample(position)
         assert window.size == 11
         assert list(window[1:]) == list((window[:-1] + 1) % 250)
+
+
+def test_a_corpus_of_exactly_one_sample_trains_on_it_every_step(tmp_path):
+    """The smallest corpus that can train: seq_length + 1 tokens make one sample, read again
+    each epoch (a smoke test's data); one token fewer is refused."""
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.uint16) as w:
+        w.add_document(np.arange(11))
+    samples = GPTSamples(indexed.IndexedDataset(tmp_path / "d"), 10, seed=1)
+    assert samples.num_samples == 1
+    for position in range(3):
+        assert list(samples.sample(position)) == list(range(11))
+    with pytest.raises(UsageError, match="fewer than one sample"):
+        GPTSamples(indexed.IndexedDataset(tmp_path / "d"), 11, seed=1)
