@@ -38,7 +38,16 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "exit_codes": ("hpctrain/exit_codes.py", [
         "tests/runs/test_requeue_policy.py", "tests/scheduler/test_slurm_parsers.py",
         "tests/scheduler/test_local_exits.py", "tests/runs/test_runs_and_attempts.py"]),
-    "attempt_end": ("hpctrain/record/attempt_end.py", ["tests/runs/test_runs_and_attempts.py"]),
+    "attempt_end": ("hpctrain/record/attempt_end.py", [
+        f"tests/runs/test_runs_and_attempts.py::test_{name}" for name in (
+            "finish_attempt_merges_result_and_decides",
+            "finish_attempt_without_result_uses_the_exit_code",
+            "a_kill_after_the_final_checkpoint_does_not_undo_a_finished_attempt",
+            "a_rank_failing_before_the_final_save_is_a_failure_even_if_rank_0_finished",
+            "a_failed_attempt_names_the_rank_that_failed_first",
+            "failure_records_do_not_rename_an_attempt_that_was_preempted",
+            "a_cancel_event_prevents_requeue",
+            "records_read_older_files_and_keep_what_they_do_not_know")]),
     "hang": ("hpctrain/health/hang.py", ["tests/health/test_hang_attribution.py"]),
     "culprit": ("hpctrain/record/culprit.py", ["tests/health/test_culprit.py"]),
     "stragglers": ("hpctrain/health/stragglers.py", ["tests/health/test_stragglers.py"]),
@@ -195,17 +204,38 @@ def skip_unrealistic(session: Path) -> int:
     return skipped
 
 
+NOT_SAMPLED = "not in the sample"
+
+
+def keep_a_sample(session: Path, size: int, seed: int) -> int:
+    """Leave all but ``size`` of the pending mutants untested, chosen uniformly at random with
+    ``seed`` (the same seed, module and tests choose the same sample): the score is then an
+    estimate for the module, from a sample the report names as such."""
+    import random
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        pending = sorted(db.pending_work_items, key=lambda item: item.job_id)
+        keep = set(random.Random(seed).sample(range(len(pending)), min(size, len(pending))))
+        for i, item in enumerate(pending):
+            if i not in keep:
+                db.set_result(item.job_id, WorkResult(output=NOT_SAMPLED,
+                                                      worker_outcome=WorkerOutcome.SKIPPED))
+        return len(pending) - len(keep)
+
+
 def results(session: Path, tree: Path, module: str) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
     source = (REPO / module).read_text()   # the tree's copy may hold a mutant now
     lines = source.splitlines()
-    out = {"killed": 0, "survived": [], "equivalent": [], "incompetent": 0, "skipped": 0}
+    out = {"killed": 0, "survived": [], "equivalent": [], "incompetent": 0, "skipped": 0,
+           "not_sampled": 0}
     with use_db(str(session), WorkDB.Mode.open) as db:
         out["pending"] = len(list(db.pending_work_items))
         for item, result in db.completed_work_items:
             if result.worker_outcome == WorkerOutcome.SKIPPED:
-                out["skipped"] += 1
+                out["not_sampled" if result.output == NOT_SAMPLED else "skipped"] += 1
                 continue
             (m,) = item.mutations
             line = lines[m.start_pos[0] - 1].strip()
@@ -227,7 +257,8 @@ def results(session: Path, tree: Path, module: str) -> dict:
     return out
 
 
-def run_module(key: str, tree: Path, work: Path, timeout: float) -> dict:
+def run_module(key: str, tree: Path, work: Path, timeout: float,
+               sample: int | None = None, seed: int = 0) -> dict:
     module, tests = MODULES[key]
     cfg, session = work / f"{key}.toml", work / f"{key}.sqlite"
     cfg.write_text(config_text(module, tests, timeout))
@@ -237,6 +268,8 @@ def run_module(key: str, tree: Path, work: Path, timeout: float) -> dict:
     if proc.returncode:
         return {"error": "cosmic-ray init failed:\n" + proc.stderr[-2000:]}
     skip_unrealistic(session)
+    if sample is not None:
+        keep_a_sample(session, sample, seed)
     proc = cosmic_ray("baseline", str(cfg), cwd=tree)
     if proc.returncode:
         return {"error": "the tests fail on the unmutated code:\n" + (proc.stdout + proc.stderr)[-3000:]}
@@ -253,8 +286,10 @@ def report(key: str, r: dict) -> str:
     text = [f"== {key}: {r['module']} ({r['seconds']} s; tests: {' '.join(r['tests'])})",
             f"   killed {r['killed']}, survived {len(r['survived'])}, equivalent "
             f"{len(r['equivalent'])}, incompetent {r['incompetent']}, left out {r['skipped']}, "
+            + (f"not in the sample {r['not_sampled']}, " if r.get("not_sampled") else "") +
             f"not yet tested {r.get('pending', 0)}"
-            f" -> score {r['score']}%"]
+            f" -> score {r['score']}%"
+            + (" (an estimate, from a random sample)" if r.get("not_sampled") else "")]
     for s in r["survived"]:
         text.append(f"   SURVIVED line {s['line']} {s['operator']}#{s['occurrence']}: {s['source']}")
     for e in r["equivalent"]:
@@ -271,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                          "they run: the mutants tested so far)")
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="seconds one test run may take before the mutant counts as killed")
+    ap.add_argument("--sample", type=int, metavar="N",
+                    help="test N of each module's mutants, drawn at random (the score is then "
+                         "an estimate; the report says so); default: all")
+    ap.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     args = ap.parse_args(argv)
     if args.list:
         for key, (module, tests) in MODULES.items():
@@ -301,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     all_results, failed = {}, False
     for key in args.modules or list(MODULES):
-        r = run_module(key, tree, work, args.timeout)
+        r = run_module(key, tree, work, args.timeout, args.sample, args.seed)
         all_results[key] = r
         failed |= "error" in r
         print(report(key, r), flush=True)
