@@ -68,7 +68,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/data/test_indexed_and_prepare.py::"
         "test_every_sample_is_whole_when_the_corpus_ends_on_a_sample_boundary",
         "tests/data/test_indexed_and_prepare.py::"
-        "test_a_corpus_of_exactly_one_sample_trains_on_it_every_step"]),
+        "test_a_corpus_of_exactly_one_sample_trains_on_it_every_step",
+        "tests/data/test_indexed_and_prepare.py::"
+        "test_token_ids_up_to_the_vocabulary_train_and_one_beyond_is_refused"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py"]),
     "safety": ("hpctrain/config/safety.py", ["tests/safety/test_script_injection.py",
                                              "tests/safety/test_bad_files.py"]),
@@ -87,7 +89,20 @@ _RQ = "hpctrain/record/requeue_policy.py"
 _ST = "hpctrain/health/stragglers.py"
 _NL = "hpctrain/preflight/nccl_log.py"
 _GD = "hpctrain/data/gpt_dataset.py"
+_CU = "hpctrain/record/culprit.py"
+_NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
+            "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_CU, "core/NumberReplacer", "c.rank if c.rank is not None else 1 << 30))"): _NO_RANK,
+    (_CU, "core/ReplaceOrWithAnd", 'killed.append(Culprit(rank, t.get("node") or node, at,'):
+        "srun's task lines always name the node (the parser's pattern requires it), and a "
+        "rank's heartbeat names its node as Slurm does (identity.node_name): `and` gives the "
+        "heartbeat's node, which is the same",
+    (_CU, "core/NumberReplacer",
+     "seen = [last_beats[r][1] for r in ranks if last_beats[r][1] is not None]"):
+        "the mutant that changes the filter's index ([0], the node) keeps every rank, as the "
+        "filter does: every heartbeat has its time (Beat.beat_at); the other index's mutants "
+        "are killed",
     (_GD, "core/ReplaceUnaryOperator_USub_Invert", "self._epoch = -1"):
         "the cached order's epoch starts as any number no epoch has: positions count samples "
         "consumed, so epochs are 0 or more, and -1 and ~1 (-2) are both none",

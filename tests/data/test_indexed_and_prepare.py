@@ -284,3 +284,17 @@ def test_a_corpus_of_exactly_one_sample_trains_on_it_every_step(tmp_path):
         assert list(samples.sample(position)) == list(range(11))
     with pytest.raises(UsageError, match="fewer than one sample"):
         GPTSamples(indexed.IndexedDataset(tmp_path / "d"), 11, seed=1)
+
+
+def test_token_ids_up_to_the_vocabulary_train_and_one_beyond_is_refused(tmp_path):
+    """Data prepared with a 250-token vocabulary (ids 0..249) trains with model.vocab_size 250;
+    with 249 the first sample that holds id 249 is refused, naming the id and the field."""
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.uint16) as w:
+        w.add_document(np.arange(1000) % 250)
+    ds = indexed.IndexedDataset(tmp_path / "d")
+    fits = GPTSamples(ds, 9, seed=7, vocab_size=250)
+    assert all(fits.sample(p).max() <= 249 for p in range(fits.num_samples))
+    small = GPTSamples(ds, 9, seed=7, vocab_size=249)
+    with pytest.raises(UsageError, match=r"holds token id 249, beyond model.vocab_size \(249\)"):
+        for p in range(small.num_samples):
+            small.sample(p)

@@ -122,3 +122,24 @@ def test_peer_messages_and_task_lists():
     assert not peer_vanished("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert not peer_vanished(None)
     assert task_ranks("0-2,5") == [0, 1, 2, 5] and task_ranks("x") == []
+
+
+def test_a_rank_that_wrote_its_own_error_before_it_was_killed_is_named_with_its_words():
+    """Rank 1 ran out of host memory: it wrote its error, then the OOM killer ended it (srun:
+    `Killed`). Its peers noticed after. The record names rank 1 with what it said itself,
+    which tells the user more than srun's word for the signal."""
+    exits = parse_srun_task_exits("srun: error: n1: task 1: Killed\n"
+                                  "srun: error: n2: task 2: Exited with exit code 1\n")
+    said = "MemoryError: Unable to allocate 12.0 GiB for the host copy of the checkpoint"
+    own = FailureRecord(rank=1, node="n1", time=100.5, message=said)
+    found = culprit([peer(2, "n2", 101.0), own], exits, BEATS)
+    assert (found.rank, found.node, found.cause, found.message) == (1, "n1", "error", said)
+
+
+def test_at_startup_before_any_heartbeat_the_rank_srun_saw_killed_is_named():
+    """The job dies while loading, before any rank wrote a heartbeat: srun saw rank 3 killed,
+    and node n3 stopped answering. Neither has a time; the named culprit is the rank srun saw
+    die (a node without beats has no rank to name)."""
+    exits = parse_srun_task_exits("srun: error: n2: task 3: Killed\n")
+    found = culprit([], exits, {}, silent_nodes={"n3": "DOWN*"})
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
