@@ -94,6 +94,8 @@ _NO_RANK = ("a candidate without a rank sorts after every rank among those of on
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_CU, "core/NumberReplacer", "c.rank if c.rank is not None else 1 << 30))"): _NO_RANK,
+    (_CU, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
+        "nothing assigns to a Culprit's fields: frozen only forbids what no code does",
     (_CU, "core/ReplaceOrWithAnd", 'killed.append(Culprit(rank, t.get("node") or node, at,'):
         "srun's task lines always name the node (the parser's pattern requires it), and a "
         "rank's heartbeat names its node as Slurm does (identity.node_name): `and` gives the "

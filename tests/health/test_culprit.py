@@ -143,3 +143,12 @@ def test_at_startup_before_any_heartbeat_the_rank_srun_saw_killed_is_named():
     exits = parse_srun_task_exits("srun: error: n2: task 3: Killed\n")
     found = culprit([], exits, {}, silent_nodes={"n3": "DOWN*"})
     assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+
+
+def test_a_silent_node_is_placed_by_its_own_ranks_beats_not_the_other_nodes():
+    """n1 stops answering (its ranks 0 and 1 last beat at 100 and 101, so it was gone by 106);
+    rank 2 on n2 then writes its own error at 106.5. The node went first: n1 is named, not
+    rank 2, whose later beats say nothing of n1."""
+    late = FailureRecord(rank=2, node="n2", time=106.5, message="OSError: disk full")
+    found = culprit([late], [], BEATS, silent_nodes={"n1": "DOWN*"})
+    assert (found.rank, found.node, found.cause, found.time) == (0, "n1", "node", 106.0)
