@@ -47,7 +47,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "a_failed_attempt_names_the_rank_that_failed_first",
             "failure_records_do_not_rename_an_attempt_that_was_preempted",
             "a_cancel_event_prevents_requeue",
-            "records_read_older_files_and_keep_what_they_do_not_know")]),
+            "records_read_older_files_and_keep_what_they_do_not_know",
+            "an_attempt_stopped_by_its_time_limit_is_recorded_as_such_and_requeued")]),
     "hang": ("hpctrain/health/hang.py", ["tests/health/test_hang_attribution.py"]),
     "culprit": ("hpctrain/record/culprit.py", ["tests/health/test_culprit.py"]),
     "stragglers": ("hpctrain/health/stragglers.py", ["tests/health/test_stragglers.py"]),
@@ -90,10 +91,22 @@ _ST = "hpctrain/health/stragglers.py"
 _NL = "hpctrain/preflight/nccl_log.py"
 _GD = "hpctrain/data/gpt_dataset.py"
 _CU = "hpctrain/record/culprit.py"
+_AE = "hpctrain/record/attempt_end.py"
+_CS = "hpctrain/record/checkpoint_store.py"
 _NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_CU, "core/NumberReplacer", "c.rank if c.rank is not None else 1 << 30))"): _NO_RANK,
+    (_CU, "core/ReplaceContinueWithBreak",
+     "if not isinstance(f.time, (int, float)):\ncontinue"):
+        "the one caller (attempt_end.first_failure) passes attempt_end.failures(), which keeps "
+        "only the records with a time: the loop never meets one without",
+    (_AE, "core/NumberReplacer",
+     "yamlio.write_atomic(result_path(run, attempt), json.dumps(result.to_dict(), indent=1))"):
+        "the indentation of result.json: any JSON reader reads 0, 1 or 2 the same",
+    (_CS, "core/NumberReplacer", "FORMAT_VERSION = 1"):
+        "written into each manifest for later versions to read; no reader in this version "
+        "checks it (they read the format name and the file list)",
     (_CU, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
         "nothing assigns to a Culprit's fields: frozen only forbids what no code does",
     (_CU, "core/ReplaceOrWithAnd", 'killed.append(Culprit(rank, t.get("node") or node, at,'):
@@ -169,14 +182,17 @@ def in_signature_annotation(source: str, pos: tuple[int, int]) -> bool:
     return any(start <= tuple(pos) < end for start, end in signature_annotations(source))
 
 
-def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False) -> str | None:
+def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
+                   before: str = "") -> str | None:
     """Why the mutant is equivalent, or None (``in_annotation``: the mutation is inside a
-    function signature's annotation)."""
+    function signature's annotation; ``before``: the line above, stripped, for the keys of
+    lines that are not unique on their own, such as ``continue``: "line above\nline")."""
     if operator.startswith("core/ReplaceBinaryOperator_BitOr_") and (
             in_annotation or line.startswith("def ")):
         return ("a `|` in a signature's annotations: the modules use `from __future__ import "
                 "annotations`, so annotations are never evaluated")
-    return EQUIVALENT.get((module, operator, line))
+    return EQUIVALENT.get((module, operator, line)) or EQUIVALENT.get(
+        (module, operator, f"{before}\n{line}"))
 
 
 def tracked_files() -> list[str]:
@@ -258,8 +274,9 @@ def results(session: Path, tree: Path, module: str) -> dict:
             line = lines[m.start_pos[0] - 1].strip()
             mutant = {"line": m.start_pos[0], "operator": m.operator_name,
                       "occurrence": m.occurrence, "source": line}
+            before = lines[m.start_pos[0] - 2].strip() if m.start_pos[0] > 1 else ""
             why = equivalent_why(module, m.operator_name, line,
-                                 in_signature_annotation(source, m.start_pos))
+                                 in_signature_annotation(source, m.start_pos), before)
             if result.test_outcome == TestOutcome.SURVIVED:
                 if why:
                     out["equivalent"].append({**mutant, "why": why})

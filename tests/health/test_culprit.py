@@ -125,14 +125,15 @@ def test_peer_messages_and_task_lists():
 
 
 def test_a_rank_that_wrote_its_own_error_before_it_was_killed_is_named_with_its_words():
-    """Rank 1 ran out of host memory: it wrote its error, then the OOM killer ended it (srun:
-    `Killed`). Its peers noticed after. The record names rank 1 with what it said itself,
-    which tells the user more than srun's word for the signal."""
+    """Rank 1 ran out of host memory half a second after its last heartbeat: it wrote its
+    error, then the OOM killer ended it (srun: `Killed`). Its peers noticed after. The record
+    names rank 1 with what it said itself, which tells the user more than srun's word for the
+    signal (and is not placed back at its last heartbeat)."""
     exits = parse_srun_task_exits("srun: error: n1: task 1: Killed\n"
                                   "srun: error: n2: task 2: Exited with exit code 1\n")
     said = "MemoryError: Unable to allocate 12.0 GiB for the host copy of the checkpoint"
-    own = FailureRecord(rank=1, node="n1", time=100.5, message=said)
-    found = culprit([peer(2, "n2", 101.0), own], exits, BEATS)
+    own = FailureRecord(rank=1, node="n1", time=101.5, message=said)
+    found = culprit([peer(2, "n2", 102.0), own], exits, BEATS)
     assert (found.rank, found.node, found.cause, found.message) == (1, "n1", "error", said)
 
 
@@ -152,3 +153,13 @@ def test_a_silent_node_is_placed_by_its_own_ranks_beats_not_the_other_nodes():
     late = FailureRecord(rank=2, node="n2", time=106.5, message="OSError: disk full")
     found = culprit([late], [], BEATS, silent_nodes={"n1": "DOWN*"})
     assert (found.rank, found.node, found.cause, found.time) == (0, "n1", "node", 106.0)
+
+
+def test_a_teardown_report_that_reaches_srun_before_the_kill_does_not_hide_it():
+    """Rank 3 on the loaded node n2 is killed; srun tears the step down and the fast node n1
+    reports its task terminated before n2's report of the kill arrives. The kill still
+    names rank 3."""
+    exits = parse_srun_task_exits("srun: error: n1: task 0: Terminated\n"
+                                  "srun: error: n2: task 3: Killed\n")
+    found = culprit([peer(2, "n2", 103.0)], exits, BEATS)
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")

@@ -170,3 +170,15 @@ def test_each_run_gets_its_own_folder_under_the_profiles_checkpoint_root(tmp_pat
         assert folder == tmp_path / "home" / "shared" / "ckpt" / run.id
         assert run.meta()["checkpoint_dir"] == str(folder)
     assert folders[0] != folders[1]
+
+
+def test_an_attempt_stopped_by_its_time_limit_is_recorded_as_such_and_requeued(run):
+    """Near the time limit the ranks save step 40 and exit 75, the code they share with a
+    preemption. The record keeps the reason rank 0 gave (deadline, not preempted), adds no
+    note about a finished run, and the run is requeued."""
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=30, end_step=40, exit_reason="deadline",
+                                       checkpoint_saved="/ck/step-00000040"))
+    rec, decision = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm")
+    assert rec.exit_reason == "deadline" and "note" not in rec.to_dict()
+    assert decision.requeue

@@ -190,3 +190,23 @@ def test_release_undoes_a_claim_only_while_the_folder_holds_nothing(tmp_path):
     _publish(root, 5, run="run-b")
     store.release(root, "run-b")                          # holds a checkpoint: stays claimed
     assert store.read_owner(root)["run"] == "run-b"
+
+
+def test_a_damaged_manifest_does_not_cost_a_run_its_own_folder_nor_hand_over_a_strange_one(
+        tmp_path):
+    """Attempt 1 of run-a claimed its folder and saved step 10, whose manifest was then damaged
+    (a full disk). Attempt 2 still owns the folder (verification sets that checkpoint aside
+    later). A folder without an owner record whose only checkpoint has no readable manifest
+    belongs to no known run: a new run is refused it."""
+    mine = tmp_path / "mine"
+    store.claim(mine, "run-a")
+    saved = _publish(mine, 10, run="run-a")
+    (saved / store.MANIFEST).write_text("{ torn")
+    assert store.foreign_checkpoints(mine, "run-a") is None
+    assert store.claim(mine, "run-a") is False
+    strange = tmp_path / "strange"
+    (_publish(strange, 10, run="run-x") / store.MANIFEST).write_text("{ torn")
+    with pytest.raises(store.ForeignCheckpointsError,
+                       match="step-00000010 has no readable manifest naming its run"):
+        store.claim(strange, "run-a")
+    assert not (strange / store.OWNER).exists()
