@@ -71,7 +71,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/data/test_indexed_and_prepare.py::"
         "test_a_corpus_of_exactly_one_sample_trains_on_it_every_step",
         "tests/data/test_indexed_and_prepare.py::"
-        "test_token_ids_up_to_the_vocabulary_train_and_one_beyond_is_refused"]),
+        "test_token_ids_up_to_the_vocabulary_train_and_one_beyond_is_refused",
+        "tests/data/test_indexed_and_prepare.py::"
+        "test_a_resume_in_the_second_epoch_and_repeated_evaluations_read_the_same_samples",
+        "tests/data/test_indexed_and_prepare.py::"
+        "test_a_split_too_small_for_one_sample_says_so_and_how_to_fix_it"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py"]),
     "safety": ("hpctrain/config/safety.py", ["tests/safety/test_script_injection.py",
                                              "tests/safety/test_bad_files.py"]),

@@ -298,3 +298,30 @@ def test_token_ids_up_to_the_vocabulary_train_and_one_beyond_is_refused(tmp_path
     with pytest.raises(UsageError, match=r"holds token id 249, beyond model.vocab_size \(249\)"):
         for p in range(small.num_samples):
             small.sample(p)
+
+
+def test_a_resume_in_the_second_epoch_and_repeated_evaluations_read_the_same_samples(tmp_path):
+    """Two stories of reading the order out of its first pass: a run resumed past its first
+    epoch (a fresh reader starting at position 120 of a 99-sample corpus) reads what the run
+    that never stopped read there; a small validation split whose evaluation wraps into the
+    next epoch reads the same samples at the next evaluation, which starts again at 0."""
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.uint16) as w:
+        w.add_document(np.arange(1000) % 250)
+    ds = indexed.IndexedDataset(tmp_path / "d")
+    steady = GPTSamples(ds, 10, seed=3)
+    seen = [steady.sample_index(p) for p in range(130)]
+    resumed = GPTSamples(ds, 10, seed=3)
+    assert [resumed.sample_index(p) for p in range(120, 130)] == seen[120:]
+    validation = GPTSamples(ds, 10, seed=3, tokens=ds.tokens[:400], stream=(1,))
+    first = [list(validation.sample(p)) for p in range(50)]   # 39 samples: wraps into epoch 1
+    assert [list(validation.sample(p)) for p in range(50)] == first
+
+
+def test_a_split_too_small_for_one_sample_says_so_and_how_to_fix_it(tmp_path):
+    with indexed.IndexedDatasetWriter(tmp_path / "d", np.uint16) as w:
+        w.add_document(np.arange(1000) % 250)
+    ds = indexed.IndexedDataset(tmp_path / "d")
+    with pytest.raises(UsageError, match=r"holds 8 tokens in this split, fewer than one sample "
+                                         r"of model.seq_length \+ 1 = 11; use more data, a "
+                                         r"larger share of data.split"):
+        GPTSamples(ds, 10, seed=3, tokens=ds.tokens[992:])

@@ -163,3 +163,31 @@ def test_a_teardown_report_that_reaches_srun_before_the_kill_does_not_hide_it():
                                   "srun: error: n2: task 3: Killed\n")
     found = culprit([peer(2, "n2", 103.0)], exits, BEATS)
     assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+
+
+def test_two_ranks_failing_at_the_same_instant_name_the_lower_whatever_the_file_order():
+    """Every rank reads the same bad batch and fails on it in the same second: the record
+    names rank 1, not whichever failure file was read first."""
+    same = "ValueError: token id 70000 is beyond the vocabulary"
+    found = culprit([FailureRecord(rank=3, node="n2", time=100.0, message=same),
+                     FailureRecord(rank=1, node="n1", time=100.0, message=same)], [], BEATS)
+    assert (found.rank, found.cause) == (1, "error")
+
+
+def test_ranks_killed_together_on_one_node_count_even_when_one_wrote_its_own_error():
+    """n2 runs out of memory: rank 3 is killed outright (silent since its beat at 99.5), rank 2
+    writes a MemoryError, then is killed too; srun reports both as one line. Rank 3 went first."""
+    exits = parse_srun_task_exits("srun: error: n2: tasks 2-3: Killed\n")
+    own = FailureRecord(rank=2, node="n2", time=103.0, message="MemoryError: out of host memory")
+    found = culprit([own], exits, BEATS)
+    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+
+
+def test_a_node_that_went_down_first_is_named_over_a_later_kill_on_a_late_node():
+    """n3 went down (rank 4's last beat at 95, so gone by 100); later rank 3 on n2 is killed
+    and the loaded n2 misses a state query. n2 is explained by the kill; n3 is still weighed,
+    and it went first."""
+    beats = {**BEATS, 3: ("n2", 103.0), 4: ("n3", 95.0)}
+    exits = parse_srun_task_exits("srun: error: n2: task 3: Killed\n")
+    found = culprit([], exits, beats, silent_nodes={"n2": "MIXED+NOT_RESPONDING", "n3": "DOWN*"})
+    assert (found.rank, found.node, found.cause) == (4, "n3", "node")
