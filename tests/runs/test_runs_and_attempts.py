@@ -182,3 +182,25 @@ def test_an_attempt_stopped_by_its_time_limit_is_recorded_as_such_and_requeued(r
     rec, decision = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm")
     assert rec.exit_reason == "deadline" and "note" not in rec.to_dict()
     assert decision.requeue
+
+
+def test_a_hang_under_the_local_executor_is_recorded_and_not_requeued(run):
+    """Rank 3 stopped (its heartbeats ceased); under the local executor rank 0's watchdog
+    records the attempt itself: hung, rank 3's node named and left out, no Slurm restart, and
+    no requeue whatever the policy says (there is no other node to move to), with why."""
+    from hpctrain.health.hang import HangMonitor
+    from hpctrain.health.heartbeat import Beat
+    from hpctrain.record.attempt_end import hang_details
+    monitor = HangMonitor(beat_s=5)
+    monitor.update({r: Beat(rank=r, node="local", pid=100 + r, step=7 if r == 3 else 8,
+                            start_step=0, phase="step", progress_at=100.0, beat_at=140.0,
+                            limit_s=30.0) for r in range(4)}, now=0.0)
+    verdict = monitor.check(0.0)
+    n = run.begin_attempt()
+    why = "a hang under the local executor: there is no other node to move to"
+    rec, decision = finish_attempt(run, n, exit_codes.HUNG, scheduler="local", job_id="local-1",
+                                   refuse_requeue=why, **hang_details(verdict))
+    assert rec.exit_reason == "hung" and rec.first_failure["rank"] == 3
+    assert rec.excluded_nodes == ["local"] and rec.restart_count == 0
+    assert not decision.requeue and decision.reason == f"hung; not requeued: {why}"
+    assert run.ledger()[-1]["decision"]["requeue"] is False
