@@ -265,7 +265,9 @@ def keep_a_sample(session: Path, size: int, seed: int) -> int:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
     with use_db(str(session), WorkDB.Mode.open) as db:
-        pending = sorted(db.pending_work_items, key=lambda item: item.job_id)
+        # in the order of the mutations, not of their (random) job ids: the same sample again
+        pending = sorted(db.pending_work_items, key=lambda item: [
+            (str(m.module_path), m.operator_name, m.occurrence) for m in item.mutations])
         keep = set(random.Random(seed).sample(range(len(pending)), min(size, len(pending))))
         for i, item in enumerate(pending):
             if i not in keep:
