@@ -118,3 +118,12 @@ def test_of_two_silent_ranks_the_one_that_stopped_first_is_blamed():
     assert verdict is not None and verdict.rank == 3 and verdict.node == "n2"
     assert verdict.silent_s == 60.0 and "heartbeat stopped 60 s ago" in verdict.why
     assert verdict.ranks["1"]["silent_s"] == 40.0      # the other silent rank, seen but not blamed
+
+
+def test_a_rank_is_given_the_whole_limit_before_it_is_called_hung():
+    """health.hang_timeout_s is how long a step may go without progress: two ranks idle for
+    exactly the limit (a slow step that just made it) get no verdict; a second more, they do."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 5, 100.0, 130.0), 1: beat(1, 5, 100.0, 130.0)}, now=0.0)
+    assert m.check(0.0) is None
+    assert m.check(1.0).idle_s == 31.0
