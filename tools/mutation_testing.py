@@ -97,6 +97,9 @@ _NL = "hpctrain/preflight/nccl_log.py"
 _GD = "hpctrain/data/gpt_dataset.py"
 _CU = "hpctrain/record/culprit.py"
 _AE = "hpctrain/record/attempt_end.py"
+_HG = "hpctrain/health/hang.py"
+_BEAT5 = ("both monitors (the batch shell's and the ranks' watchdogs) are built with the one "
+          "heartbeat period, 5 s: max(15, 3 * 5), max(15, 3 + 5) and max(15, 3 / 5) are all 15")
 _CS = "hpctrain/record/checkpoint_store.py"
 _NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
@@ -113,6 +116,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_CS, "core/NumberReplacer", 'with open(path, "rb", buffering=0) as f:'):
         "the buffering of a file read in large chunks changes how it is read, not the bytes "
         "(nor the checksum)",
+    (_HG, "core/ReplaceBinaryOperator_Mul_Add",
+     "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
+        _BEAT5,
+    (_HG, "core/ReplaceBinaryOperator_Mul_Div",
+     "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
+        _BEAT5,
+    (_HG, "core/ReplaceOrWithAnd", "if not self.beats or limit is None:"):
+        "every heartbeat carries its rank's limit (runtime.watchdog.hang_limit always returns "
+        "a number), so with beats there is a limit: `and` and `or` agree",
     (_CU, "core/NumberReplacer", "c.rank if c.rank is not None else 1 << 30))"): _NO_RANK,
     (_CU, "core/ReplaceContinueWithBreak",
      "if not isinstance(f.time, (int, float)):\ncontinue"):

@@ -127,3 +127,14 @@ def test_a_rank_is_given_the_whole_limit_before_it_is_called_hung():
     m.update({0: beat(0, 5, 100.0, 130.0), 1: beat(1, 5, 100.0, 130.0)}, now=0.0)
     assert m.check(0.0) is None
     assert m.check(1.0).idle_s == 31.0
+
+
+def test_among_ranks_alike_the_one_longest_without_progress_is_blamed():
+    """Two ranks at the same step, both still beating, neither behind in a collective: rank 1
+    last progressed ten seconds before rank 0, so rank 1 is blamed, and the record gives its
+    idle time to a tenth of a second."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 8, 100.0, 140.0), 1: beat(1, 8, 89.96, 140.0)}, now=0.0)
+    verdict = m.check(0.0)
+    assert verdict.rank == 1 and "it has gone longest without progress" in verdict.why
+    assert verdict.idle_s == 50.0 and verdict.ranks["0"]["idle_s"] == 40.0
