@@ -99,7 +99,8 @@ _CU = "hpctrain/record/culprit.py"
 _AE = "hpctrain/record/attempt_end.py"
 _HG = "hpctrain/health/hang.py"
 _BEAT5 = ("both monitors (the batch shell's and the ranks' watchdogs) are built with the one "
-          "heartbeat period, 5 s: max(15, 3 * 5), max(15, 3 + 5) and max(15, 3 / 5) are all 15")
+          "heartbeat period, 5 s: max(15, 3 * 5) is 15, and so is max(15, x) for 3 + 5, 3 - 5 "
+          "and 3 / 5")
 _CS = "hpctrain/record/checkpoint_store.py"
 _NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
@@ -122,6 +123,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_HG, "core/ReplaceBinaryOperator_Mul_Div",
      "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
         _BEAT5,
+    (_HG, "core/ReplaceBinaryOperator_Mul_Sub",
+     "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
+        _BEAT5,
+    (_HG, "core/NumberReplacer", "tmp.write_text(json.dumps(verdict.to_dict(), indent=1))"):
+        "the indentation of the verdict file: any JSON reader reads 0, 1 or 2 the same",
     (_HG, "core/ReplaceOrWithAnd", "if not self.beats or limit is None:"):
         "every heartbeat carries its rank's limit (runtime.watchdog.hang_limit always returns "
         "a number), so with beats there is a limit: `and` and `or` agree",

@@ -48,7 +48,7 @@ def test_a_killed_rank_is_named_over_the_peers_that_noticed_first():
 
 def test_without_the_schedulers_view_the_first_record_is_named_as_before():
     found = culprit([peer(2, "n2", 103.2), peer(1, "n1", 103.0)], [], BEATS)
-    assert (found.rank, found.cause) == (1, "peer")
+    assert (found.rank, found.cause, found.message) == (1, "peer", RESET)
 
 
 def test_a_ranks_own_error_beats_peers_that_noticed_it_even_when_written_later():

@@ -134,7 +134,8 @@ def test_among_ranks_alike_the_one_longest_without_progress_is_blamed():
     last progressed ten seconds before rank 0, so rank 1 is blamed, and the record gives its
     idle time to a tenth of a second."""
     m = HangMonitor(beat_s=5)
-    m.update({0: beat(0, 8, 100.0, 140.0), 1: beat(1, 8, 89.96, 140.0)}, now=0.0)
-    verdict = m.check(0.0)
+    m.update({0: beat(0, 8, 100.0, 140.0), 1: beat(1, 8, 89.97, 140.0)}, now=0.0)
+    verdict = m.check(0.34)
     assert verdict.rank == 1 and "it has gone longest without progress" in verdict.why
-    assert verdict.idle_s == 50.0 and verdict.ranks["0"]["idle_s"] == 40.0
+    assert verdict.idle_s == 50.4 and verdict.ranks["0"]["idle_s"] == 40.3
+    assert verdict.ranks["1"]["silent_s"] == 0.3

@@ -173,14 +173,18 @@ def test_each_run_gets_its_own_folder_under_the_profiles_checkpoint_root(tmp_pat
 
 
 def test_an_attempt_stopped_by_its_time_limit_is_recorded_as_such_and_requeued(run):
-    """Near the time limit the ranks save step 40 and exit 75, the code they share with a
-    preemption. The record keeps the reason rank 0 gave (deadline, not preempted), adds no
-    note about a finished run, and the run is requeued."""
+    """Near its one-hour time limit the attempt saves step 40 and exits 75, the code the ranks
+    share with a preemption. The record keeps the reason rank 0 gave (deadline, not
+    preempted) and the hour it ran, adds no note about a finished run, and the run is
+    requeued."""
+    import time
     n = run.begin_attempt()
     write_result(run, n, AttemptResult(start_step=30, end_step=40, exit_reason="deadline",
                                        checkpoint_saved="/ck/step-00000040"))
-    rec, decision = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm")
+    rec, decision = finish_attempt(run, n, exit_codes.PREEMPTED, scheduler="slurm",
+                                   started_at=time.time() - 3600)
     assert rec.exit_reason == "deadline" and "note" not in rec.to_dict()
+    assert rec.duration_s >= 3600
     assert decision.requeue
 
 
