@@ -98,6 +98,7 @@ _GD = "hpctrain/data/gpt_dataset.py"
 _CU = "hpctrain/record/culprit.py"
 _AE = "hpctrain/record/attempt_end.py"
 _HG = "hpctrain/health/hang.py"
+_CHUNK = "the size of the blocks a file is read in changes how it is read, not its checksum"
 _BEAT5 = ("both monitors (the batch shell's and the ranks' watchdogs) are built with the one "
           "heartbeat period, 5 s: max(15, 3 * 5) is 15, and so is max(15, x) for 3 + 5, 3 - 5 "
           "and 3 / 5")
@@ -111,6 +112,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_GD, "core/ReplaceComparisonOperator_NotEq_IsNot", "if epoch != self._epoch:"):
         "epochs are small ints, which CPython keeps one object each of (-5 to 256): `is not` "
         "and `!=` agree for a run's first 257 epochs",
+    (_CS, "core/ReplaceBinaryOperator_LShift_Mul", "CHUNK = 8 << 20"): _CHUNK,
+    (_CS, "core/NumberReplacer", "CHUNK = 8 << 20"): _CHUNK,
+    (_CS, "core/ReplaceComparisonOperator_NotEq_IsNot", "if rel != MANIFEST:"):
+        "files are listed only in a save in progress (.partial-*), before its manifest is "
+        "written there: no listed name is the manifest's",
+    (_HG, "core/ReplaceComparisonOperator_Lt_NotEq",
+     "elif steps and beat.step is not None and beat.step < max(steps):"):
+        "this branch is reached only when no rank is silent, and then the blamed rank has the "
+        "lowest step: its step differs from the largest exactly when it is smaller",
     (_CS, "core/AddNot", "if removed:"):
         "whether the folder's entry is flushed to disk after a prune: only a power loss right "
         "after it can tell, and then the pruned folders are merely back",
@@ -126,6 +136,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_HG, "core/ReplaceBinaryOperator_Mul_Sub",
      "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
         _BEAT5,
+    (_HG, "core/NumberReplacer",
+     "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
+        "15 -> 14 (the mutants to 16, 2 and 4 are killed): " + _BEAT5,
     (_HG, "core/NumberReplacer", "tmp.write_text(json.dumps(verdict.to_dict(), indent=1))"):
         "the indentation of the verdict file: any JSON reader reads 0, 1 or 2 the same",
     (_HG, "core/ReplaceOrWithAnd", "if not self.beats or limit is None:"):

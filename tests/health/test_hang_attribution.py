@@ -139,3 +139,27 @@ def test_among_ranks_alike_the_one_longest_without_progress_is_blamed():
     assert verdict.rank == 1 and "it has gone longest without progress" in verdict.why
     assert verdict.idle_s == 50.4 and verdict.ranks["0"]["idle_s"] == 40.3
     assert verdict.ranks["1"]["silent_s"] == 0.3
+
+
+def test_a_rank_still_starting_is_blamed_over_ranks_that_finished_a_step():
+    """Ranks 0-2 finished step 0 and wait; rank 3 has no step yet (still loading, beating):
+    rank 3 is the one the others wait for."""
+    m = HangMonitor(beat_s=5)
+    beats = {r: beat(r, 0, 100.0, 140.0) for r in range(3)}
+    beats[3] = beat(3, None, 100.0, 140.0)
+    m.update(beats, now=0.0)
+    assert m.check(0.0).rank == 3
+
+
+def test_a_heartbeat_a_few_seconds_late_is_not_a_stopped_process():
+    """On a loaded node rank 1's heartbeat file is 14.5 s old (under three beats of 5 s): it
+    is late, not stopped, so the hang is blamed on rank 0, which is a step behind. At 15.5 s
+    it has missed three beats: rank 1 has stopped, and the others wait for it."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 9, 100.0, 140.0), 1: beat(1, 10, 100.0, 140.0)}, now=0.0)
+    m.update({0: beat(0, 9, 100.0, 154.5), 1: beat(1, 10, 100.0, 140.0)}, now=14.5)
+    verdict = m.check(14.5)
+    assert verdict.rank == 0 and "at step 9, the others at up to 10" in verdict.why
+    m.update({0: beat(0, 9, 100.0, 155.5), 1: beat(1, 10, 100.0, 140.0)}, now=15.5)
+    verdict = m.check(15.5)
+    assert verdict.rank == 1 and "heartbeat stopped 16 s ago" in verdict.why

@@ -210,3 +210,31 @@ def test_a_damaged_manifest_does_not_cost_a_run_its_own_folder_nor_hand_over_a_s
                        match="step-00000010 has no readable manifest naming its run"):
         store.claim(strange, "run-a")
     assert not (strange / store.OWNER).exists()
+
+
+def test_manifest_checksums_are_standard_crc32_that_other_tools_agree_with(tmp_path):
+    """An operator who copied a checkpoint checks it with any CRC-32 tool: the manifest holds
+    each file's size and the standard CRC-32 (check value of b"123456789": cbf43926)."""
+    (tmp_path / "f").write_bytes(b"123456789")
+    assert store.file_checksum(tmp_path / "f") == (9, "cbf43926")
+
+
+def test_a_folder_with_another_tools_manifest_is_not_a_checkpoint(tmp_path):
+    """A step-* folder whose manifest.json was written by another tool (its own format) is not
+    read as an hpctrain checkpoint: verification finds no manifest of ours."""
+    final = _publish(tmp_path, 10, run="run-a")
+    (final / store.MANIFEST).write_text('{"format": "dcp-metadata", "step": 10, "files": {}}')
+    assert store.read_manifest(final) is None
+    assert store.verified_checkpoints(tmp_path, "run-a") == []
+
+
+def test_whichever_run_prunes_the_other_runs_checkpoints_are_never_counted(tmp_path):
+    """run-b prunes a folder that also holds run-a's checkpoints (taken over from a run whose
+    weights it started from): only run-b's own are counted and deleted."""
+    for step in (10, 20):
+        _publish(tmp_path, step, run="run-a")
+    for step in (50, 60):
+        _publish(tmp_path, step, run="run-b")
+    removed = store.prune(tmp_path, keep_last=1, log=lambda m: None, run_id="run-b")
+    assert [d.name for d in removed] == ["step-00000050"]
+    assert [s for s, _ in store.complete_checkpoints(tmp_path)] == [60, 20, 10]
