@@ -109,6 +109,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_GD, "core/NumberReplacer", "self._epoch = -1"):
         "the cached order's epoch starts as any number no epoch has: -2 is none either (the "
         "mutant 0 is killed)",
+    (_GD, "core/NumberReplacer", "self.num_samples = (n - 1) // seq_length if n else 0"):
+        "0 -> -1 for a split without tokens: -1 is refused as 0 is, with the same message "
+        "(the mutants 0 -> 1 and 1 -> 0 or 2 are killed)",
     (_GD, "core/ReplaceComparisonOperator_NotEq_IsNot", "if epoch != self._epoch:"):
         "epochs are small ints, which CPython keeps one object each of (-5 to 256): `is not` "
         "and `!=` agree for a run's first 257 epochs",
@@ -121,6 +124,13 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "elif steps and beat.step is not None and beat.step < max(steps):"):
         "this branch is reached only when no rank is silent, and then the blamed rank has the "
         "lowest step: its step differs from the largest exactly when it is smaller",
+    (_HG, "core/NumberReplacer", "return (0 if quiet else 1, -silent[rank] if quiet else 0.0,"):
+        "the blame key's first number puts silent ranks first whatever the constants moved by "
+        "one, and a silent rank's second (minus its silence, below -15) sorts before 0, 1 or -1",
+    (_AE, "core/ReplaceBinaryOperator_Mul_Div",
+     "def finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, scheduler: str,"):
+        "`*` -> `/` in the signature: every caller passes run, attempt and exit code by "
+        "position and the rest by name, which both signatures accept",
     (_CS, "core/AddNot", "if removed:"):
         "whether the folder's entry is flushed to disk after a prune: only a power loss right "
         "after it can tell, and then the pruned folders are merely back",

@@ -298,6 +298,9 @@ def test_token_ids_up_to_the_vocabulary_train_and_one_beyond_is_refused(tmp_path
     with pytest.raises(UsageError, match=r"holds token id 249, beyond model.vocab_size \(249\)"):
         for p in range(small.num_samples):
             small.sample(p)
+    # the training ranks read unchecked (check=False) and check each batch themselves, where
+    # the error stays one line (runtime.batches)
+    assert max(small.sample(p, check=False).max() for p in range(small.num_samples)) == 249
 
 
 def test_a_resume_in_the_second_epoch_and_repeated_evaluations_read_the_same_samples(tmp_path):
@@ -325,3 +328,5 @@ def test_a_split_too_small_for_one_sample_says_so_and_how_to_fix_it(tmp_path):
                                          r"of model.seq_length \+ 1 = 11; use more data, a "
                                          r"larger share of data.split"):
         GPTSamples(ds, 10, seed=3, tokens=ds.tokens[992:])
+    with pytest.raises(UsageError, match="holds 0 tokens in this split"):   # a share of none
+        GPTSamples(ds, 10, seed=3, tokens=ds.tokens[:0])

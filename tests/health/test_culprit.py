@@ -139,12 +139,12 @@ def test_a_rank_that_wrote_its_own_error_before_it_was_killed_is_named_with_its_
 
 
 def test_at_startup_before_any_heartbeat_the_rank_srun_saw_killed_is_named():
-    """The job dies while loading, before any rank wrote a heartbeat: srun saw rank 3 killed,
-    and node n3 stopped answering. Neither has a time; the named culprit is the rank srun saw
-    die (a node without beats has no rank to name)."""
-    exits = parse_srun_task_exits("srun: error: n2: task 3: Killed\n")
+    """A 64-rank job dies while loading, before any rank wrote a heartbeat: srun saw rank 40
+    killed, and node n3 stopped answering. Neither has a time; the named culprit is the rank
+    srun saw die (a node without beats has no rank to name)."""
+    exits = parse_srun_task_exits("srun: error: n6: task 40: Killed\n")
     found = culprit([], exits, {}, silent_nodes={"n3": "DOWN*"})
-    assert (found.rank, found.node, found.cause) == (3, "n2", "signal")
+    assert (found.rank, found.node, found.cause) == (40, "n6", "signal")
 
 
 def test_a_silent_node_is_placed_by_its_own_ranks_beats_not_the_other_nodes(tmp_path):

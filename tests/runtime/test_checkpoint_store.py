@@ -155,6 +155,11 @@ def test_a_folder_without_owner_record_is_taken_only_when_every_checkpoint_names
     (bad / store.OWNER).write_bytes(b"\xff\xfe not json")
     with pytest.raises(store.ForeignCheckpointsError, match="owner.json cannot be read"):
         store.claim(bad, "run-a")
+    other_tool = tmp_path / "other-tool"
+    other_tool.mkdir()
+    (other_tool / store.OWNER).write_text('{"format": "another-launcher", "run": "run-a"}')
+    with pytest.raises(store.ForeignCheckpointsError, match="is not an hpctrain owner record"):
+        store.claim(other_tool, "run-a")
 
 
 def _claim_in_process(root, run_id, go, out):
