@@ -106,15 +106,9 @@ _CS = "hpctrain/record/checkpoint_store.py"
 _NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
-    (_GD, "core/NumberReplacer", "self._epoch = -1"):
-        "the cached order's epoch starts as any number no epoch has: -2 is none either (the "
-        "mutant 0 is killed)",
     (_GD, "core/NumberReplacer", "self.num_samples = (n - 1) // seq_length if n else 0"):
         "0 -> -1 for a split without tokens: -1 is refused as 0 is, with the same message "
         "(the mutants 0 -> 1 and 1 -> 0 or 2 are killed)",
-    (_GD, "core/ReplaceComparisonOperator_NotEq_IsNot", "if epoch != self._epoch:"):
-        "epochs are small ints, which CPython keeps one object each of (-5 to 256): `is not` "
-        "and `!=` agree for a run's first 257 epochs",
     (_CS, "core/ReplaceBinaryOperator_LShift_Mul", "CHUNK = 8 << 20"): _CHUNK,
     (_CS, "core/NumberReplacer", "CHUNK = 8 << 20"): _CHUNK,
     (_CS, "core/ReplaceComparisonOperator_NotEq_IsNot", "if rel != MANIFEST:"):
@@ -162,7 +156,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_AE, "core/NumberReplacer",
      "yamlio.write_atomic(result_path(run, attempt), json.dumps(result.to_dict(), indent=1))"):
         "the indentation of result.json: any JSON reader reads 0, 1 or 2 the same",
-    (_CS, "core/NumberReplacer", "FORMAT_VERSION = 1"):
+    (_CS, "core/NumberReplacer",
+     "FORMAT_VERSION = 2     # 2: CRC32C per file and per item (1: zlib CRC32 per file)"):
         "written into each manifest for later versions to read; no reader in this version "
         "checks it (they read the format name and the file list)",
     (_CU, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
@@ -176,9 +171,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the mutant that changes the filter's index ([0], the node) keeps every rank, as the "
         "filter does: every heartbeat has its time (Beat.beat_at); the other index's mutants "
         "are killed",
-    (_GD, "core/ReplaceUnaryOperator_USub_Invert", "self._epoch = -1"):
-        "the cached order's epoch starts as any number no epoch has: positions count samples "
-        "consumed, so epochs are 0 or more, and -1 and ~1 (-2) are both none",
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.FINISHED:"): _ENUM,
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.CANCELLED:"): _ENUM,
     (_RQ, "core/ReplaceComparisonOperator_Eq_Is", "if why == ExitReason.UNSTABLE:"): _ENUM,

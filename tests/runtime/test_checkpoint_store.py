@@ -217,11 +217,13 @@ def test_a_damaged_manifest_does_not_cost_a_run_its_own_folder_nor_hand_over_a_s
     assert not (strange / store.OWNER).exists()
 
 
-def test_manifest_checksums_are_standard_crc32_that_other_tools_agree_with(tmp_path):
-    """An operator who copied a checkpoint checks it with any CRC-32 tool: the manifest holds
-    each file's size and the standard CRC-32 (check value of b"123456789": cbf43926)."""
+def test_manifest_checksums_are_standard_crcs_that_other_tools_agree_with(tmp_path):
+    """An operator who copied a checkpoint checks it with any CRC tool: a manifest holds each
+    file's size and its standard CRC-32C (check value of b"123456789": e3069283); an older
+    manifest's standard CRC-32 (cbf43926) is computed the same way when it is verified."""
     (tmp_path / "f").write_bytes(b"123456789")
-    assert store.file_checksum(tmp_path / "f") == (9, "cbf43926")
+    assert store.file_checksum(tmp_path / "f") == (9, "e3069283")
+    assert store.file_checksum(tmp_path / "f", "crc32") == (9, "cbf43926")
 
 
 def test_a_folder_with_another_tools_manifest_is_not_a_checkpoint(tmp_path):
