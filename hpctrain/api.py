@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .config import DEFAULT_PROFILE, ClusterProfile, JobConfig
 from .errors import RunNotFoundError, UsageError
-from .record.folder import RUN_FILE, RunFolder
+from .record.folder import RUN_FILE, RunFolder, is_run_folder
 
 
 class Run(RunFolder):
@@ -29,22 +29,23 @@ class Run(RunFolder):
     """
 
     def _require(self) -> None:
-        if not self.run_file.is_file():
+        if not is_run_folder(self.path):
             raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
                                    "`hpctrain runs` lists the run folders")
 
     def state(self) -> str:
         """RUNNING, PENDING, ... (Slurm's word) while a job is active; else FINISHED, CANCELLED,
-        STOPPED, NOT SUBMITTED or the last job's final state (the STATE of ``hpctrain runs``)."""
+        STOPPED, NOT SUBMITTED or the last job's final state (the STATE of ``hpctrain runs``);
+        DAMAGED when a file of its folder cannot be read (``summary()["damaged"]`` names it)."""
         from .view.runview import build_view
         self._require()
-        return build_view(self).state
+        return build_view(self, damaged_ok=True).state
 
     def summary(self) -> dict:
         """The run's row in ``hpctrain runs --json``."""
         from .view.runview import build_view
         self._require()
-        return build_view(self).summary()
+        return build_view(self, damaged_ok=True).summary()
 
     def status(self) -> dict:
         """What ``hpctrain status RUN --json`` prints: live job state, step and loss, the

@@ -21,6 +21,13 @@ MAX_PARALLEL = 10_000            # --max-parallel of a sweep's job array
 REPORT_PIXELS = (200, 10_000)    # each side of `report --size`
 MAX_MICRO_BATCH = 2**16
 
+# What hpctrain reads from a run folder (``hpctrain.record.reader``): far above what it writes
+# there, so only a damaged or hostile file reaches them.
+RUN_SMALL_BYTES = 16 << 20      # run.yaml, job.yaml, a result, a heartbeat, a manifest
+RUN_RECORD_BYTES = 256 << 20    # ledger.jsonl, events.jsonl
+RUN_METRICS_BYTES = 1 << 30     # metrics.jsonl read whole (Run.metrics(), report)
+RUN_LOG_BYTES = 64 << 20        # what `logs` prints of a rank log at once (the end of it)
+
 # name -> (the option a user knows it by, lowest, highest)
 INTEGERS = {
     "nodes": ("--nodes", 1, MAX_NODES),

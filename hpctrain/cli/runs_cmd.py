@@ -154,7 +154,7 @@ def logs(run_ref, rank, attempt, batch, follow, tail_lines, runs_dir):
       hpctrain logs tiny-gpt --batch             # the batch shell: signals, requeue decisions
     """
     from ..ops.logs import choose_log, follow_logs
-    from ..view.follow import complete_lines
+    from ..view.follow import all_lines, complete_lines
     run = find(run_ref, runs_dir)
     path = choose_log(run, rank=rank, attempt=attempt, batch=batch, must_exist=not follow)
     shown = None
@@ -162,8 +162,8 @@ def logs(run_ref, rank, attempt, batch, follow, tail_lines, runs_dir):
         if follow:  # complete lines only: following picks up exactly where this stops
             lines, end = complete_lines(path)
             shown = (path, end)
-        else:
-            lines = path.read_text(errors="replace").splitlines()
+        else:   # the end of a huge log, through the run-folder reader
+            lines = all_lines(path)
         for line in lines[-tail_lines:] if tail_lines else lines:
             click.echo(line)
     if follow:

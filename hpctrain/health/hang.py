@@ -189,7 +189,9 @@ def claim_verdict(attempt_dir: Path, verdict: Verdict) -> Verdict:
 
 
 def read_verdict(attempt_dir: Path) -> Verdict | None:
+    from ..record import reader
     try:
-        return Verdict.from_dict(json.loads(verdict_path(attempt_dir).read_text()))
-    except (OSError, ValueError, TypeError):
+        data = reader.read_json(verdict_path(attempt_dir))
+        return None if data is None else Verdict.from_dict(data)
+    except (reader.DamagedFile, ValueError, TypeError, KeyError):
         return None

@@ -21,6 +21,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..record import reader
+
 FOLDER = "heartbeat"
 
 
@@ -76,8 +78,11 @@ def read_beats(attempt_dir: Path) -> dict[int, Beat]:
     beats: dict[int, Beat] = {}
     for path in folder(attempt_dir).glob("rank-*.json"):
         try:
-            beat = Beat.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            data = reader.read_json(path)
+            if data is None:
+                continue
+            beat = Beat.from_dict(data)
+        except (reader.DamagedFile, ValueError, TypeError, KeyError):
             continue
         beats[beat.rank] = beat
     return beats

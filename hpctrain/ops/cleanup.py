@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..record.folder import RUN_FILE, RunFolder, iter_runs
+from ..record.folder import RunFolder, is_run_folder, iter_runs
 
 
 @dataclass
@@ -39,9 +39,9 @@ def exact_runs(refs: list[str], root: Path) -> list[RunFolder]:
     out: dict[Path, RunFolder] = {}
     for ref in refs:
         p = Path(ref).expanduser()
-        if (p / RUN_FILE).is_file():
+        if is_run_folder(p):
             run = RunFolder(p.resolve())
-        elif (root / ref / RUN_FILE).is_file() and "/" not in ref and ref not in (".", ".."):
+        elif is_run_folder(root / ref) and "/" not in ref and ref not in (".", ".."):
             run = RunFolder((root / ref).resolve())
         else:
             raise UsageError(f"runs rm: no run {ref!r} under {root}: give a run's full id or "

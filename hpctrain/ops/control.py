@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import getpass
 from dataclasses import dataclass
+from pathlib import Path
 
+from .. import limits
 from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
-from ..record.files import now_iso
+from ..record.files import RunFileError, now_iso
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for, backend_named, backend_of
 from ..scheduler.state import live_jobs
@@ -164,7 +166,7 @@ def _archive_job(run: RunFolder, job, overrides: dict) -> str:
         while (run.path / f"job.{n}.yaml").exists():
             n += 1
         kept = run.path / f"job.{n}.yaml"
-        yamlio.write_atomic(kept, run.job_file.read_text())
+        yamlio.write_atomic(kept, _run_text(run.job_file))
         yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
         history = list(run.meta().get("job_history", []))
         history.append({"file": kept.name, "overrides": dict(overrides), "until": now_iso()})
@@ -193,7 +195,7 @@ def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, r
         while (run.path / f"profile.{n}.yaml").exists():
             n += 1
         kept = run.path / f"profile.{n}.yaml"
-        yamlio.write_atomic(kept, run.profile_file.read_text())
+        yamlio.write_atomic(kept, _run_text(run.profile_file))
         yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
         meta = run.meta()
         history = list(meta.get("profile_history", []))
@@ -224,3 +226,12 @@ def _resubmit(run: RunFolder, resolved: Resolved, event: str, *, force: bool,
     sub = submit_training(resolved, run)
     return Resubmitted(sub, sub.job_id, "resubmitted", from_step, resolved.profile.name,
                        resolved.profile.world_size, next_attempt)
+
+
+def _run_text(path: Path) -> str:
+    """A run file's text, read through the run-folder door (kept as written, for history)."""
+    from ..record import reader
+    text = reader.read_text(path, limits.RUN_SMALL_BYTES)
+    if text is None:
+        raise RunFileError(f"{path} does not exist; the run folder is incomplete")
+    return text

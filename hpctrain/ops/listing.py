@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from ..errors import HpcTrainError
-from ..record.folder import RUN_FILE, RunFolder, iter_runs
+from ..record.folder import RunFolder, is_run_folder, iter_runs
 from .fmt import format_age, format_number, format_table, parse_iso
 
 
@@ -39,7 +39,7 @@ def newest_runs(root: Path, limit: int | None = None) -> list[RunFolder]:
     for entry in order:
         if len(found) == limit:
             break
-        if os.path.isfile(os.path.join(entry.path, RUN_FILE)):
+        if is_run_folder(Path(entry.path)):
             found.append(RunFolder(Path(entry.path)))
     return found
 

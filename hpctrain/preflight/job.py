@@ -162,9 +162,11 @@ def preflight_main(run_dir: str, attempt: int | None = None) -> dict:
 
 
 def _read(path: Path) -> str:
+    from .. import limits
+    from ..record import reader
     try:
-        return path.read_text(errors="replace")
-    except OSError:
+        return reader.read_text(path, limits.RUN_LOG_BYTES, strict=False) or ""
+    except reader.DamagedFile:
         return ""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .. import exit_codes
 from ..exit_codes import ExitReason
+from . import reader
 from .attempt_records import AttemptRecord, AttemptResult, Decision, FailureRecord
 from .culprit import culprit
 from .files import now_iso
@@ -45,10 +46,10 @@ def write_result(run: RunFolder, attempt: int, result: AttemptResult) -> None:
 def read_result(run: RunFolder, attempt: int) -> AttemptResult:
     """The attempt's result; an empty one when rank 0 wrote none (killed, or never started)."""
     try:
-        data = json.loads(result_path(run, attempt).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = reader.read_json(result_path(run, attempt), check=reader.ledger_problem) or {}
+    except reader.DamagedFile:
         data = {}
-    return AttemptResult.from_dict(data if isinstance(data, dict) else {})
+    return AttemptResult.from_dict(data)
 
 
 def write_failure(run: RunFolder, attempt: int, rank: int, node: str, at: float, message: str) -> None:
@@ -65,10 +66,12 @@ def failures(run: RunFolder, attempt: int) -> list[FailureRecord]:
     found = []
     for path in run.attempt_dir(attempt).glob(FAILURE_GLOB):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            data = reader.read_json(path, check=reader.checker(
+                {"rank": reader.INT, "node": reader.TEXT, "time": reader.NUMBER,
+                 "message": reader.TEXT}))
+        except reader.DamagedFile:
             continue
-        if isinstance(data, dict):
+        if data is not None:
             found.append(FailureRecord.from_dict(data))
     return [f for f in found if isinstance(f.time, (int, float))]
 

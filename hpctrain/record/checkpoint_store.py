@@ -87,12 +87,15 @@ def _crc_function(algorithm: str):
 
 def file_checksum(path: Path, algorithm: str = "crc32c") -> tuple[int, str]:
     """(size, checksum as 8 hex digits) of a file, read in large chunks."""
+    from . import reader
     update = _crc_function(algorithm)
     crc = 0
     size = 0
-    with open(path, "rb", buffering=0) as f:
+    with reader.open_regular(path) as fd:   # a FIFO or a link left there is damage, not a hang
+        if fd is None:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
         while True:
-            block = f.read(CHUNK)
+            block = os.read(fd, CHUNK)
             if not block:
                 break
             crc = update(block, crc)
@@ -148,12 +151,15 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def read_manifest(folder: Path) -> dict | None:
+    from . import reader
     try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
+        data = reader.read_json(folder / MANIFEST)
+    except reader.DamagedFile:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(
             data.get("files"), dict):
+        return None
+    if not all(isinstance(info, dict) for info in data["files"].values()):
         return None
     return data
 
@@ -191,6 +197,9 @@ def checksum_problems(folder: Path, manifest: dict, names: list[str]) -> list[st
             _, crc = file_checksum(folder / name, algorithm)
         except OSError as e:
             problems.append(f"{name}: {e.strerror}")
+            continue
+        except UsageError as e:       # reader.DamagedFile: a FIFO, a device, a link
+            problems.append(f"{name}: {getattr(e, 'why', e)}")
             continue
         if crc != expected:
             problems.append(f"{name}: {algorithm.upper()} {crc} != {expected} in the manifest")
@@ -257,10 +266,12 @@ def set_latest(root: Path, name: str) -> None:
 
 
 def read_latest(root: Path) -> str | None:
+    from . import reader
     try:
-        return (root / LATEST).read_text().strip() or None
-    except OSError:
+        text = reader.read_text(root / LATEST, 4096)
+    except reader.DamagedFile:
         return None
+    return (text or "").strip() or None
 
 
 def verified_checkpoints(root: Path, run_id: str | None = None) -> list[tuple[int, Path]]:
@@ -307,13 +318,14 @@ class ForeignCheckpointsError(UsageError):
 def read_owner(root: Path) -> dict | None:
     """``owner.json`` of ``root``: None when there is none; raises when it cannot be read."""
     path = root / OWNER
+    from . import reader
     if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = reader.read_json(path)
+    except reader.DamagedFile as e:
         raise ForeignCheckpointsError(
-            f"checkpoint folder {root}: {OWNER} cannot be read ({e}); it names the run that owns "
+            f"checkpoint folder {root}: {OWNER} cannot be read ({e.why}); it names the run that owns "
             f"the folder, so nothing there is used: fix or remove it by hand, or choose another "
             f"checkpoint.dir") from None
     if not isinstance(data, dict) or data.get("format") != OWNER_FORMAT or \

@@ -2,7 +2,8 @@
 
 JSONL files are appended with one ``write`` under an exclusive lock, so concurrent writers
 (the batch shell, rank 0, a user's ``hpctrain cancel``) never interleave partial lines; a line
-torn by a writer killed mid-write is skipped on reading and closed before the next append.
+torn by a writer killed mid-write is skipped on reading (``reader``, the one reader of run
+files) and closed before the next append.
 Read-modify-writes of a run's files hold ``folder_lock`` (``flock``), reentrant per thread and
 never inherited by a forked child. Nothing here imports torch.
 """
@@ -14,6 +15,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -78,17 +80,24 @@ def now_iso() -> str:
 
 def append_jsonl(path: Path, record: dict) -> None:
     """Append one record as one line (one ``write`` under ``flock``, fsynced). A line torn by a
-    writer killed mid-write is closed first, so it never swallows the next record."""
+    writer killed mid-write is closed first, so it never swallows the next record. Only a
+    regular file is appended to (opened without blocking or following a symlink, checked
+    after opening): a FIFO or a link left in its place is an error naming it, never a hang."""
     line = (json.dumps(record, sort_keys=False) + "\n").encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o666)
     except OSError as e:
         raise RunFileError(f"cannot append to {path}: {e.strerror}") from None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RunFileError(f"cannot append to {path}: not a regular file; move it away")
+        os.set_blocking(fd, True)
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
-        if size and _last_byte(path, size) != b"\n":
+        if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
@@ -98,71 +107,7 @@ def append_jsonl(path: Path, record: dict) -> None:
         os.close(fd)   # releases the lock
 
 
-def _last_byte(path: Path, size: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(size - 1)
-        return f.read(1)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Every complete record. A line that does not parse (torn by a writer killed mid-write)
-    is skipped; a file that cannot be read at all is an error naming it."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise RunFileError(f"cannot read {path}: {e.strerror}; fix its permissions or move the "
-                           f"run folder away") from None
-    out = []
-    for line in data.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
 def record_kind(record: dict) -> str:
     """A metrics record's kind: "train" (also the records written before kinds existed),
     "validation" or "test"."""
     return str(record.get("kind", "train"))
-
-
-def read_last_jsonl(path: Path, max_bytes: int = 1 << 16, accept=None,
-                    give_up_bytes: int = 1 << 24) -> dict | None:
-    """The last complete record of a JSONL file (the last one ``accept(record)`` takes, when
-    given), reading only its end (metrics files grow): the tail read doubles until a record
-    is found, up to ``give_up_bytes``."""
-    while True:
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - max_bytes))
-                tail = f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return None
-        for line in reversed(tail.splitlines()):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line, or the first line cut by the seek
-            if isinstance(record, dict) and (accept is None or accept(record)):
-                return record
-        if max_bytes >= size or max_bytes >= give_up_bytes:
-            return None
-        max_bytes *= 4
-    for line in reversed(tail.splitlines()):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line, or the first line cut by the seek
-        if isinstance(record, dict):
-            return record
-    return None

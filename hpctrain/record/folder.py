@@ -42,8 +42,9 @@ from ..config import yamlio
 from ..errors import HpcTrainError, RunNotFoundError, UsageError
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
-from .files import (RunFileError, append_jsonl, folder_lock, now_iso, read_jsonl,
-                    read_last_jsonl, record_kind)
+from .. import limits
+from . import reader
+from .files import RunFileError, append_jsonl, folder_lock, now_iso, record_kind
 
 RUN_FILE = "run.yaml"
 LOCK_FILE = ".lock"
@@ -185,16 +186,21 @@ class RunFolder:
         return folder_lock(self.path / LOCK_FILE, f"run folder {self.path}")
 
     def meta(self) -> dict:
-        """``run.yaml`` ({} while a new folder has none yet); unreadable: RunFileError."""
-        if not os.path.lexists(self.run_file):
-            return {}
+        """``run.yaml`` ({} while a new folder has none yet), its fields checked; unreadable
+        or a field of the wrong type: :class:`~hpctrain.record.reader.DamagedFile` naming it
+        (nothing is changed: repair or restore it, or move the run folder away)."""
         try:
-            return yamlio.read_mapping(self.run_file, "run file")
-        except (UsageError, ValueError, RecursionError) as e:
-            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise RunFileError(f"run file {self.run_file} cannot be read ({detail}); nothing was "
-                               f"changed: repair or restore it, or move the run folder "
-                               f"away") from None
+            meta = reader.read_mapping(self.run_file, "run file")
+            if meta is None:
+                return {}
+            problem = reader.meta_problem(meta)
+            if problem:
+                raise reader.DamagedFile(self.run_file, problem)
+        except reader.DamagedFile as e:
+            raise reader.DamagedFile(
+                e.path, e.why, f"run file {self.run_file} cannot be read ({e.why}); nothing "
+                f"was changed: repair or restore it, or move the run folder away") from None
+        return meta
 
     def _write_meta(self, meta: dict) -> None:
         try:
@@ -222,7 +228,8 @@ class RunFolder:
 
     # ---- ledger and events ------------------------------------------------------------------
     def ledger(self) -> list[dict]:
-        return read_jsonl(self.ledger_file)
+        """The ledger's records, each field of its type (else DamagedFile naming the line)."""
+        return reader.read_jsonl(self.ledger_file, check=reader.ledger_problem)
 
     def append_ledger(self, record: dict) -> None:
         with self.lock():   # update_ledger_record replaces the file: never append beside it
@@ -251,7 +258,7 @@ class RunFolder:
             return True
 
     def events(self) -> list[dict]:
-        return read_jsonl(self.events_file)
+        return reader.read_jsonl(self.events_file, check=reader.event_problem)
 
     def event(self, kind: str, **data: Any) -> dict:
         record = {"time": now_iso(), "event": kind, **data}
@@ -264,7 +271,8 @@ class RunFolder:
         test loss) or None for all of them; a list of dicts, or with ``as_frame=True`` a pandas
         DataFrame with one row per record (pandas is not a dependency: it is imported only
         then)."""
-        records = [r for r in read_jsonl(self.metrics_file)
+        records = [r for r in reader.read_jsonl(self.metrics_file, limits.RUN_METRICS_BYTES,
+                                                  check=reader.metric_problem)
                    if kind is None or record_kind(r) == kind]
         if not as_frame:
             return records
@@ -277,7 +285,8 @@ class RunFolder:
 
     def latest_metrics(self, kind: str = "train") -> dict | None:
         """The newest metrics record of ``kind``, reading only the end of the file."""
-        return read_last_jsonl(self.metrics_file, accept=lambda r: record_kind(r) == kind)
+        return reader.read_last_jsonl(self.metrics_file, accept=lambda r: record_kind(r) == kind,
+                                      check=reader.metric_problem)
 
     def cancelled(self, events: list[dict] | None = None) -> bool:
         """A user cancelled the run and did not requeue or resume it since."""
@@ -329,7 +338,7 @@ class RunFolder:
         """Claim the next attempt number by creating its log folder (atomic ``mkdir``)."""
         while True:
             started = self.attempts_started()
-            recorded = [int(r.get("attempt", 0)) for r in self.ledger()]
+            recorded = [r.get("attempt") or 0 for r in self.ledger()]
             n = max(started + recorded + [0]) + 1
             try:
                 self.attempt_dir(n).mkdir(parents=True)
@@ -339,12 +348,18 @@ class RunFolder:
 
     def resolved_job(self):
         from ..config import job_from_mapping
-        return job_from_mapping(yamlio.read_mapping(self.job_file, "run's job file"), str(self.job_file))
+        return job_from_mapping(self._mapping(self.job_file, "run's job file"), str(self.job_file))
 
     def resolved_profile(self):
         from ..config import profile_from_mapping
-        return profile_from_mapping(yamlio.read_mapping(self.profile_file, "run's profile"),
+        return profile_from_mapping(self._mapping(self.profile_file, "run's profile"),
                                     str(self.profile_file))
+
+    def _mapping(self, path: Path, what: str) -> dict:
+        data = reader.read_mapping(path, what)
+        if data is None:
+            raise RunFileError(f"{what} {path} does not exist; the run folder is incomplete")
+        return data
 
     def checkpoint_dir(self, job=None, profile=None) -> Path:
         """Where this run's checkpoints live: the folder recorded in ``run.yaml`` when the run
@@ -399,8 +414,14 @@ def iter_runs(root: Path) -> Iterator[RunFolder]:
     if not root.is_dir():
         return
     for d in root.iterdir():
-        if (d / RUN_FILE).is_file():
+        if is_run_folder(d):
             yield RunFolder(d)
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder holding a ``run.yaml``, whatever that is (a damaged one makes a damaged run,
+    listed as such, not a folder that is not a run); nothing is opened."""
+    return os.path.isdir(path) and os.path.lexists(os.path.join(path, RUN_FILE))
 
 
 def _job_ids_or_none(run: RunFolder) -> list[str]:
@@ -438,7 +459,7 @@ def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) ->
         raise UsageError(f"RUN: expected a run folder, run name or job id, got {ref!r}"
                          + (" (empty: is a shell variable unset?)" if isinstance(ref, str) else ""))
     p = Path(ref).expanduser()
-    if (p / RUN_FILE).is_file():
+    if is_run_folder(p):
         return RunFolder(p.resolve())
     runs = list(iter_runs(root))
     exact = [r for r in runs if r.id == ref]

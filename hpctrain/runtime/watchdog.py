@@ -35,9 +35,10 @@ import threading
 import time
 from pathlib import Path
 
-from .. import exit_codes
+from .. import exit_codes, limits
 from ..health import hang as hangs
 from ..health.heartbeat import Beat, write_beat
+from ..record import reader
 
 BEAT_S = 5.0
 DUMP_SIGNAL = signal.SIGQUIT        # the JVM's "kill -3": dump the stacks, keep running
@@ -252,9 +253,10 @@ class Watchdog:
             path = hangs.stacks_path(self.dir, int(rank))
             while time.monotonic() < deadline:
                 try:
-                    if f"{END_OF_STACKS} {rank}\n" in path.read_text(errors="replace"):
+                    text = reader.read_text(path, limits.RUN_LOG_BYTES, strict=False)
+                    if text is not None and f"{END_OF_STACKS} {rank}\n" in text:
                         break
-                except OSError:
+                except reader.DamagedFile:
                     pass
                 time.sleep(0.5)
 

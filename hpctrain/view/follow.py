@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from ..errors import HpcTrainError
 from ..exit_codes import ExitReason
+from .. import limits
+from ..record import reader
 from ..record.folder import RunFolder
 from ..scheduler.state import live_jobs
 
@@ -30,11 +32,10 @@ class Tail:
         self.partial = b""
 
     def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
+        """Through the run-folder reader: a FIFO or a link to a device in the log's place is
+        an error naming it, and each call reads at most ``limits.RUN_LOG_BYTES``."""
+        data = reader.read_from(self.path, self.offset, limits.RUN_LOG_BYTES)
+        if data is None:
             return []
         self.offset += len(data)
         *complete, self.partial = (self.partial + data).split(b"\n")
@@ -44,9 +45,28 @@ class Tail:
 def complete_lines(path: Path) -> tuple[list[str], int]:
     """The file's complete lines now, and the byte offset just after the last one (where a
     :class:`Tail` picks up without losing or repeating a line)."""
-    data = path.read_bytes()
+    data, start = log_end(path)
     end = data.rfind(b"\n") + 1
-    return data[:end].decode(errors="replace").splitlines(), end
+    return reader.decode(data[:end], path, strict=False).splitlines(), start + end
+
+
+def log_end(path: Path) -> tuple[bytes, int]:
+    """A log's last ``limits.RUN_LOG_BYTES`` from the start of a line, and the offset where
+    they start (a log can be huge; only its end is read)."""
+    got = reader.tail_bytes(path, limits.RUN_LOG_BYTES)
+    if got is None:
+        return b"", 0
+    data, size = got
+    start = size - len(data)
+    if start:                                  # the first line is cut by the seek
+        cut = data.find(b"\n") + 1
+        data, start = (data[cut:], start + cut) if cut else (b"", size)
+    return data, start
+
+
+def all_lines(path: Path) -> list[str]:
+    """Every line of the log's end (:func:`log_end`), the unfinished last one included."""
+    return reader.decode(log_end(path)[0], path, strict=False).splitlines()
 
 
 class Rank0Progress:
@@ -225,7 +245,6 @@ def wait_for_preflight_report(run: RunFolder, job: Any, limit_s: float,
     """The report a preflight job's rank 0 writes (``RUN/preflight/report-*.json``), once it is
     there; None when the job ended without one or ``limit_s`` passed. ``on_progress`` gets the
     checks' progress messages as they are written."""
-    import json
     pdir = run.path / "preflight"
     deadline = time.monotonic() + limit_s
     shown = 0
@@ -233,18 +252,19 @@ def wait_for_preflight_report(run: RunFolder, job: Any, limit_s: float,
     seen_done_at = None
     while time.monotonic() < deadline:
         if on_progress is not None and progress.exists():
-            lines = progress.read_text().splitlines()
+            try:
+                lines = reader.read_jsonl(progress)
+            except reader.DamagedFile:
+                lines = []
             for line in lines[shown:]:
-                try:
-                    on_progress(json.loads(line)["msg"])
-                except (ValueError, KeyError):
-                    pass
+                if isinstance(line.get("msg"), str):
+                    on_progress(line["msg"])
             shown = len(lines)
         reports = sorted(pdir.glob("report-*.json"))
         if reports:
             try:
-                report = json.loads(reports[-1].read_text())
-            except ValueError:   # being written: read it on the next round
+                report = reader.read_json(reports[-1])
+            except reader.DamagedFile:   # being written: read it on the next round
                 report = None
             if report is not None:
                 return report

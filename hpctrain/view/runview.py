@@ -9,8 +9,11 @@ quick.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from ..record.files import RunFileError
 from ..record.folder import RunFolder
+from ..record.reader import describe
 from ..scheduler.backend import Backend, JobState
 from ..scheduler.choose import backend_of
 from ..scheduler.state import job_states_of_runs
@@ -20,6 +23,7 @@ NOT_SUBMITTED = "NOT SUBMITTED"
 FINISHED = "FINISHED"
 CANCELLED = "CANCELLED"
 STOPPED = "STOPPED"
+DAMAGED = "DAMAGED"
 
 
 @dataclass
@@ -157,14 +161,57 @@ class RunView:
                 "sweep": self.meta.get("sweep"), "run_dir": str(self.run.path)}
 
 
+class DamagedView(RunView):
+    """A run whose folder holds a file that cannot be read (:mod:`hpctrain.record.reader`):
+    listed as DAMAGED with the file and why, so one damaged run never hides the others."""
+
+    def __init__(self, run: RunFolder, error: RunFileError, meta: dict | None = None) -> None:
+        super().__init__(run=run, meta=meta or {}, jobs=[], ledger=[], events=[],
+                         usage=GpuHours(None, None))
+        self.error = error
+        self.damage = describe(error)
+
+    @property
+    def state(self) -> str:
+        return DAMAGED
+
+    @property
+    def state_detail(self) -> str:
+        file = self.damage["file"]
+        return (f"{Path(file).name}: {self.damage['why']}" if file
+                else self.damage["why"])
+
+    @property
+    def total_steps(self) -> int | None:
+        return None
+
+    def summary(self) -> dict:
+        return {**super().summary(), "damaged": self.damage}
+
+
 def build_views(runs: list[RunFolder]) -> list[RunView]:
-    """Views of ``runs``: one squeue/sacct call for their states."""
-    metas = {r.path: r.meta() for r in runs}        # each run.yaml read once
-    states = job_states_of_runs(runs, kind="train", metas=metas)
-    views = [RunView(run=r, meta=metas[r.path], jobs=states[r.path], ledger=r.ledger(),
-                     events=r.events(), last_metric=r.latest_metrics(),
-                     last_validation=r.latest_metrics("validation"),
-                     attempts_started=r.attempts_started()) for r in runs]
+    """Views of ``runs``: one squeue/sacct call for their states. A run whose files cannot be
+    read is a :class:`DamagedView`; the others are built as if it were not there."""
+    metas, damaged = {}, {}
+    for r in runs:                                   # each run.yaml read once
+        try:
+            metas[r.path] = r.meta()
+        except RunFileError as e:
+            damaged[r.path] = e
+    states = job_states_of_runs([r for r in runs if r.path in metas], kind="train", metas=metas)
+    views: list[RunView] = []
+    for r in runs:
+        if r.path in damaged:
+            views.append(DamagedView(r, damaged[r.path]))
+            continue
+        try:
+            views.append(RunView(run=r, meta=metas[r.path], jobs=states[r.path],
+                                 ledger=r.ledger(), events=r.events(),
+                                 last_metric=r.latest_metrics(),
+                                 last_validation=r.latest_metrics("validation"),
+                                 attempts_started=r.attempts_started()))
+        except RunFileError as e:
+            views.append(DamagedView(r, e, metas[r.path]))
     return views
 
 
@@ -172,12 +219,19 @@ def add_usage(views: list[RunView]) -> list[RunView]:
     """Fill in the views' GPU-hours with one accounting call for all of them (``hpctrain runs``;
     a single view asks on first use, and polling a run's state never asks)."""
     from .cost import gpu_hours_of_runs
-    usage = gpu_hours_of_runs([v.run for v in views], metas={v.run.path: v.meta for v in views},
-                              ledgers={v.run.path: v.ledger for v in views})
-    for view in views:
+    views_ok = [v for v in views if not isinstance(v, DamagedView)]
+    usage = gpu_hours_of_runs([v.run for v in views_ok],
+                              metas={v.run.path: v.meta for v in views_ok},
+                              ledgers={v.run.path: v.ledger for v in views_ok})
+    for view in views_ok:
         view.usage = usage[view.run.path]
     return views
 
 
-def build_view(run: RunFolder) -> RunView:
-    return build_views([run])[0]
+def build_view(run: RunFolder, *, damaged_ok: bool = False) -> RunView:
+    """The view of one run; a damaged run is an error naming its file (what a command that
+    acts on the run needs), or with ``damaged_ok`` a :class:`DamagedView`."""
+    view = build_views([run])[0]
+    if isinstance(view, DamagedView) and not damaged_ok:
+        raise view.error
+    return view

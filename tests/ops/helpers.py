@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.record.files import read_last_jsonl
+from hpctrain.record.reader import read_last_jsonl
 from hpctrain.record.folder import RunFolder
 from hpctrain.scheduler.state import live_jobs
 from hpctrain.submission import prepare_run, submit_training

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
-from hpctrain.record.files import RunFileError, append_jsonl, read_jsonl
+from hpctrain.record.files import RunFileError, append_jsonl
+from hpctrain.record.reader import read_jsonl
 from hpctrain.record.folder import RunFolder, create_run
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO, hpctrain

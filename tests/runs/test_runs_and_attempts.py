@@ -10,7 +10,8 @@ from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.errors import RunNotFoundError
 from hpctrain.record.attempt_end import finish_attempt, read_result, write_failure, write_result
 from hpctrain.record.attempt_records import AttemptRecord, AttemptResult
-from hpctrain.record.files import append_jsonl, read_jsonl
+from hpctrain.record.files import append_jsonl
+from hpctrain.record.reader import read_jsonl
 from hpctrain.record.folder import create_run, find_run
 from hpctrain.submission import prepare_run
 from tests.conftest import REPO

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ... import __version__
 from ...record import checkpoint_store as store
+from ...record import reader as run_files
 from ...record.checkpoint_store import CheckpointError
 from .. import collectives, rng
 from ..digest import stored_weights_digest
@@ -246,7 +247,7 @@ class Checkpointer:
                 files: dict[str, dict] = {}
                 write_seconds = []
                 for sidecar in sorted(partial.glob(".crc-rank*.json")):
-                    record = json.loads(sidecar.read_text())
+                    record = run_files.read_json(sidecar) or {}
                     files.update(record["files"])
                     write_seconds.append(record.get("write_seconds", 0.0))
                     sidecar.unlink()

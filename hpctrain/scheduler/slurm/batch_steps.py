@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from ... import exit_codes
+from ... import exit_codes, limits
 from ...errors import HpcTrainError
 from ...exit_codes import ExitReason
 from ...health.hang import read_verdict
@@ -160,10 +160,12 @@ def _scheduler_facts() -> dict:
 
 
 def cmd_end(run: RunFolder, attempt: int, exit_code: int, started: float | None) -> str:
-    try:
-        batch_log = (run.attempt_dir(attempt) / "batch.log").read_text(errors="replace")
-    except OSError:
-        batch_log = ""
+    from ...record import reader
+    try:   # its end: srun's task exits are its last lines
+        got = reader.tail_bytes(run.attempt_dir(attempt) / "batch.log", limits.RUN_LOG_BYTES)
+    except reader.DamagedFile:
+        got = None
+    batch_log = reader.decode(got[0], "batch.log", strict=False) if got else ""
     task_exits = commands.parse_srun_task_exits(batch_log)
     code = commands.step_exit_code(exit_code, task_exits)
     verdict = read_verdict(run.attempt_dir(attempt))
@@ -214,11 +216,13 @@ def cmd_watch(run: RunFolder, attempt: int, srun_pid: int) -> int:
 
 def cmd_gate_failed(run: RunFolder, attempt: int, exit_code: int, started: float | None) -> int:
     report_file = run.path / "preflight" / f"attempt-{attempt}.json"
+    from ...record import reader
     try:
-        report = json.loads(report_file.read_text())
-    except (OSError, json.JSONDecodeError):
+        report = reader.read_json(report_file) or {}
+    except reader.DamagedFile:
         report = {}
-    bad = [str(n) for n in report.get("bad_nodes", [])]
+    bad_nodes = report.get("bad_nodes")
+    bad = [str(n) for n in bad_nodes] if isinstance(bad_nodes, list) else []
     facts = _scheduler_facts()
     code = exit_code if exit_code == exit_codes.PREFLIGHT_FAILED else exit_codes.PREFLIGHT_FAILED
     record, decision = finish_attempt(

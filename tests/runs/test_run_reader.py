@@ -1,0 +1,137 @@
+"""The one reader of run-folder files (hpctrain.record.reader): special files are refused
+without blocking, sizes are bounded, bad text and wrong-typed records are a DamagedFile naming
+the file and the line or field, and nothing is changed on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+
+import pytest
+
+from hpctrain.record import reader
+from hpctrain.record.files import append_jsonl, RunFileError
+from hpctrain.record.folder import RunFolder
+
+
+def special(tmp_path, kind: str):
+    path = tmp_path / "ledger.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "link-out":
+        outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
+        outside.write_text('{"attempt": 1}\n')
+        path.symlink_to(outside)
+    elif kind == "loop":
+        path.symlink_to(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    return path
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("fifo", "a FIFO"), ("dev-zero", "symbolic link"), ("link-out", "symbolic link"),
+    ("loop", "symbolic link"), ("folder", "a folder"), ("socket", "not a regular file")])
+def test_special_files_are_damage_at_once(tmp_path, kind, words):
+    path = special(tmp_path, kind)
+    for read in (reader.read_bytes, reader.read_jsonl, reader.read_json, reader.read_last_jsonl,
+                 lambda p: reader.tail_bytes(p, 100)):
+        with pytest.raises(reader.DamagedFile) as e:
+            read(path)                                  # a FIFO would block a plain open
+        assert words in str(e.value) and str(path) in str(e.value)
+    with pytest.raises(RunFileError):                   # nor does an append block or follow
+        append_jsonl(path, {"attempt": 2})
+    assert os.path.lexists(path)                        # nothing was replaced
+
+
+def test_a_fifo_with_a_writer_is_refused_too(tmp_path):
+    path = special(tmp_path, "fifo")
+    fd = os.open(path, os.O_RDWR)                       # a writer that never writes
+    try:
+        with pytest.raises(reader.DamagedFile, match="a FIFO"):
+            reader.read_jsonl(path)
+    finally:
+        os.close(fd)
+
+
+def test_sizes_are_bounded_and_missing_files_are_not_damage(tmp_path):
+    path = tmp_path / "result.json"
+    assert reader.read_json(path) is None and reader.read_jsonl(path) == []
+    path.write_text('{"a": "' + "x" * 5000 + '"}')
+    with pytest.raises(reader.DamagedFile, match="over 1,000 bytes"):
+        reader.read_bytes(path, limit=1000)
+    assert reader.tail_bytes(path, 10) == (path.read_bytes()[-10:], path.stat().st_size)
+
+
+def test_bad_text_and_records(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b'{"attempt": 1}\n{"attempt": \xff}\n')
+    with pytest.raises(reader.DamagedFile, match="not UTF-8"):
+        reader.read_json(path)
+    # a line that does not parse (torn by a killed writer) is skipped; a record of the
+    # wrong type names the line and the field
+    path.write_bytes(b'{"attempt": 1}\n{"attempt": 2, "end_st\n{"attempt": 3}\n')
+    assert reader.read_jsonl(path, check=reader.ledger_problem) == [{"attempt": 1},
+                                                                     {"attempt": 3}]
+    path.write_text('{"attempt": 1}\n{"attempt": "2"}\n')
+    with pytest.raises(reader.DamagedFile, match=r"line 2: attempt: expected an integer"):
+        reader.read_jsonl(path, check=reader.ledger_problem)
+    path.write_text('[1, 2]\n')
+    with pytest.raises(reader.DamagedFile, match="line 1 is a JSON list"):
+        reader.read_jsonl(path)
+    path.write_text('{"a": ' * 100_000)
+    assert reader.read_jsonl(path) == []                # deep nesting: no RecursionError
+
+
+@pytest.mark.parametrize("meta, field", [
+    ("jobs: 5\n", "jobs: expected a list"),
+    ("jobs:\n- kind: train\n", "jobs[0].job_id"),
+    ("name: [1]\n", "name: expected text"),
+    ("total_steps: many\n", "total_steps: expected an integer"),
+    ("- 1\n", "mapping"),
+])
+def test_run_yaml_fields_are_checked(tmp_path, meta, field):
+    run = RunFolder(tmp_path)
+    run.run_file.write_text(meta)
+    before = run.run_file.read_bytes()
+    with pytest.raises(reader.DamagedFile) as e:
+        run.meta()
+    assert field in str(e.value) and "run.yaml" in str(e.value)
+    with pytest.raises(RunFileError):                   # never taken as empty and rewritten
+        run.update_meta(name="x")
+    assert run.run_file.read_bytes() == before
+
+
+def test_the_last_record_is_read_from_the_end_only(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        for step in range(1, 3001):
+            f.write(json.dumps({"step": step, "loss": 1.0 / step, "pad": "y" * 40}) + "\n")
+        f.write('{"step": 3001, "lo')                   # torn by a killed writer
+    assert reader.read_last_jsonl(path, max_bytes=256)["step"] == 3000
+    assert reader.read_last_jsonl(path, accept=lambda r: r["step"] % 1000 == 0,
+                                  max_bytes=256)["step"] == 3000
+
+
+def test_the_reader_never_waits_for_a_slow_writer(tmp_path):
+    """A regular file being appended is read as it is now (no lock, no wait)."""
+    path = tmp_path / "events.jsonl"
+    append_jsonl(path, {"event": "submit", "time": "t"})
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (reader.read_jsonl(path), done.set()))
+    fd = os.open(path, os.O_RDWR)
+    import fcntl
+    fcntl.flock(fd, fcntl.LOCK_EX)                      # a writer holds the append lock
+    try:
+        t.start()
+        assert done.wait(30)
+    finally:
+        os.close(fd)
