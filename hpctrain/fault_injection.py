@@ -51,6 +51,10 @@ VARIABLES = {
     "HPCTRAIN_TEST_READ_THREADS": "=N: a resume reads its checkpoint with N threads (0: "
                                   "megatron-core's own reader, one thread, the files verified "
                                   "in a pass before it), to compare parallel and serial loads",
+    "HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": "=BYTES@N: before the checkpoint save of step N, "
+                                             "every rank may write no file past BYTES "
+                                             "(RLIMIT_FSIZE: the save fails with EFBIG, a real "
+                                             "storage fault); first attempt only",
     "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "=N@R: in step N rank R blocks forever in the next "
                                         "collective megatron-core issues (the others then wait "
                                         "for it in that collective); first attempt only",

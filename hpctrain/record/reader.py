@@ -45,7 +45,7 @@ class DamagedFile(RunFileError):
     def __init__(self, path: Path | str, why: str, message: str | None = None) -> None:
         self.path = Path(path)
         self.why = why
-        super().__init__(message or f"{_show(self.path)}: {why}")
+        super().__init__(message or f"cannot read {_show(self.path)}: {why}")
 
 
 def _show(path: Path) -> str:

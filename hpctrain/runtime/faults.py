@@ -67,6 +67,8 @@ class TestHooks:
     read_threads: int | None = None
     filled: list = field(default_factory=list)   # what the fill hook allocated (kept alive)
     _kill_armed: bool = True
+    file_size_limit: int | None = None
+    file_size_step: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "TestHooks":
@@ -96,6 +98,14 @@ class TestHooks:
         hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
         if get("HPCTRAIN_TEST_READ_THREADS"):
             hooks.read_threads = int(get("HPCTRAIN_TEST_READ_THREADS"))
+        if get("HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE"):
+            text = get("HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE")
+            try:
+                size, _, step = text.partition("@")
+                hooks.file_size_limit, hooks.file_size_step = int(size), int(step)
+            except ValueError:
+                raise UsageError(f"HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE={text!r}: expected "
+                                 "BYTES@STEP") from None
         if get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"):
             hooks.hang_step, hooks.hang_rank = _at(get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"),
                                                    "HPCTRAIN_TEST_HANG_IN_COLLECTIVE")
@@ -114,7 +124,8 @@ class TestHooks:
                     or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
                     or self.slow_rank is not None or self.fill_after_save
-                    or self.read_threads is not None)
+                    or self.read_threads is not None
+                    or self.file_size_limit is not None)
 
     def first_attempt(self) -> bool:
         return self.attempt in (None, 1)
@@ -213,6 +224,19 @@ class TestHooks:
         log(f"test hook: filled {len(sizes)} {'pinned ' if pin else ''}buffers of the staged "
             f"sizes ({sum(sizes) / 1e6:.1f} MB) while the writer runs; the staging memory "
             f"{'refused them' if refused else 'gave them out'}")
+
+    def limit_file_size(self, step: int) -> None:
+        """Before the save of ``file_size_step`` (first attempt only): this process, and the
+        writer processes it forks, may write no file past ``file_size_limit`` bytes
+        (``RLIMIT_FSIZE``, with SIGXFSZ ignored so a write fails with EFBIG): a real storage
+        fault in the middle of a real save."""
+        if self.file_size_limit is None or step != self.file_size_step \
+                or self.attempt not in (None, 1):
+            return
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit, self.file_size_limit))
 
     def kill_during_save(self, rank: int, step: int) -> bool:
         if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):

@@ -19,6 +19,8 @@ from ..record import reader
 from ..record.folder import RunFolder
 from ..scheduler.state import live_jobs
 
+# runtime.checkpoint.manager.TRACEBACK_HEADER (the view does not import the runtime)
+TRACEBACK_HEADER = "the traceback (kept in this rank's log):"
 NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "DeprecationWarning")
 
 
@@ -78,6 +80,9 @@ class Rank0Progress:
 
     def __call__(self, line: str) -> bool:
         if self.after_warning and line.startswith((" ", "\t")):
+            return False
+        if line.endswith(TRACEBACK_HEADER):   # a save fault's traceback: the rank log keeps it
+            self.after_warning = True
             return False
         self.after_warning = any(n in line for n in NOISE)
         return bool(line.strip()) and not self.after_warning and not line.startswith("submitit ")

@@ -161,6 +161,45 @@ def test_rank_killed_while_saving_resumes_from_the_previous_checkpoint(ws):
     assert _max_diff(got, ref, range(1, 13)) < TOL
 
 
+def test_a_save_failing_on_the_storage_ends_the_attempt_with_one_line(ws):
+    """A real EFBIG mid-save (RLIMIT_FSIZE in every rank and its writer): one line naming the
+    checkpoint folder, the fault and the intact previous checkpoint, in the result, the rank
+    logs and the ledger's message; the tracebacks stay in the rank logs; the resume starts
+    from the previous checkpoint and ends where an uninterrupted run does."""
+    run = ws.new_run("save-fault", "dp2_zero1",
+                     checkpoint={"interval_steps": 3, "async_save": False})
+    res = launch(run.path, 2, env={"HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": f"{256 << 10}@6"})
+    assert res.codes[0] != 0 and res.codes[1] != 0, _explain(res)
+    root = run.path / "checkpoints"
+    assert [s for s, _ in store.complete_checkpoints(root)] == [3]
+    assert store.read_latest(root) == "step-00000003"
+    message = result(run, 1)["message"]
+    assert message.startswith(f"checkpoint save of step 6 to {root} failed: "), message
+    assert "EFBIG" in message or "write failed part-way" in message, message
+    assert f"{root}/step-00000003, is intact" in message and "\n" not in message, message
+    for rank in (0, 1):
+        out = res.output(rank)
+        assert out.count("checkpoint: checkpoint save of step 6") == 1, out[-3000:]
+        assert "the traceback (kept in this rank's log):" in out
+        assert "Traceback" not in out.split(f"rank {rank}: attempt 1 failed")[1], out[-3000:]
+    from hpctrain.view.follow import Rank0Progress
+    keep = Rank0Progress()
+    shown = [line for line in res.output(0).splitlines() if keep(line)]
+    assert not any(line.startswith("    File ") for line in shown), shown[-20:]
+    # the end of the attempt (the batch shell's step) names rank 0's line in the ledger
+    from hpctrain.ops.status import format_status, run_status
+    from hpctrain.record.attempt_end import finish_attempt
+    record, _ = finish_attempt(run, 1, res.codes[0], scheduler="slurm")
+    assert record.message.startswith("rank 0 ") and record.message.endswith(message), record
+    assert f"attempt 1: {record.message}" in format_status(run_status(run))
+
+    res = launch(run.path, 2, env={"HPCTRAIN_ATTEMPT": "2"})
+    assert res.codes == [0, 0], _explain(res)
+    assert result(run, 2)["checkpoint_loaded"].endswith("step-00000003")
+    got, ref = losses(run), losses(ws.reference("single"))
+    assert _max_diff(got, ref, range(1, 13)) < TOL
+
+
 def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     src = ws.reference("single")
     run = ws.new_run("corrupt", "single", steps=8)

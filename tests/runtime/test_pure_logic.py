@@ -283,7 +283,8 @@ def test_test_variables_do_nothing_without_the_switch():
              "HPCTRAIN_TEST_PROC_MOUNTS": "/x", "HPCTRAIN_TEST_SITE_PACKAGES": "/x",
              "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "2@1", "HPCTRAIN_TEST_SLOW_RANK": "1:0.5",
              "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "1", "HPCTRAIN_TEST_FILL_AFTER_SAVE": "1",
-             "HPCTRAIN_TEST_READ_THREADS": "0"}
+             "HPCTRAIN_TEST_READ_THREADS": "0",
+             "HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": "1@1"}
     assert set(stray) == set(fault_injection.VARIABLES)      # every registered variable
     for switch in ({}, {"HPCTRAIN_TEST_HOOKS": "0"}, {"HPCTRAIN_TEST_HOOKS": "yes"}):
         env = {**stray, **switch}

@@ -19,6 +19,7 @@ tried.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -41,6 +42,11 @@ from .staging import staging_estimate
 from . import state as ckstate
 from . import writer
 from .results_queue import install_results_queue
+from .save_faults import SaveFault, save_fault
+
+# The line before a save fault's traceback in a rank log; following a run (``submit --wait``)
+# shows the fault's one line and hides the indented traceback under this one.
+TRACEBACK_HEADER = "the traceback (kept in this rank's log):"
 
 SIDECAR = ".crc-rank{rank}.json"
 
@@ -172,8 +178,38 @@ class Checkpointer:
             self._queue = AsyncCallsQueue(persistent=False)
         return self._queue
 
+    @contextlib.contextmanager
+    def _storage_faults(self, step: int | None):
+        """A save that fails on the storage (no space, quota, permission, read-only or vanished
+        file system) ends the attempt with one line (:mod:`.save_faults`) naming the path, the
+        fault and the newest complete checkpoint, which stays intact; the traceback goes to
+        this rank's log only (``submit --wait`` does not show it)."""
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit, GeneratorExit, SaveFault):
+            raise
+        except BaseException as e:   # torch's CheckpointException is a BaseException
+            if step is None and self.pending:
+                step = self.pending[0]["step"]
+            newest = self.last_published_path or store.read_latest(self.root)
+            if newest and not os.path.isabs(newest):
+                newest = str(self.root / newest)
+            fault = save_fault(e, step=step, path=self.root, newest=newest,
+                               run_id=self.ctx.run.id)
+            if fault is None:
+                raise
+            import traceback
+            detail = "".join(traceback.format_exception(e)).rstrip().replace("\n", "\n    ")
+            logger.info(f"checkpoint: {fault}\n{TRACEBACK_HEADER}\n    {detail}")
+            raise fault from None
+
     def save(self, step: int, common: dict, reason: str, sync: bool) -> dict:
         """Save at ``step`` (collective). Returns timings; sync saves are published on return."""
+        self.hooks.limit_file_size(step)
+        with self._storage_faults(step):
+            return self._save(step, common, reason, sync)
+
+    def _save(self, step: int, common: dict, reason: str, sync: bool) -> dict:
         from megatron.core import dist_checkpointing
 
         if any(p["step"] == step for p in self.pending) or self.last_published_step == step:
@@ -186,12 +222,20 @@ class Checkpointer:
         self.ctx.progress(f"save: step {step} ({reason})")
         install_results_queue()
         partial = store.partial_dir(self.root, step, self.ctx.attempt)
+        error = None
         if self.ctx.is_rank0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if partial.exists():
-                store.quarantine(self.root, partial, "left by an earlier save of the same step")
-            partial.mkdir()
-        collectives.barrier()
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if partial.exists():
+                    store.quarantine(self.root, partial, "left by an earlier save of the same "
+                                                         "step")
+                partial.mkdir()
+            except OSError as e:
+                error = e
+        # every rank hears rank 0's fault (else the others would wait for it forever)
+        error = collectives.broadcast_object(error)
+        if error is not None:
+            raise error
         digest = stored_weights_digest(self.mo.modules)   # what this save must give back
         sd = ckstate.full_sharded_state(self.mo, common, rng.capture(self.ctx.device),
                                         self.ctx.job.checkpoint.optimizer_format)
@@ -224,12 +268,14 @@ class Checkpointer:
     def poll(self) -> None:
         """Publish background saves that every rank finished (collective, non-blocking)."""
         if self._queue is not None and self.pending:
-            self._queue.maybe_finalize_async_calls(blocking=False)
+            with self._storage_faults(None):
+                self._queue.maybe_finalize_async_calls(blocking=False)
 
     def wait(self) -> None:
         """Finish and publish every background save (collective, blocking)."""
         if self._queue is not None and self.pending:
-            self._queue.maybe_finalize_async_calls(blocking=True)
+            with self._storage_faults(None):
+                self._queue.maybe_finalize_async_calls(blocking=True)
 
     def close(self) -> None:
         self.wait()
@@ -270,9 +316,12 @@ class Checkpointer:
                 info["path"] = str(final)
             except OSError as e:
                 error = f"publishing checkpoint step {step} failed: {e}"
+                fault = save_fault(e, step=step, path=partial, newest=self.last_published_path
+                                   or store.read_latest(self.root), run_id=self.ctx.run.id)
+                error = str(fault) if fault else error
         error, info["path"] = collectives.broadcast_object((error, info.get("path")))
         if error:
-            raise CheckpointError(error)
+            raise (SaveFault if error.startswith("checkpoint save") else CheckpointError)(error)
         info["total_seconds"] = time.monotonic() - info["started"]
         self.last_published_path = info["path"]
         if self.estimate is not None:
