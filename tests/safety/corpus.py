@@ -92,13 +92,20 @@ def leaves(data, prefix: tuple = ()):
         yield prefix, data
 
 
+# What a section created to hold a payload must also have, so that the refusal (or not) is the
+# payload's and not a missing required field's: a W&B section needs its project, MLflow its URI.
+REQUIRED_IN_NEW_SECTION = {("tracking", "wandb"): {"project": "p"},
+                           ("tracking", "mlflow"): {"tracking_uri": "http://localhost:5000"}}
+
+
 def with_value(data: dict, path: tuple, value) -> dict:
-    """A deep copy of ``data`` with ``value`` at ``path`` (missing mappings created)."""
+    """A deep copy of ``data`` with ``value`` at ``path`` (missing mappings created, with what
+    they require: ``REQUIRED_IN_NEW_SECTION``)."""
     out = copy.deepcopy(data)
     node = out
-    for key in path[:-1]:
+    for depth, key in enumerate(path[:-1]):
         if isinstance(node, dict) and not isinstance(node.get(key), (dict, list)):
-            node[key] = {}
+            node[key] = dict(REQUIRED_IN_NEW_SECTION.get(tuple(path[:depth + 1]), {}))
         node = node[key]
     node[path[-1]] = value
     return out
