@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..record.files import read_jsonl
+from .. import limits
+from ..record.reader import read_jsonl
 from .backends import Backend, RunInfo
 from .records import final_records, shown_events
 from .state import TrackingState
@@ -185,7 +186,7 @@ class TrackerThread:
         if lowest >= self.resume_step:
             return
         try:
-            records = final_records(read_jsonl(self.metrics_file), lowest, self.resume_step)
+            records = final_records(read_jsonl(self.metrics_file, limits.RUN_METRICS_BYTES), lowest, self.resume_step)
         except Exception as e:  # noqa: BLE001
             self.log(f"tracking: cannot read {self.metrics_file.name} to send earlier steps: "
                      f"{_short(e)}")
