@@ -310,7 +310,7 @@ def test_a_killed_rank_restarts_on_the_spare_then_a_second_failure_requeues(refe
                    and "restart" not in run.ledger()[-1]["decision"]["reason"]),
                timeout=1800, interval=2, what="the run to finish")
     wait_stopped(run)
-    first, second, third = run.ledger()
+    first, second, third, *more = run.ledger()
     # 1: the killed rank is blamed, not the peer that noticed (the killed rank wrote nothing,
     # rank 0 blamed the lost connection) ...
     peers = {json.loads(p.read_text())["rank"]
@@ -340,9 +340,12 @@ def test_a_killed_rank_restarts_on_the_spare_then_a_second_failure_requeues(refe
     # cannot start without them, and the ledger says which stayed in and why
     asked = set(second.get("excluded_nodes") or []) | set(second.get("not_excluded_nodes") or [])
     assert asked == {first_kill.node, second_kill.node}, describe(run)
-    # 3: the requeued job finishes with the weights of the uninterrupted run
+    # 3: the requeued job finishes with the weights of the uninterrupted run (on a loaded
+    # machine its allocation may recover once more on its own: any further attempt is of it)
     assert third["job_id"] == job_id and third["restart_count"] == 1, describe(run)
-    assert (third["exit_reason"], third["end_step"]) == ("finished", 24), describe(run)
+    assert all(r["job_id"] == job_id and r["restart_count"] >= 1 for r in more), describe(run)
+    last = (more or [third])[-1]
+    assert (last["exit_reason"], last["end_step"]) == ("finished", 24), describe(run)
     assert_same_training(run, reference)
     status = hpctrain("status", run.id, env={"HPCTRAIN_RUNS_DIR": str(root)}, check=True).stdout
     assert f"{first_kill.node} -> {spare}" in status, status

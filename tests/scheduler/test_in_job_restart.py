@@ -95,3 +95,19 @@ def test_a_hold_release_with_a_step_releases_only_the_holds_up_to_it(tmp_path):
     assert hold_release_reaches(tmp_path, 12)
     (tmp_path / "hold-release").write_text("10\n")
     assert hold_release_reaches(tmp_path, 10) and not hold_release_reaches(tmp_path, 12)
+
+
+def test_status_shows_the_restart_inside_the_job():
+    from hpctrain.ops.status import attempts_table, restart_line
+    failed = {"attempt": 1, "job_id": "8", "restart_count": 0, "nodes": ["n1", "n2"],
+              "exit_reason": "failed", "decision": {"requeue": False, "in_job": True,
+                                                    "reason": "restart in the allocation"}}
+    restarted = {"attempt": 2, "job_id": "8", "restart_count": 0, "nodes": ["n1", "n3"],
+                 "exit_reason": "finished", "decision": {"requeue": False, "reason": "done"},
+                 "in_job_restart": {"after_attempt": 1, "excluded": ["n2"], "spares": ["n3"],
+                                    "why": "rank 1 failed first: Killed", "in_place": False,
+                                    "recovery_s": 41.0, "steps_lost": 2}}
+    assert "restart in job: restart in the allocation" in attempts_table([failed, restarted])
+    line = restart_line(restarted)
+    assert "after attempt 1: n2 -> n3 (rank 1 failed first: Killed)" in line
+    assert "2 steps redone" in line and restart_line(failed) is None
