@@ -114,6 +114,16 @@ def write_restart(run: RunFolder, attempt: int, info: dict) -> None:
     yamlio.write_atomic(run.attempt_dir(attempt) / RESTART_FILE, json.dumps(info))
 
 
+def read_restart(run: RunFolder, attempt: int) -> dict | None:
+    """The attempt's ``restart.json`` (None when it did not begin by an in-job restart, or
+    the file is damaged: the record then only lacks ``in_job_restart``)."""
+    from .reader import RunFileError, read_json
+    try:
+        return read_json(run.attempt_dir(attempt) / RESTART_FILE)
+    except (RunFileError, OSError):
+        return None
+
+
 def failure_time(record: AttemptRecord) -> float | None:
     """When ``record``'s attempt failed: its culprit's time, else when it ended."""
     t = (record.first_failure or {}).get("time")
@@ -130,10 +140,7 @@ def _recovery(run: RunFolder, attempt: int, record: AttemptRecord, result: Attem
     if isinstance(result.start_time, (int, float)) and isinstance(result.first_step_after_s,
                                                                   (int, float)):
         record.first_step_at = round(result.start_time + result.first_step_after_s, 3)
-    try:
-        restart = json.loads((run.attempt_dir(attempt) / RESTART_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        restart = None
+    restart = read_restart(run, attempt)
     earlier = [AttemptRecord.from_dict(r) for r in run.ledger()
                if isinstance(r, dict) and r.get("attempt") != attempt]
     previous = earlier[-1] if earlier else None

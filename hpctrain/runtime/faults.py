@@ -285,9 +285,12 @@ def hold_release_reaches(run_path, step: int) -> bool:
     """A test's ``RUN/hold-release``: empty, it releases every hold; holding a step number, only
     the holds after steps up to that one (a drill that fails a run twice at two steps holds
     the second time after the first release)."""
-    path = Path(run_path) / "hold-release"
+    from ..record.reader import RunFileError, read_text
     try:
-        text = path.read_text().strip()
-    except OSError:
+        text = read_text(Path(run_path) / "hold-release")
+    except (RunFileError, OSError):
         return False
+    if text is None:
+        return False
+    text = text.strip()
     return not text.isdigit() or step <= int(text)

@@ -49,7 +49,7 @@ from ...health.hang import read_verdict
 from ...health.heartbeat import read_beats
 from ...identity import free_port
 from ...config.resilience import effective as effective_resilience
-from ...record.attempt_end import RESTART_FILE, finish_attempt, hang_details
+from ...record.attempt_end import finish_attempt, hang_details, read_restart
 from ...record.attempt_records import Decision
 from ...record.folder import RunFolder
 from . import commands, in_job_restart
@@ -245,10 +245,9 @@ def restarts_so_far(run: RunFolder, attempt: int) -> list[dict]:
     from ...record.attempt_records import AttemptRecord
     ledger = [AttemptRecord.from_dict(r) for r in run.ledger() if isinstance(r, dict)]
     done = in_job_restart.restarts_in_job(ledger, job_id_of_run() or None)
-    try:
-        done.append(json.loads((run.attempt_dir(attempt) / RESTART_FILE).read_text()))
-    except (OSError, json.JSONDecodeError):
-        pass
+    began = read_restart(run, attempt)
+    if began is not None:
+        done.append(began)
     return done
 
 
