@@ -29,7 +29,8 @@ VARIABLES = {
                                  "steps",
     "HPCTRAIN_TEST_HOLD_AFTER_STEP": "=N[,M]: after step N every rank waits until it is told to "
                                      "stop (a handled signal, or the batch shell's flag file) or "
-                                     "the file RUN/hold-release appears: a test acts on a run "
+                                     "the file RUN/hold-release appears (holding a step "
+                                     "number: the holds up to that step): a test acts on a run "
                                      "that is certainly mid-way, however fast the machine trains",
     "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "=N: in the evaluation after step N, after its "
                                           "first batch, every rank waits as "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from . import safety
 from .problems import Problems
+from .resilience import JobResilienceSection
 from .schema import doc
 from .tracking import TrackingSection, check_tracking
 
@@ -291,6 +292,9 @@ class JobConfig:
     tracking: TrackingSection = doc("Experiment trackers (W&B, MLflow) the run reports to, "
                                     "beside metrics.jsonl and TensorBoard.",
                                     default_factory=TrackingSection)
+    resilience: JobResilienceSection = doc("This job's hot spares and in-job restarts (null "
+                                           "fields: the profile's resilience).",
+                                           default_factory=JobResilienceSection)
 
 
 def check_job(j: JobConfig, problems: Problems) -> None:

@@ -9,6 +9,7 @@ problem.
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from . import safety
 from .job import JobConfig, check_job
 from .layout import Layout, layout_problems
 from .problems import Problems
+from .resilience import effective as effective_resilience
 from .profile import MAX_WORLD_SIZE, ClusterProfile, check_profile
 from .schema import build, did_you_mean
 
@@ -212,6 +214,8 @@ def resolve(job: JobConfig, profile: ClusterProfile, source: str = "job") -> Res
                            f"{profile.world_size:,} ranks; hpctrain plans and runs at most "
                            f"{MAX_WORLD_SIZE:,}")])
     layout = layout_problems(job, profile.world_size, profile.slurm.gpus_per_node, problems)
+    # the job's resilience settings, where it has them, are the profile's for this job
+    profile = dataclasses.replace(profile, resilience=effective_resilience(job, profile))
     if problems:
         raise ConfigError(f"{source} on profile {profile.name!r} "
                           f"({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node} GPUs)",

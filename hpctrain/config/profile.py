@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..checkpoint_interval import DEFAULT_NODE_MTBF_HOURS
 from . import safety
 from .problems import Problems
+from .resilience import ResilienceSection
 from .schema import doc
 from .tracking import TrackingSection, check_tracking
 
@@ -193,6 +194,9 @@ class ClusterProfile:
                                     "cluster-wide MLflow server, a W&B team); a tracker the job "
                                     "names replaces the profile's.",
                                     default_factory=TrackingSection)
+    resilience: ResilienceSection = doc("Hot spare nodes and restarts inside the allocation "
+                                        "(a job's resilience section overrides them).",
+                                        default_factory=ResilienceSection)
 
     @property
     def world_size(self) -> int:

@@ -175,10 +175,17 @@ def summarize(data: ReportData) -> dict:
     losses = [(s, v) for s, v in zip(data.steps, data.loss) if v is not None]
     best = min(losses, key=lambda p: p[1]) if losses else None
     requeues = sum(1 for r in data.ledger if (r.get("decision") or {}).get("requeue"))
+    restarts = [r["in_job_restart"] for r in data.ledger
+                if isinstance(r.get("in_job_restart"), dict)]
+    recoveries = [r.get("recovery_s") for r in restarts
+                  if isinstance(r.get("recovery_s"), (int, float))]
     return {
         "run": data.run_id, "first_step": data.steps[0] if data.steps else None,
         "last_step": data.steps[-1] if data.steps else None, "total_steps": data.total_steps,
         "attempts": max(data.attempts, len(data.ledger)), "preemptions": len(data.preemptions), "requeues": requeues,
+        "in_job_restarts": len(restarts),
+        "excluded_in_job": [n for r in restarts for n in r.get("excluded") or []],
+        "in_job_recovery_s": max(recoveries) if recoveries else None,
         "checkpoints": data.checkpoints,
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "min_loss": best[1] if best else None, "min_loss_step": best[0] if best else None,
@@ -201,7 +208,11 @@ def format_summary(s: dict) -> str:
     else:
         total = f" of {s['total_steps']}" if s.get("total_steps") else ""
         lines.append(f"Steps       {s['first_step']}→{s['last_step']}{total}")
-    lines.append(f"Attempts    {s['attempts']} ({s['preemptions']} preempted, {s['requeues']} requeued)"
+    restarted = (f", {s['in_job_restarts']} restarted in the job"
+                 + (f" (left out {', '.join(s['excluded_in_job'])})" if s['excluded_in_job']
+                    else "") if s.get("in_job_restarts") else "")
+    lines.append(f"Attempts    {s['attempts']} ({s['preemptions']} preempted, {s['requeues']} requeued"
+                 f"{restarted})"
                  + (f", {format_duration(s['training_time_s'])} in jobs" if s.get("training_time_s") else ""))
     if s.get("gpu_hours") is not None:
         lines.append(f"GPU-hours   {format_gpu_hours(s['gpu_hours'])} (from "

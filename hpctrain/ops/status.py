@@ -135,7 +135,28 @@ def _decision(row: dict) -> str:
     d = row.get("decision")
     if not d:
         return "-"
-    return ("requeue" if d.get("requeue") else "stop") + (f": {d['reason']}" if d.get("reason") else "")
+    verb = "requeue" if d.get("requeue") else "restart in job" if d.get("in_job") else "stop"
+    return verb + (f": {d['reason']}" if d.get("reason") else "")
+
+
+def restart_line(row: dict) -> str | None:
+    """How an attempt restarted inside its job's allocation, for the lines under the table."""
+    r = row.get("in_job_restart")
+    if not isinstance(r, dict):
+        return None
+    if r.get("in_place"):
+        how = f"in place on {_nodes(r.get('nodes'))}"
+    else:
+        how = ", ".join(f"{a} -> {b}" for a, b in zip(r.get("excluded") or [],
+                                                      r.get("spares") or []))
+    cost = []
+    if isinstance(r.get("recovery_s"), (int, float)):
+        cost.append(f"{format_duration(r['recovery_s'])} from the failure to the first step")
+    if isinstance(r.get("steps_lost"), int):
+        cost.append(f"{r['steps_lost']} step{'' if r['steps_lost'] == 1 else 's'} redone")
+    return (f"  attempt {row.get('attempt')}: restarted inside the job after attempt "
+            f"{r.get('after_attempt')}: {how} ({r.get('why') or 'failure'})"
+            + (f"; {', '.join(cost)}" if cost else ""))
 
 
 def attempts_table(rows: list[dict]) -> str:
@@ -228,6 +249,8 @@ def format_status(data: dict) -> str:
             if row.get("exit_reason") in (ExitReason.HUNG, ExitReason.STRAGGLER) and \
                     row.get("message"):
                 lines.append(f"  attempt {row.get('attempt')}: {row['message']}")
+            if restart_line(row):
+                lines.append(restart_line(row))
             if row.get("exclusion_note") or row.get("not_excluded_nodes"):
                 lines.append(f"  attempt {row.get('attempt')}: " + (
                     row.get("exclusion_note")

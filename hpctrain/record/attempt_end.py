@@ -105,11 +105,63 @@ def hang_details(verdict) -> dict:
             "steps": (verdict.start_step, verdict.end_step)}
 
 
+RESTART_FILE = "restart.json"
+
+
+def write_restart(run: RunFolder, attempt: int, info: dict) -> None:
+    """The batch shell, beginning an attempt inside the same allocation: how it got there."""
+    from ..config import yamlio
+    yamlio.write_atomic(run.attempt_dir(attempt) / RESTART_FILE, json.dumps(info))
+
+
+def read_restart(run: RunFolder, attempt: int) -> dict | None:
+    """The attempt's ``restart.json`` (None when it did not begin by an in-job restart, or
+    the file is damaged: the record then only lacks ``in_job_restart``)."""
+    from .reader import RunFileError, read_json
+    try:
+        return read_json(run.attempt_dir(attempt) / RESTART_FILE)
+    except (RunFileError, OSError):
+        return None
+
+
+def failure_time(record: AttemptRecord) -> float | None:
+    """When ``record``'s attempt failed: its culprit's time, else when it ended."""
+    t = (record.first_failure or {}).get("time")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+        return float(t)
+    return record.end_time
+
+
+def _recovery(run: RunFolder, attempt: int, record: AttemptRecord, result: AttemptResult) -> None:
+    """What the recovery from the previous attempt's end cost: when this attempt's first step
+    started, the time from the failure to it (in-job restart or requeue alike: the benchmark
+    and the checkpoint interval's restart cost read it), the steps redone, and the in-job
+    restart that began it (``restart.json``)."""
+    if isinstance(result.start_time, (int, float)) and isinstance(result.first_step_after_s,
+                                                                  (int, float)):
+        record.first_step_at = round(result.start_time + result.first_step_after_s, 3)
+    restart = read_restart(run, attempt)
+    earlier = [AttemptRecord.from_dict(r) for r in run.ledger()
+               if isinstance(r, dict) and r.get("attempt") != attempt]
+    previous = earlier[-1] if earlier else None
+    if previous is not None and previous.exit_reason not in (ExitReason.FINISHED,
+                                                             ExitReason.CANCELLED):
+        failed_at = failure_time(previous)
+        if record.first_step_at is not None and failed_at is not None:
+            record.recovery_s = round(record.first_step_at - failed_at, 1)
+        if isinstance(previous.end_step, int) and isinstance(record.start_step, int):
+            record.steps_lost = max(0, previous.end_step - record.start_step)
+    if isinstance(restart, dict):
+        record.in_job_restart = {**restart, "recovery_s": record.recovery_s,
+                                 "steps_lost": record.steps_lost}
+
+
 def finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, scheduler: str,
                    job_id: str | None = None, restart_count: int = 0,
                    nodes: list[str] | None = None, started_at: float | None = None,
                    reason: ExitReason | None = None, steps: tuple | None = None,
                    refuse_requeue: str | None = None, evidence: dict | None = None,
+                   restart: Decision | None = None,
                    **details) -> tuple[AttemptRecord, Decision]:
     """Append the ledger record of ``attempt`` and return it with the requeue decision.
 
@@ -123,20 +175,21 @@ def finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sched
     ledger it is appended to. ``evidence``: what the scheduler saw of the ranks' ends, for
     :func:`first_failure` (``task_exits``: all of srun's, ``last_beats``: rank -> (node, time of
     its last heartbeat), ``silent_nodes``: node -> Slurm state of the step's nodes that stopped
-    responding).
+    responding). ``restart``: the batch shell restarts the step inside the allocation (its
+    decision replaces the requeue policy's, unless the attempt finished or was cancelled).
     """
     with run.lock():
         return _finish_attempt(run, attempt, exit_code, scheduler=scheduler, job_id=job_id,
                                restart_count=restart_count, nodes=nodes, started_at=started_at,
                                reason=reason, steps=steps, refuse_requeue=refuse_requeue,
-                               details=details, evidence=evidence or {})
+                               details=details, evidence=evidence or {}, restart=restart)
 
 
 def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, scheduler: str,
                     job_id: str | None, restart_count: int, nodes: list[str] | None,
                     started_at: float | None, reason: ExitReason | None, steps: tuple | None,
                     refuse_requeue: str | None, details: dict,
-                    evidence: dict) -> tuple[AttemptRecord, Decision]:
+                    evidence: dict, restart: Decision | None) -> tuple[AttemptRecord, Decision]:
     result = read_result(run, attempt)
     if steps is not None and result.end_step is None:
         result.start_step, result.end_step = steps
@@ -160,6 +213,7 @@ def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sche
         restart_count=restart_count, scheduler=scheduler, nodes=nodes or [],
         started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         duration_s=round(ended - started, 1), note=note, **details)
+    _recovery(run, attempt, record, result)
     failure = first_failure(run, attempt, **evidence) \
         if record.exit_reason == ExitReason.FAILED else None
     if failure:
@@ -173,6 +227,9 @@ def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sche
     profile = run.resolved_profile()
     decision = decide(run.ledger_for_budget(), record, profile.preemption.max_requeues,
                       profile.preemption.requeue_on_failure)
+    if restart is not None and record.exit_reason not in (ExitReason.FINISHED,
+                                                          ExitReason.CANCELLED):
+        decision = restart
     if refuse_requeue and decision.requeue:
         decision = Decision(False, f"{record.exit_reason}; not requeued: {refuse_requeue}")
     record.decision = decision

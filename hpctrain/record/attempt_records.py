@@ -118,15 +118,20 @@ class Decision:
 
     requeue: bool
     reason: str
+    in_job: bool = False    # restarted inside the allocation instead (no requeue)
 
     def to_dict(self) -> dict:
-        return {"requeue": self.requeue, "reason": self.reason}
+        out = {"requeue": self.requeue, "reason": self.reason}
+        if self.in_job:
+            out["in_job"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "Decision | None":
         if not isinstance(data, dict):
             return None
-        return cls(bool(data.get("requeue")), str(data.get("reason") or ""))
+        return cls(bool(data.get("requeue")), str(data.get("reason") or ""),
+                   bool(data.get("in_job")))
 
 
 @dataclass(kw_only=True)
@@ -155,6 +160,11 @@ class AttemptRecord(AttemptOutcome):
     preflight_report: str | None = None
     hang: dict | None = None            # the hang verdict (health.hang.Verdict's dict)
     straggler: dict | None = None       # the straggler node (health.stragglers.SlowNode's dict)
+    first_step_at: float | None = None  # when this attempt's first step started (epoch s)
+    recovery_s: float | None = None     # from the previous attempt's failure to that first step
+    steps_lost: int | None = None       # steps the previous attempt trained that this one redid
+    in_job_restart: dict | None = None  # restarted inside the allocation after the previous
+                                        # attempt: nodes, excluded (and why), spares, in_place
     decision: Decision | None = None
 
     @classmethod

@@ -204,6 +204,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         # a run saved before the on-the-fly order goes on reading the order it started with
         order = loaded.common.get("sample_order", PERMUTATION)
         samples.use_order(order)
+        result.load_seconds = round(loaded.seconds, 3)   # kept if the attempt fails later
     elif job.train.init_from:
         folder = load_model_only(mo, job.train.init_from)
         if ctx.is_rank0:
@@ -214,6 +215,9 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
                       watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step
+    # kept if the attempt fails later: the recovery time after a failure counts to it
+    trainer.on_first_step = lambda at: setattr(result, "first_step_after_s",
+                                               round(at - result.start_time, 3))
     ctx.watchdog.progress(step=trainer.step, phase="step")
     ctx.watchdog.start_step = trainer.step
     outcome = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Mapping
 
 from ..errors import UsageError
@@ -278,3 +279,18 @@ def block_next_megatron_collective(log) -> None:
         original = getattr(dist, name, None)
         if original is not None:
             setattr(dist, name, blocking(name, original))
+
+
+def hold_release_reaches(run_path, step: int) -> bool:
+    """A test's ``RUN/hold-release``: empty, it releases every hold; holding a step number, only
+    the holds after steps up to that one (a drill that fails a run twice at two steps holds
+    the second time after the first release)."""
+    from ..record.reader import RunFileError, read_text
+    try:
+        text = read_text(Path(run_path) / "hold-release")
+    except (RunFileError, OSError):
+        return False
+    if text is None:
+        return False
+    text = text.strip()
+    return not text.isdigit() or step <= int(text)

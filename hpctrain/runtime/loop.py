@@ -139,6 +139,7 @@ class Trainer:
         self.step_time = None
         self.last_loss: float | None = None
         self.first_step_started: float | None = None
+        self.on_first_step = None       # called with the first step's start time
 
     def common_state(self) -> dict:
         return {"step": self.step, "consumed_samples": self.consumed,
@@ -221,8 +222,9 @@ class Trainer:
 
     def _hold_released(self) -> bool:
         """A test's hold (HPCTRAIN_TEST_HOLD_AFTER_STEP) ends when this rank is told to stop,
-        or when the test drops ``hold-release`` into the run folder."""
-        return self.flag.check_file() or (self.ctx.run.path / "hold-release").exists()
+        or when the test drops ``hold-release`` into the run folder (``faults``)."""
+        from .faults import hold_release_reaches
+        return self.flag.check_file() or hold_release_reaches(self.ctx.run.path, self.step)
 
     # --------------------------------------------------------------------- the loop
     def run(self) -> Outcome:
@@ -252,6 +254,8 @@ class Trainer:
             started = time.time()
             if self.first_step_started is None:
                 self.first_step_started = started
+                if self.on_first_step is not None:
+                    self.on_first_step(started)
             timer = self.stragglers.timer if self.stragglers is not None else None
             if timer is not None:
                 timer.step_begin()

@@ -13,9 +13,11 @@ background save blocks, so until a save has been measured the interval is at mos
 ``UNMEASURED_CAP_S`` (15 minutes, the fixed default): an overestimated δ never leaves the start
 of a run without checkpoints.
 
-The restart's cost R in the lost-work estimate is this attempt's start-up (process start to
-the first step: imports, rendezvous, model, checkpoint load); the time a requeued job then
-waits in Slurm's queue is not known here and not counted.
+The restart's cost R in the lost-work estimate is the newest recovery the ledger measured
+(``recovery_s``: from a failure to the first step after it, an in-job restart on a spare or
+a requeue through the queue, whichever the run last went through), else this attempt's
+start-up (process start to the first step: imports, rendezvous, model, checkpoint load; the
+time a requeued job then waits in Slurm's queue is not known here and not counted).
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def previous_blocking_s(run, attempt: int) -> float | None:
             if save.get("reason") == "periodic" and isinstance(save.get("stall_seconds"),
                                                                 (int, float)):
                 return float(save["stall_seconds"])
+    return None
+
+
+def measured_restart_s(run) -> float | None:
+    """The newest ``recovery_s`` of the run's ledger (None when no recovery was measured)."""
+    try:
+        ledger = run.ledger()
+    except Exception:   # an unreadable ledger: the start-up is used instead
+        return None
+    for record in reversed(ledger):
+        value = record.get("recovery_s") if isinstance(record, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
     return None
 
 
@@ -90,8 +105,9 @@ class AutoInterval:
         else:
             delta, source = save_estimate.seconds, estimate_source(save_estimate)
         nodes = -(-ctx.world_size // max(1, ctx.env.local_world_size))
+        restart = measured_restart_s(ctx.run)
         return cls(periodic, ctx.profile.reliability.node_mtbf_hours, nodes, delta, source,
-                   process_age_s())
+                   restart if restart is not None else process_age_s())
 
     def compute(self) -> IntervalEstimate:
         est = estimate(self.delta_s, self.node_mtbf_hours, self.nodes, delta_source=self.source,

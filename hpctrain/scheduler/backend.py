@@ -127,6 +127,12 @@ class Backend(ABC):
                 not 1 <= nodes <= self.max_nodes:
             raise UsageError(f"profile {profile.name!r}: slurm.nodes: a {self.name} profile runs "
                              f"{self.where()} only; set it to {self.max_nodes}")
+        spares = profile.resilience.spare_nodes     # the job's own, once resolved
+        if isinstance(spares, int) and spares and isinstance(nodes, int) and \
+                self.max_nodes is not None and nodes + spares > self.max_nodes:
+            raise UsageError(f"profile {profile.name!r}: resilience.spare_nodes: a {self.name} "
+                             f"profile runs {self.where()} only and has no spare nodes; set it "
+                             "to 0")
 
     def where(self) -> str:
         """Where this backend's jobs run, for messages that refuse what it cannot do."""

@@ -8,8 +8,8 @@ from hpctrain.record.attempt_records import FailureRecord
 from hpctrain.record.culprit import culprit, peer_vanished, task_ranks
 from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
 
-# srun's lines in the batch log of the dev cluster's SIGKILL drill
-# (tests/resilience/test_attribution_drill.py): rank 3 on n2 killed, its peers then fail
+# srun's lines in the batch log of a SIGKILL drill on the dev cluster (4 ranks on 2 nodes,
+# captured): rank 3 on n2 killed, its peers then fail
 SIGKILL_LOG = """\
 srun: cluster configuration lacks support for cpu binding
 srun: error: n2: task 3: Killed

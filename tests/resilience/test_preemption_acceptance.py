@@ -1,21 +1,26 @@
 """Preemption, requeue and resume on the real dev Slurm cluster, with the real runtime.
 
 These are the acceptance stories: a job is interrupted in every way a cluster interrupts jobs
-(a signal, a higher-priority job, the time limit, a rank killed while a checkpoint is written),
-requeues itself while it makes progress, and ends with the same losses and the same final
-weights as a run nobody interrupted (bitwise: CPU arithmetic is deterministic). A job that
-cannot advance stops with the reason in its ledger instead of looping.
+(a signal, a higher-priority job, the time limit, a rank killed while a checkpoint is written,
+a rank killed outright in a job that holds a spare node),
+requeues itself (or restarts inside its allocation) while it makes progress, and ends with the
+same losses and the same final weights as a run nobody interrupted (bitwise: CPU arithmetic is
+deterministic). A job that cannot advance stops with the reason in its ledger instead of
+looping.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from hpctrain.config import yamlio
+from hpctrain.health.heartbeat import read_beats
 from hpctrain.record.attempt_end import read_result
 from hpctrain.record.folder import RunFolder, find_run
 from tests.conftest import REPO, hpctrain, wait_until
@@ -265,3 +270,86 @@ def test_resume_on_a_different_layout_continues_from_the_same_step(reference, ro
         assert mine[step] == ref[step]
     for step in range(stop + 1, 25):   # DP1 sums the same microbatches in another order
         assert abs(mine[step] - ref[step]) < 1e-4, (step, mine[step], ref[step])
+
+
+def held_rank(run: RunFolder, attempt: int, rank: int, step: int):
+    """``rank``'s heartbeat in ``attempt`` once it holds after ``step`` (see ``held``)."""
+    return wait_until(lambda: next((b for r, b in read_beats(run.attempt_dir(attempt)).items()
+                                    if r == rank and b.step == step
+                                    and b.phase.startswith("held")), None),
+                      900, what=f"rank {rank} of attempt {attempt} held at step {step}")
+
+
+def test_a_killed_rank_restarts_on_the_spare_then_a_second_failure_requeues(reference, root):
+    """Two nodes train, one is held as a spare. Rank 1 is SIGKILLed at step 10 (as the OOM
+    killer or a dying node would): the batch shell blames it, not rank 0 that lost its
+    connection a moment later, leaves its node out and restarts the step on the spare inside the same
+    allocation (no trip through the queue), from the step-8 checkpoint. Killed again at step
+    12, with no spare left: the job is requeued through Slurm, and the run finishes with the
+    uninterrupted run's weights."""
+    profile = profile_file(root.parent, "drill-spare", env=held(10, 12),
+                           preemption={"requeue_on_failure": True},
+                           resilience={"spare_nodes": 1, "max_in_job_restarts": 2})
+    # the hang watcher stays out of it: on a loaded machine srun's teardown of the survivors
+    # (KillWait) can outlast a short hang limit, and the attempt would end as hung
+    job = root.parent / "spare.yaml"
+    data = yamlio.read_mapping(JOB)
+    data["health"] = {"hang_timeout_s": 900}
+    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
+    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
+    yamlio.write_atomic(job, yamlio.dump(data))
+    run, job_id = submit(root, profile, job=job)
+    first_kill = held_rank(run, 1, rank=1, step=10)
+    os.kill(first_kill.pid, signal.SIGKILL)      # the dev cluster's "nodes" share this host
+    (run.path / "hold-release").write_text("10")  # rank 0 goes on, into the next collective
+    second_kill = held_rank(run, 2, rank=1, step=12)
+    os.kill(second_kill.pid, signal.SIGKILL)
+    (run.path / "hold-release").write_text("12")
+    wait_until(lambda: len(run.ledger()) >= 3 and run.ledger()[-1]["exit_reason"] == "finished"
+               or (run.ledger() and not run.ledger()[-1]["decision"]["requeue"]
+                   and "restart" not in run.ledger()[-1]["decision"]["reason"]),
+               timeout=1800, interval=2, what="the run to finish")
+    wait_stopped(run)
+    first, second, third, *more = run.ledger()
+    # 1: the killed rank is blamed, not the peer that noticed (the killed rank wrote nothing,
+    # rank 0 blamed the lost connection) ...
+    peers = {json.loads(p.read_text())["rank"]
+             for p in run.attempt_dir(1).glob("failure-rank-*.json")}
+    assert peers == {0}, peers
+    assert first["exit_reason"] == "failed" and not first["decision"]["requeue"], describe(run)
+    culprit = first["first_failure"]
+    assert (culprit["rank"], culprit["node"]) == (1, first_kill.node), describe(run)
+    assert culprit["cause"] == "signal" and "Killed" in culprit["message"], culprit
+    # ... and its node left out: the spare takes its place in the same job
+    assert "restart in the allocation" in first["decision"]["reason"], describe(run)
+    restart = second["in_job_restart"]
+    spare = restart["spares"][0]
+    assert restart["excluded"] == [first_kill.node] and spare not in first["nodes"], restart
+    assert sorted(second["nodes"]) == sorted([n for n in first["nodes"]
+                                              if n != first_kill.node] + [spare])
+    assert second["job_id"] == first["job_id"] == job_id
+    assert second["restart_count"] == first["restart_count"] == 0   # not through the queue
+    assert second["checkpoint_loaded"].endswith("step-00000008"), describe(run)
+    assert second["start_step"] == 8 and restart["steps_lost"] == 2, restart
+    assert restart["recovery_s"] is not None and restart["recovery_s"] > 0, restart
+    # 2: killed again on the spare's step, no spare left: requeued through Slurm
+    assert second["first_failure"]["node"] == second_kill.node, describe(run)
+    assert second_kill.node in second["nodes"]
+    assert second["exit_reason"] == "failed" and second["decision"]["requeue"], describe(run)
+    # both blamed nodes are asked to be left out; a job of 3 nodes on this 3-node cluster
+    # cannot start without them, and the ledger says which stayed in and why
+    asked = set(second.get("excluded_nodes") or []) | set(second.get("not_excluded_nodes") or [])
+    assert asked == {first_kill.node, second_kill.node}, describe(run)
+    # 3: the requeued job finishes with the weights of the uninterrupted run (on a loaded
+    # machine its allocation may recover once more on its own: any further attempt is of it)
+    assert third["job_id"] == job_id and third["restart_count"] == 1, describe(run)
+    assert all(r["job_id"] == job_id and r["restart_count"] >= 1 for r in more), describe(run)
+    last = (more or [third])[-1]
+    assert (last["exit_reason"], last["end_step"]) == ("finished", 24), describe(run)
+    assert_same_training(run, reference)
+    status = hpctrain("status", run.id, env={"HPCTRAIN_RUNS_DIR": str(root)}, check=True).stdout
+    assert f"{first_kill.node} -> {spare}" in status, status
+    assert "restart in job" in status, status
+    as_json = hpctrain("status", run.id, "--json", env={"HPCTRAIN_RUNS_DIR": str(root)},
+                       check=True).stdout
+    assert f"rank 1 on {first_kill.node} failed first" in as_json, as_json

@@ -14,6 +14,10 @@ names chosen here are assigned, so nothing from a profile or the environment can
   ``HPCTRAIN_REQUEUE=0|1`` from the requeue policy (budget and progress). An attempt that hung,
   or stopped for a straggler node, is requeued here without that node (hold, exclude,
   release: ``requeue_excluding``), and ``HPCTRAIN_REQUEUE=0`` is printed.
+  With ``resilience`` settings (``in_job_restart``), a step that ended abnormally may instead
+  be restarted inside the allocation: the culprit node left out, a quick-checked spare in its
+  place; a new attempt of the same job is begun and ``HPCTRAIN_RESTART=1`` printed with its
+  number, rendezvous and ``HPCTRAIN_STEP_NODES``, and the shell runs the training step again.
 * ``gate-failed RUN --attempt N --exit-code RC`` — the preflight gate failed: record it, add the
   bad nodes to the job's exclude list and requeue it (within the budget).
 * ``signal RUN --signal SIG`` — the batch shell got SIG: pass it on now, or defer it (print
@@ -35,6 +39,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ... import exit_codes, limits
@@ -43,9 +48,11 @@ from ...exit_codes import ExitReason
 from ...health.hang import read_verdict
 from ...health.heartbeat import read_beats
 from ...identity import free_port
-from ...record.attempt_end import finish_attempt, hang_details
+from ...config.resilience import effective as effective_resilience
+from ...record.attempt_end import finish_attempt, hang_details, read_restart
+from ...record.attempt_records import Decision
 from ...record.folder import RunFolder
-from . import commands
+from . import commands, in_job_restart
 from .node_exclusion import ExclusionPlan, exclusion_that_fits
 
 
@@ -139,6 +146,9 @@ def cmd_begin(run: RunFolder) -> str:
         "MASTER_ADDR": first_node_address(),
         "MASTER_PORT": free_port(),
     }
+    step_nodes = training_nodes(run)
+    if step_nodes:
+        values["HPCTRAIN_STEP_NODES"] = ",".join(step_nodes)
     end = job_end_time(job_id) if job_id else None
     if end:
         values["HPCTRAIN_DEADLINE"] = int(end)
@@ -149,12 +159,33 @@ def cmd_begin(run: RunFolder) -> str:
     return out + "export " + " ".join(values) + "\n"
 
 
+def training_nodes(run: RunFolder) -> list[str]:
+    """With spare nodes: the first slurm.nodes of the allocation train, the rest wait (empty
+    without spares: the step takes the whole allocation, as srun chooses)."""
+    if effective_resilience(run.resolved_job(), run.resolved_profile()).spare_nodes <= 0:
+        return []
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    nodes = commands.expand_hostlist(nodelist) if nodelist else []
+    return nodes[:run.resolved_profile().slurm.nodes]
+
+
+def _step_nodes() -> list[str]:
+    """The nodes the training step that just ended ran on."""
+    listed = os.environ.get("HPCTRAIN_STEP_NODES") or os.environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        return commands.expand_hostlist(listed) if listed else []
+    except Exception:  # noqa: BLE001
+        return [listed] if listed else []
+
+
 def _scheduler_facts() -> dict:
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
     try:
         nodes = commands.expand_hostlist(nodelist) if nodelist else []
     except Exception:
         nodes = [nodelist] if nodelist else []
+    if os.environ.get("HPCTRAIN_STEP_NODES"):
+        nodes = _step_nodes()
     return {"scheduler": "slurm", "job_id": job_id_of_run() or None,
             "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "nodes": nodes}
 
@@ -172,22 +203,183 @@ def cmd_end(run: RunFolder, attempt: int, exit_code: int, started: float | None)
     facts = _scheduler_facts()
     more = hang_details(verdict) if verdict is not None else {}
     evidence = failure_evidence(run, attempt, task_exits, facts["nodes"]) \
-        if verdict is None and code != exit_codes.FINISHED else None
-    record, decision = finish_attempt(run, attempt, code, started_at=started,
-                                      task_exits=task_exits[:8] or None, evidence=evidence,
-                                      **facts, **more)
+        if code != exit_codes.FINISHED else None
+    restart = consider_restart(run, attempt, code, verdict, evidence, facts)
+    record, decision = finish_attempt(
+        run, attempt, code, started_at=started, task_exits=task_exits[:8] or None,
+        evidence=None if verdict is not None else evidence,
+        restart=restart.decision if restart else None, **facts, **more)
+    if restart and decision is restart.decision:
+        print(f"[hpctrain] attempt {attempt}: {record.exit_reason} at step {record.end_step}; "
+              f"{decision.reason}", file=sys.stderr)
+        return begin_restart(run, attempt, restart, record)
     print(f"[hpctrain] attempt {attempt}: {record.exit_reason} at step {record.end_step}; "
           f"{'requeue' if decision.requeue else 'stop'}: {decision.reason}", file=sys.stderr)
     if record.message and record.exit_reason in (ExitReason.HUNG, ExitReason.STRAGGLER):
         print(f"[hpctrain] {record.message}", file=sys.stderr)
     leave_out = record.excluded_nodes if record.exit_reason in (
         ExitReason.HUNG, ExitReason.STRAGGLER) else None
+    if decision.requeue and restart_settings(run).spare_nodes > 0 and record.exit_reason in \
+            in_job_restart.RESTART_REASONS:
+        # the nodes this allocation already left out, and the culprit of this failure
+        culprit = (record.first_failure or {}).get("node")
+        left = [n for d in restarts_so_far(run, attempt) for n in d.get("excluded", [])]
+        leave_out = list(dict.fromkeys(left + list(leave_out or []) + ([culprit] if culprit
+                                                                       else [])))
     if decision.requeue and leave_out:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # see cmd_gate_failed
-        why = "hung rank" if record.exit_reason == ExitReason.HUNG else "straggler node"
+        why = {ExitReason.HUNG: "hung rank", ExitReason.STRAGGLER: "straggler node"}.get(
+            record.exit_reason, "failed in this allocation")
         requeue_excluding(run, attempt, facts["job_id"], leave_out, reason=why)
         return _assign(HPCTRAIN_REQUEUE=0)
     return _assign(HPCTRAIN_REQUEUE=int(decision.requeue))
+
+
+def restart_settings(run: RunFolder):
+    return effective_resilience(run.resolved_job(), run.resolved_profile())
+
+
+def restarts_so_far(run: RunFolder, attempt: int) -> list[dict]:
+    """The in-job restarts of this allocation: the ledger's, and the one that began
+    ``attempt`` (its record is not written yet)."""
+    from ...record.attempt_records import AttemptRecord
+    ledger = [AttemptRecord.from_dict(r) for r in run.ledger() if isinstance(r, dict)]
+    done = in_job_restart.restarts_in_job(ledger, job_id_of_run() or None)
+    began = read_restart(run, attempt)
+    if began is not None:
+        done.append(began)
+    return done
+
+
+@dataclass
+class Restart:
+    plan: in_job_restart.RestartPlan
+    decision: Decision
+    failed_at: float
+
+
+def consider_restart(run: RunFolder, attempt: int, code: int, verdict, evidence: dict | None,
+                     facts: dict) -> Restart | None:
+    """The in-job restart after this attempt's step ended, or None (the requeue path decides).
+    Plans (``in_job_restart.plan``), waits for the old step to be gone, quick-checks the
+    replacements; says why when it does not restart."""
+    settings = restart_settings(run)
+    if settings.max_in_job_restarts <= 0 or code == exit_codes.FINISHED:
+        return None
+    try:
+        return _consider_restart(run, attempt, code, verdict, evidence or {}, facts, settings)
+    except Exception as e:  # noqa: BLE001 - the requeue path still works
+        print(f"[hpctrain] no in-job restart: {e}", file=sys.stderr)
+        return None
+
+
+def _ended_reason(run: RunFolder, attempt: int, code: int, verdict) -> ExitReason | str:
+    from ...record.attempt_end import read_result
+    if verdict is not None:
+        return ExitReason.HUNG
+    result = read_result(run, attempt)
+    if result.straggler:
+        return ExitReason.STRAGGLER
+    why = result.exit_reason or exit_codes.reason_for(code)
+    if why == ExitReason.FINISHED and code != exit_codes.FINISHED:
+        why = exit_codes.reason_for(code)
+    return why
+
+
+def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) -> Restart | None:
+    from ...record.attempt_end import first_failure, read_result
+    job_id = facts["job_id"]
+    profile = run.resolved_profile()
+    reason = _ended_reason(run, attempt, code, verdict)
+    if reason not in in_job_restart.RESTART_REASONS or run.cancelled():
+        return None     # preempted, deadline, finished, unstable: the requeue path as always
+    step_nodes = facts["nodes"]
+    info = commands.job_info(os.environ.get("SLURM_JOB_ID", job_id))
+    listed = info.get("NodeList", "")
+    allocation = commands.expand_hostlist(listed) if listed not in ("", "(null)") else step_nodes
+    states = commands.node_states(",".join(allocation)) if allocation else {}
+    end = parse_slurm_time(info.get("EndTime", ""))
+    result = read_result(run, attempt)
+    if verdict is not None:
+        failure, excluded = {"node": verdict.node, "rank": verdict.rank,
+                             "message": verdict.message}, [verdict.node] if verdict.node else []
+        failed_at = verdict.detected_at
+    else:
+        found = first_failure(run, attempt, task_exits=evidence.get("task_exits"),
+                              last_beats=evidence.get("last_beats"),
+                              silent_nodes=evidence.get("silent_nodes"))
+        failure = found.to_dict() if found else None
+        excluded = [result.straggler["node"]] if result.straggler else []
+        failed_at = found.time if found and isinstance(found.time, (int, float)) else time.time()
+    answered = {e.get("node") for e in evidence.get("task_exits") or [] if isinstance(e, dict)}
+    culprits, why = in_job_restart.culprit_nodes(reason, failure, excluded,
+                                                 evidence.get("silent_nodes"), step_nodes,
+                                                 answered)
+    measured = [r.get("recovery_s") for r in reversed(run.ledger())
+                if isinstance(r, dict) and isinstance(r.get("recovery_s"), (int, float))]
+    preempting = (run.attempt_dir(attempt) / "signal.flag").exists() or \
+        info.get("PreemptTime", "None") not in ("None", "", "Unknown")
+    plan, note = in_job_restart.plan(
+        reason=reason, spare_nodes=settings.spare_nodes,
+        max_restarts=settings.max_in_job_restarts, done=restarts_so_far(run, attempt),
+        culprits=culprits, why=why, step_nodes=step_nodes, allocation=allocation,
+        states=states, time_left_s=(end - time.time()) if end else None,
+        lead_time_s=profile.preemption.lead_time_s,
+        restart_cost_s=measured[0] if measured else None, preempting=preempting)
+    if plan is None:
+        print(f"[hpctrain] no in-job restart: {note}", file=sys.stderr)
+        run.event("in_job_restart_refused", attempt=attempt, reason=note)
+        return None
+    if not in_job_restart.stop_old_step(os.environ.get("SLURM_JOB_ID", job_id)):
+        print("[hpctrain] no in-job restart: a task step of the failed attempt is still "
+              "running after being killed", file=sys.stderr)
+        return None
+    check_nodes = plan.spares or plan.nodes
+    ok, out = in_job_restart.quick_check(str(run.path), check_nodes, sys.executable,
+                                         profile.preflight.timeout_s + 60)
+    if not ok:
+        print(f"[hpctrain] no in-job restart: the node check of {', '.join(check_nodes)} "
+              f"failed:\n{out}", file=sys.stderr)
+        run.event("in_job_restart_refused", attempt=attempt, reason="node check failed",
+                  nodes=check_nodes, output=out[-500:])
+        return None
+    budget = len(restarts_so_far(run, attempt)) + 1
+    decision = Decision(False, f"{plan.describe()}; in-job restart {budget} of "
+                               f"{settings.max_in_job_restarts}", in_job=True)
+    return Restart(plan, decision, failed_at)
+
+
+def begin_restart(run: RunFolder, attempt: int, restart: Restart, record) -> str:
+    """A new attempt of the same job on the plan's nodes: its folder, rendezvous, how it got
+    there (``restart.json``, completed in its ledger record), the shell's assignments."""
+    from ...record.attempt_end import write_restart
+    new = run.begin_attempt()
+    attempt_dir = run.attempt_dir(new)
+    plan = restart.plan
+    write_restart(run, new, {"after_attempt": attempt, "failed_at": restart.failed_at,
+                             **plan.to_dict()})
+    values = {
+        "HPCTRAIN_ATTEMPT": new,
+        "HPCTRAIN_ATTEMPT_DIR": attempt_dir,
+        "HPCTRAIN_SIGNAL_FLAG": attempt_dir / "signal.flag",
+        "MASTER_ADDR": node_ip(plan.nodes[0]),
+        "MASTER_PORT": free_port(),
+        "HPCTRAIN_STEP_NODES": ",".join(plan.nodes),
+    }
+    run.event("attempt_start", attempt=new, job_id=job_id_of_run(),
+              restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+              nodes=",".join(plan.nodes), in_job_restart=plan.to_dict())
+    out = _assign(**values, HPCTRAIN_RESTART=1, HPCTRAIN_REQUEUE=0)
+    return out + "export " + " ".join(values) + "\n"
+
+
+def node_ip(node: str) -> str:
+    addr = commands.node_address(node)
+    try:
+        return socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0]
+    except socket.gaierror:
+        raise HpcTrainError(f"the node {node!r} has address {addr!r}, which does not resolve "
+                            "on this host; fix the node's NodeAddr or DNS")
 
 
 def failure_evidence(run: RunFolder, attempt: int, task_exits: list[dict],

@@ -64,7 +64,8 @@ def sbatch_directives(p: ClusterProfile, job_name: str,
                       inputs: ScriptInputs) -> list[tuple[str, str | None]]:
     """``(flag, value)`` pairs for the #SBATCH block, in a stable order (value None: bare flag)."""
     s = p.slurm
-    d: list[tuple[str, str | None]] = [("job-name", job_name), ("nodes", str(s.nodes)),
+    spares = p.resilience.spare_nodes if inputs.kind == "train" else 0
+    d: list[tuple[str, str | None]] = [("job-name", job_name), ("nodes", str(s.nodes + spares)),
                                         ("ntasks-per-node", str(s.gpus_per_node))]
     if s.gpu_directive == "gpus-per-node":
         d.append(("gpus-per-node", str(s.gpus_per_node)))
@@ -88,6 +89,10 @@ def sbatch_directives(p: ClusterProfile, job_name: str,
     if inputs.kind == "train":
         d.append(("signal", f"B:{p.preemption.signal}@{p.preemption.lead_time_s}"))
         d.append(("requeue", None))
+        if spares:
+            # a failing node leaves the allocation instead of ending it: the batch shell
+            # restarts the training step on a spare (see in_job_restart)
+            d.append(("no-kill", None))
     else:
         d.append(("no-requeue", None))
     d.append(("open-mode", "append"))
@@ -176,6 +181,7 @@ def check_script_values(p: ClusterProfile, inputs: ScriptInputs, job_name: str, 
         raise UsageError(f"cannot write the batch script: unknown kind {inputs.kind!r} or signal "
                          f"{p.preemption.signal!r}")
     for what, number in (("slurm.nodes", p.slurm.nodes), ("slurm.gpus_per_node", p.slurm.gpus_per_node),
+                         ("resilience.spare_nodes", p.resilience.spare_nodes),
                          ("preemption.lead_time_s", p.preemption.lead_time_s)):
         if not isinstance(number, int) or isinstance(number, bool):
             raise UsageError(f"cannot write the batch script: {what} is not an integer ({number!r})")
@@ -246,6 +252,7 @@ def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, lay
         "gate": inputs.kind == "train" and p.preflight.gate,
         "gpus_per_node": p.slurm.gpus_per_node,
         "nodes": p.slurm.nodes,
+        "spare_nodes": p.resilience.spare_nodes if inputs.kind == "train" else 0,
         "array_run_dirs": list(inputs.array_run_dirs),
     }
     return _env().get_template(TRAIN_TEMPLATE).render(**context)
