@@ -9,7 +9,8 @@ import json
 import socket
 
 from hpctrain.config.tracking import MlflowSection, TrackingSection
-from hpctrain.record.files import append_jsonl, read_jsonl
+from hpctrain.record.files import append_jsonl
+from hpctrain.record.reader import read_jsonl
 from hpctrain.tracking.backends import RunInfo, backends_for
 from hpctrain.tracking.sender import TrackerThread
 

@@ -14,7 +14,8 @@ import pytest
 
 from hpctrain.config import load_job, load_profile, resolve
 from hpctrain.config.tracking import MlflowSection, TrackingSection, WandbSection
-from hpctrain.record.files import read_jsonl, record_kind
+from hpctrain.record.files import record_kind
+from hpctrain.record.reader import read_jsonl
 from hpctrain.scheduler.state import live_jobs
 from hpctrain.submission import prepare_run, submit_training
 from hpctrain.tracking.records import final_records
