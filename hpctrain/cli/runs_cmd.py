@@ -35,10 +35,9 @@ def runs(ctx, runs_dir, limit, as_json):
     if ctx.invoked_subcommand is not None:
         return
     from ..ops.listing import format_runs, newest_runs
-    from ..view.runview import add_usage, build_views
+    from ..view.summary_cache import summaries
     root = runs_root(runs_dir)
-    found = newest_runs(root, limit)
-    rows = [v.summary() for v in add_usage(build_views(found))]
+    rows = summaries(newest_runs(root, limit))
     if as_json:
         echo_json(rows)
         return

@@ -384,10 +384,12 @@ def _show_value(v: Any) -> str:
     return text if len(text) <= 80 else text[:70] + "..."
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
+def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
     """Write ``text`` to ``path`` so readers see the old content or the new, never a part, even
     after a crash: temporary file, fsync, rename, fsync of the folder. The file gets the mode
-    an ordinary write would (the umask's), not mkstemp's 0600."""
+    an ordinary write would (the umask's), not mkstemp's 0600. ``durable=False`` skips the
+    fsyncs (still never a part: the rename is atomic) for files that can be rebuilt, such as
+    the runs listing's kept rows, where 10,000 fsyncs would cost more than the rows."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
@@ -396,11 +398,14 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     try:
         dfd = os.open(p.parent, os.O_RDONLY)
     except OSError:

@@ -23,6 +23,7 @@ from hypothesis import given, settings, strategies as st
 
 import hpctrain
 from hpctrain.cli import cli
+from hpctrain.view.summary_cache import CACHE_FILE
 from tests.conftest import REPO
 
 TINY = str(REPO / "examples" / "tiny.yaml")
@@ -153,7 +154,12 @@ def test_a_damaged_run_folder_never_breaks_the_commands(template, tmp_path_facto
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    assert _snapshot(root) == before                              # nothing changed on disk
+    after = _snapshot(root)
+    assert {p: after.get(p) for p in before} == before            # nothing changed on disk
+    added = set(after) - set(before)        # only the listing's kept rows, never a damaged run's
+    assert {Path(p).name for p in added} <= {CACHE_FILE}, added
+    if row["state"] == "DAMAGED":
+        assert str(root / damaged_id / CACHE_FILE) not in added, added
 
 
 @pytest.mark.parametrize("target, kind", [("metrics.jsonl", "fifo"), ("ledger.jsonl", "lines"),

@@ -1,0 +1,106 @@
+"""The runs listing's kept rows (``RUN/.summary.json``): the same rows as building them from
+the run's files, a change to those files seen at the next listing, a damaged kept file
+ignored and rebuilt, and a running run's state always asked of its backend."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.record.folder import RunFolder, iter_runs
+from hpctrain.view.runview import add_usage, build_views
+from hpctrain.view.summary_cache import CACHE_FILE, summaries
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench_runs():
+    loader = importlib.machinery.SourceFileLoader("bench_runs", str(REPO / "tools" / "bench_runs"))
+    spec = importlib.util.spec_from_loader("bench_runs", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def runs(tmp_path) -> list[RunFolder]:
+    """Four finished local runs built as `tools/bench_runs` builds them, one never submitted,
+    one whose ledger is damaged."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    _bench_runs().build(root, 4)
+    found = sorted(iter_runs(root), key=lambda r: r.id)
+    unsubmitted = found[1]
+    unsubmitted.update_meta(jobs=[])
+    for name in ("ledger.jsonl", "events.jsonl", "metrics.jsonl"):
+        (unsubmitted.path / name).unlink()
+    found[2].ledger_file.write_text('{"attempt": "one"}\n')        # damaged: a field's type
+    return found
+
+
+def _uncached(runs: list[RunFolder]) -> list[dict]:
+    return [v.summary() for v in add_usage(build_views(runs))]
+
+
+def test_kept_rows_equal_built_rows_field_for_field(runs):
+    expected = _uncached(runs)
+    assert {r["state"] for r in expected} == {"FINISHED", "NOT SUBMITTED", "DAMAGED"}
+    assert summaries(runs) == expected                      # builds and keeps the rows
+    kept = [r for r in runs if (r.path / CACHE_FILE).is_file()]
+    assert runs[2] not in kept and len(kept) == 3           # a damaged run is never kept
+    assert summaries(runs) == expected                      # from the kept rows
+
+
+def test_a_change_to_the_ledger_or_metrics_is_seen_at_the_next_listing(runs):
+    run = runs[0]
+    summaries(runs)
+    with run.metrics_file.open("a") as f:
+        f.write(json.dumps({"step": 61, "loss": 0.5}) + "\n")
+    (row,) = summaries([run])
+    assert (row["step"], row["loss"]) == (61, 0.5)
+    run.append_ledger({"attempt": 3, "start_step": 60, "end_step": 70, "exit_reason": "failed",
+                       "decision": {"requeue": False, "reason": "out of budget"}})
+    (row,) = summaries([run])
+    assert (row["state"], row["step"], row["attempts"]) == ("STOPPED", 70, 3)
+    assert summaries([run]) == _uncached([run])
+
+
+def test_a_damaged_kept_file_is_ignored_and_rebuilt(runs):
+    run = runs[0]
+    expected = _uncached([run])
+    summaries([run])
+    cache = run.path / CACHE_FILE
+    for bad in ("{not json", json.dumps({"format": 1, "fingerprint": None,
+                                         "row": {**expected[0], "state": "FINISHED",
+                                                 "loss": 99.0}}), "[]"):
+        cache.write_text(bad)
+        assert summaries([run]) == expected
+        assert json.loads(cache.read_text())["row"]["loss"] == expected[0]["loss"]
+
+
+def test_a_running_runs_state_comes_from_its_backend(runs):
+    """A live local job (the process the local backend looks for) shows RUNNING and is not
+    kept; once it is gone the ended state shows, though no file of the run changed."""
+    run = runs[0]
+    run.path.joinpath("submitit").mkdir(exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "submitit.local._local", str(run.submitit_dir)])
+    try:
+        run.update_meta(jobs=[{"job_id": str(proc.pid), "kind": "train"}])
+        (row,) = summaries([run])
+        assert row["state"] == "RUNNING" and row["job_id"] == str(proc.pid)
+        assert not (run.path / CACHE_FILE).exists()
+        (row,) = summaries([run])
+        assert row["state"] == "RUNNING"
+    finally:
+        proc.kill()
+        proc.wait()
+    (row,) = summaries([run])
+    assert row["state"] == "FINISHED"
+    assert summaries([run]) == _uncached([run])
