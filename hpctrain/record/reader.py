@@ -318,7 +318,14 @@ def event_problem(record: dict) -> str | None:
     return field_problem(record, EVENT_TYPES)
 
 
+# how metrics.jsonl holds a loss JSON cannot (the runtime writes str() of a non-finite float:
+# a skipped NaN step is a record, not damage)
+NON_FINITE = ("nan", "inf", "-inf")
+
+
 def metric_problem(record: dict) -> str | None:
+    if record.get("loss") in NON_FINITE:
+        record = {**record, "loss": None}
     return field_problem(record, METRIC_TYPES)
 
 

@@ -135,3 +135,17 @@ def test_the_reader_never_waits_for_a_slow_writer(tmp_path):
         assert done.wait(30)
     finally:
         os.close(fd)
+
+
+def test_a_non_finite_loss_as_the_runtime_writes_it_is_a_record_not_damage(tmp_path):
+    """A skipped step's NaN loss is written as the text "nan" (JSON has no NaN): Run.metrics()
+    reads it back as that step's record; a loss that is other text is still damage."""
+    from hpctrain.runtime.metrics import _finite
+    run = RunFolder(tmp_path / "r")
+    run.path.mkdir()
+    for step, loss in ((1, 5.5), (2, float("nan")), (3, float("inf")), (4, 4.5)):
+        append_jsonl(run.metrics_file, {"kind": "train", "step": step, "loss": _finite(loss)})
+    assert [m["loss"] for m in run.metrics()] == [5.5, "nan", "inf", 4.5]
+    append_jsonl(run.metrics_file, {"kind": "train", "step": 5, "loss": "low"})
+    with pytest.raises(RunFileError, match="line 5: loss"):
+        run.metrics()
