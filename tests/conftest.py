@@ -142,6 +142,20 @@ def slurm_cluster() -> str:
     return conf
 
 
+def unix_socket_at(path: Path) -> None:
+    """A UNIX socket file at ``path``, however long the path (``bind`` takes at most 107 bytes:
+    bound by its name from inside its folder)."""
+    import socket
+    here = os.getcwd()
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        os.chdir(path.parent)
+        s.bind(path.name)
+    finally:
+        os.chdir(here)
+        s.close()
+
+
 def wait_until(predicate, timeout: float = 120, interval: float = 0.5, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
     import time

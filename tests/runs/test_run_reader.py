@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 
 import pytest
+
+from tests.conftest import unix_socket_at
 
 from hpctrain.record import reader
 from hpctrain.record.files import append_jsonl, RunFileError
@@ -31,9 +32,7 @@ def special(tmp_path, kind: str):
     elif kind == "folder":
         path.mkdir()
     elif kind == "socket":
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-        s.close()
+        unix_socket_at(path)
     return path
 
 

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from hypothesis import given, settings, strategies as st
 import hpctrain
 from hpctrain.cli import cli
 from hpctrain.view.summary_cache import CACHE_FILE
-from tests.conftest import REPO
+from tests.conftest import unix_socket_at, REPO
 
 TINY = str(REPO / "examples" / "tiny.yaml")
 EXAMPLES = int(os.environ.get("HPCTRAIN_HYPOTHESIS_EXAMPLES", "30"))
@@ -70,9 +69,7 @@ def _damage(run: Path, target: str, kind: str, data: bytes) -> None:
     elif kind == "folder":
         path.mkdir()
     elif kind == "socket":
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-        s.close()
+        unix_socket_at(path)
 
 
 def _snapshot(root: Path) -> dict:
