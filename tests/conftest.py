@@ -19,18 +19,44 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ["HPCTRAIN_TEST_HOOKS"] = "1"
 
 
-# The second dev cluster (tools/test starts it when the suite runs on workers), and the Slurm
-# test files that run there: about half of the Slurm tests' time, from a whole run's durations.
-SECOND_CONF = os.environ.get("HPCTRAIN_TEST_SLURM_CONF_2")
-ON_THE_SECOND_CLUSTER = frozenset({
-    "tests/integration/test_training_jobs.py",
-    "tests/ops/test_real_training.py",
-    "tests/ops/test_requeue_and_follow.py",
-    "tests/ops/test_checkpoint_ownership.py",
-    "tests/ops/test_gpu_hours.py",
-    "tests/ops/test_chain.py",
-    "tests/ops/test_preempted_run.py",
-})
+# The extra dev clusters tools/test starts when the suite runs on workers (cluster 1 is the one
+# SLURM_CONF names), and the Slurm test files that run on each. Each cluster's files form one
+# serial group, the longest chains of the suite: the files are spread so the chains take about
+# the same time (from a whole run's --durations). A file not listed runs on cluster 1.
+def _extra_clusters() -> dict[int, tuple[str, str]]:
+    found = {}
+    for n in (2, 3):
+        conf = os.environ.get(f"HPCTRAIN_TEST_SLURM_CONF_{n}")
+        if conf:
+            found[n] = (conf, os.environ.get(f"HPCTRAIN_TEST_DEV_CLUSTER_DIR_{n}", ""))
+    return found
+
+
+EXTRA_CLUSTERS = _extra_clusters()
+CLUSTER_OF_FILE = {
+    "tests/integration/test_training_jobs.py": 2,
+    "tests/resilience/test_health_drills.py": 2,
+    "tests/api/test_python_api.py": 2,
+    "tests/safety/test_script_injection.py": 3,
+    "tests/bench/test_bench_scaling.py": 3,
+    "tests/ops/test_sweep_array.py": 3,
+    "tests/ops/test_cancel_resume.py": 3,
+    "tests/ops/test_real_training.py": 3,
+    "tests/ops/test_requeue_and_follow.py": 3,
+    "tests/ops/test_checkpoint_ownership.py": 3,
+    "tests/ops/test_gpu_hours.py": 3,
+    "tests/ops/test_chain.py": 3,
+    "tests/ops/test_preempted_run.py": 3,
+}
+
+
+def cluster_of(path: str) -> int:
+    """The dev cluster a Slurm test file runs on: its listed one where tools/test started it
+    (with two clusters, the third's files go to the second), else cluster 1."""
+    wanted = CLUSTER_OF_FILE.get(path, 1)
+    while wanted > 1 and wanted not in EXTRA_CLUSTERS:
+        wanted -= 1
+    return wanted
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,17 +65,18 @@ def worker_group(path: str) -> str:
     ``--dist loadscope``; the tests of one group run on one worker, one after another), from
     the test file (``tests/...py``, relative to the repository):
 
-    * ``slurm``: every file with a test that uses the dev Slurm cluster. A cluster is one
-      shared resource (three nodes; a preemption drill takes every node of a partition), so its
-      tests never run beside each other, whatever their folder. Where ``tools/test`` started a
-      second cluster, the files of ``ON_THE_SECOND_CLUSTER`` form a second group, ``slurm-2``,
-      that runs on it (:func:`_the_file_s_cluster`) beside the first;
+    * ``slurm``, ``slurm-2``, ``slurm-3``: every file with a test that uses a dev Slurm cluster,
+      one group per cluster (:func:`cluster_of`). A cluster is one shared resource (three
+      nodes; a preemption drill takes every node of a partition), so its tests never run beside
+      each other, whatever their folder; the clusters run side by side
+      (:func:`_the_file_s_cluster`);
     * ``megatron-workspace``: the runtime tests that share the session workspace (the prepared
       corpus, the exported initial weights and the reference runs trained once), made once;
     * otherwise the file itself, so a module-scoped fixture is made once."""
     text = (REPO / path).read_text()
     if "slurm_cluster" in text or "mark.slurm" in text:
-        return "slurm-2" if SECOND_CONF and path in ON_THE_SECOND_CLUSTER else "slurm"
+        n = cluster_of(path)
+        return "slurm" if n == 1 else f"slurm-{n}"
     if re.search(r"def test_\w+\([^)]*\bws\b", text):
         return "megatron-workspace"
     return path
@@ -69,7 +96,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             # the Slurm groups are the longest chains: each starts first, on a worker of its own
-            for scope in ("slurm-2", "slurm"):
+            for scope in ("slurm-3", "slurm-2", "slurm"):
                 if scope in self.workqueue:
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
@@ -80,19 +107,21 @@ def pytest_xdist_make_scheduler(config, log):
 @pytest.fixture(scope="module", autouse=True)
 def _the_file_s_cluster(request):
     """The dev cluster of this test file's group: ``SLURM_CONF`` (which every Slurm command and
-    every process a test starts reads) points to the second cluster for the files of
-    ``slurm-2``, for as long as the file's tests and fixtures run."""
+    every process a test starts reads) and ``HPCTRAIN_DEV_CLUSTER_DIR`` point to the file's
+    extra cluster (:func:`cluster_of`), for as long as the file's tests and fixtures run."""
     path = Path(str(request.fspath)).resolve()
     try:
         rel = str(path.relative_to(REPO))
     except ValueError:
         rel = ""
-    if not (rel and worker_group(rel) == "slurm-2"):
+    n = cluster_of(rel) if rel and worker_group(rel).startswith("slurm") else 1
+    if n == 1:
         yield
         return
+    conf, folder = EXTRA_CLUSTERS[n]
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPCTRAIN_DEV_CLUSTER_DIR")}
-    os.environ["SLURM_CONF"] = SECOND_CONF
-    os.environ["HPCTRAIN_DEV_CLUSTER_DIR"] = os.environ.get("HPCTRAIN_TEST_DEV_CLUSTER_DIR_2", "")
+    os.environ["SLURM_CONF"] = conf
+    os.environ["HPCTRAIN_DEV_CLUSTER_DIR"] = folder
     try:
         yield
     finally:
