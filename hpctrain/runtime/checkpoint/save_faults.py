@@ -184,7 +184,13 @@ def save_fault(exc: BaseException, *, step: int | None, path, newest: str | None
         return None
     kept = (f"the newest complete checkpoint, {newest}, is intact and is what the run resumes "
             f"from" if newest else "no complete checkpoint was saved before it")
-    return SaveFault(f"{head}; {kept}; {fix}, then `hpctrain resume {run_id}`")
+    return SaveFault(one_line(f"{head}; {kept}; {fix}, then `hpctrain resume {run_id}`"))
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that could break the line (a newline in a file name or
+    in a peer's error) written as its escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @contextlib.contextmanager
