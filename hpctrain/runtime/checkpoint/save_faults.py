@@ -41,7 +41,7 @@ FAULTS = {
     errno.ENOTCONN: "the file system is no longer connected",
     errno.ENODEV: "the file system is gone",
 }
-# what to do about each fault, after the storage is fixed the run continues with `resume`
+# what to do about each fault (then the run continues with `hpctrain resume`)
 FIXES = {
     errno.ENOSPC: "free space on that file system (or set storage.checkpoint_root to another one)",
     errno.EDQUOT: "free space within your quota (or set storage.checkpoint_root elsewhere)",
@@ -85,7 +85,8 @@ TRACEBACK_HEADER = "the traceback (kept in this rank's log):"
 
 
 class SaveFault(HpcTrainError):
-    """A checkpoint save failed on the storage; the message is the one line to show."""
+    """A checkpoint save failed on the storage or lost a peer; the message is the one line to
+    show."""
 
 
 def _causes(exc: BaseException):
