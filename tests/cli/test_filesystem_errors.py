@@ -137,13 +137,11 @@ def test_a_run_folder_on_a_read_only_file_system(tmp_path):
 
 def test_a_runs_folder_the_user_cannot_write(tmp_path):
     """The runs folder is 0555 and hpctrain runs as another uid (a user namespace without
-    capabilities: root's override does not reach it)."""
+    capabilities: root's override does not reach it; outside, it is this user)."""
     from tests.faulty_storage import CLI, run_in_namespace
     (tmp_path / "out").mkdir()
-    (tmp_path / "out").chmod(0o777)
-    tmp_path.chmod(0o755)
     base = tmp_path / "base"
-    base.mkdir(mode=0o755)
+    base.mkdir()
     proc = run_in_namespace(CLI + FIRST_RUN + 'chmod 0555 "$1/runs"', str(base), mount=False,
                             out=tmp_path / "out")
     assert proc.returncode == 0, proc.stderr

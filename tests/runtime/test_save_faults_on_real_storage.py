@@ -6,12 +6,6 @@ torch (``save_on_faulty_storage.py`` runs rank 0's own steps on the storage)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
-import pytest
-
 from tests.faulty_storage import json_lines, run_in_namespace
 
 PROBE = "tests/runtime/save_on_faulty_storage.py"
@@ -64,30 +58,19 @@ def test_a_save_on_a_read_only_file_system(tmp_path):
     assert after["partials"] == []
 
 
-@pytest.fixture
-def shared_tmp():
-    """A folder another uid can reach (pytest's own are 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="hpctrain-eacces-"))
-    path.chmod(0o755)
-    yield path
-    for p in [path, *path.rglob("*")]:
-        if p.is_dir() and not p.is_symlink():
-            p.chmod(0o755)
-    import shutil
-    shutil.rmtree(path)
-
-
-def test_a_save_into_a_folder_the_user_cannot_write(shared_tmp):
+def test_a_save_into_a_folder_the_user_cannot_write(tmp_path):
     """EACCES: the checkpoint folder is 0555 and the writer runs as another uid (a user
-    namespace without capabilities: root's override does not reach it)."""
+    namespace without capabilities: root's override does not reach it; outside, it is this
+    user, so everything else it reads is its own)."""
     proc = run_in_namespace(f'{PROBE_IN} save 3 65536 state && chmod 0555 "$1/ck"',
-                            str(shared_tmp), mount=False)
+                            str(tmp_path), mount=False)
     _, before = json_lines(proc)
-    proc = run_in_namespace(f"{PROBE_IN} save 6 65536", str(shared_tmp), other_user=True)
+    proc = run_in_namespace(f"{PROBE_IN} save 6 65536", str(tmp_path), other_user=True)
     (fault,) = json_lines(proc)
-    (after,) = json_lines(run_in_namespace(f"{PROBE_IN} state", str(shared_tmp), mount=False))
-    root = f"{shared_tmp}/ck"
+    (after,) = json_lines(run_in_namespace(f"{PROBE_IN} state", str(tmp_path), mount=False))
+    root = f"{tmp_path}/ck"
     _checked(before, fault, after, root,
              f"permission denied (EACCES: {root}/.partial-step-00000006-a1)",
              "let the job's user write that folder (chmod/chown)")
     assert after["partials"] == []
+    (tmp_path / "ck").chmod(0o755)
