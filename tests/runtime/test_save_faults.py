@@ -184,12 +184,11 @@ def test_the_door_gives_one_line_or_passes_the_error_on():
     words in any text, torch's CheckpointException with any ranks' failures): the door says
     one line, of the right kind (a storage fault first, then a write failed elsewhere, then a
     lost peer), or passes the error on unchanged."""
-    from hypothesis import given, settings
+    from hypothesis import given
 
     from hpctrain.runtime.checkpoint.save_faults import FAULTS, PEER_LOST, SaveFault
 
-    @settings(max_examples=120, deadline=None, derandomize=True)
-    @given(_exceptions())
+    @given(_exceptions())     # the suite's budget and seed (tests/conftest.py)
     def check(exc):
         fault = save_fault(exc, step=6, path="/ck", newest=None, run_id="r")
         chain = _all(exc)

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from hpctrain.record.files import RunFileError, append_jsonl, open_for_append
 
@@ -45,7 +45,6 @@ def _make(path: Path, kind: str, outside: Path) -> None:
         path.symlink_to("/dev/null")
 
 
-@settings(max_examples=len(KINDS) * 3, deadline=None, derandomize=True)
 @given(kind=st.sampled_from(KINDS), truncate=st.booleans(), jsonl=st.booleans())
 def test_a_run_file_is_written_only_if_it_is_a_regular_file(tmp_path_factory, kind, truncate,
                                                             jsonl):
