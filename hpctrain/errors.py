@@ -70,18 +70,29 @@ _OS_ERRORS = {
     "ENOSPC": ("no space left on the device", exit_codes.FAILED),
     "EDQUOT": ("disk quota exceeded", exit_codes.FAILED),
 }
+# what to do about the faults of the storage a command writes to (runs roots, run folders,
+# outputs); the others name what is wrong with the path itself, which is the fix
+_OS_FIXES = {
+    "EACCES": "give your user access to it (chmod/chown) or choose another folder",
+    "EPERM": "give your user access to it (chmod/chown) or choose another folder",
+    "EROFS": "remount it writable or choose a folder on a writable file system",
+    "ENOSPC": "free space on that file system or choose another one",
+    "EDQUOT": "free space within your quota or choose another file system",
+}
 
 
 def from_os_error(e: OSError) -> HpcTrainError:
-    """One line for a filesystem error that reached the CLI: the path and what is wrong."""
+    """One line for a filesystem error that reached the CLI: the path, what is wrong and, for
+    a fault of the storage (permission, read-only, full), what to do."""
     import errno as errno_names
 
     name = errno_names.errorcode.get(e.errno or 0, "")
     what, code = _OS_ERRORS.get(name, (e.strerror or str(e), exit_codes.FAILED))
     paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
     where = " -> ".join(_short_path(p) for p in paths) if paths else "a file"
-    err = (UsageError if code == exit_codes.USAGE else HpcTrainError)(f"{where}: {what}")
-    return err
+    fix = _OS_FIXES.get(name)
+    text = f"{where}: {what}; {fix}" if fix else f"{where}: {what}"
+    return (UsageError if code == exit_codes.USAGE else HpcTrainError)(text)
 
 
 def _short_path(text: str) -> str:

@@ -401,6 +401,13 @@ def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = True) ->
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None and e.errno is not None:
+            # a write's or fsync's error names no file (ENOSPC, EDQUOT, EIO): name the one
+            # being written, so the one line says where (errors.from_os_error)
+            raise type(e)(e.errno, e.strerror, str(p)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

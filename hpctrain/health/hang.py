@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -177,8 +178,10 @@ def claim_verdict(attempt_dir: Path, verdict: Verdict) -> Verdict:
     to a temporary file and linked into place: the link fails when a verdict exists, and a
     reader never sees a half-written one."""
     path = verdict_path(attempt_dir)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(verdict.to_dict(), indent=1))
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # never a planted link
+    tmp = Path(name)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(verdict.to_dict(), indent=1))
     try:
         os.link(tmp, path)
     except FileExistsError:

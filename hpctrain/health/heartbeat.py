@@ -17,7 +17,6 @@ nodes.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -66,11 +65,8 @@ def beat_path(attempt_dir: Path, rank: int) -> Path:
 def write_beat(attempt_dir: Path, beat: Beat) -> None:
     """Atomic: a reader sees the previous beat or this one, never half of one. No fsync: a
     beat lost to a crash is replaced a few seconds later or no longer matters."""
-    path = beat_path(attempt_dir, beat.rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(beat.to_dict()))
-    os.replace(tmp, path)
+    from ..config.yamlio import write_atomic
+    write_atomic(beat_path(attempt_dir, beat.rank), json.dumps(beat.to_dict()), durable=False)
 
 
 def read_beats(attempt_dir: Path) -> dict[int, Beat]:

@@ -78,6 +78,47 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
+def open_for_append(path: Path, *, truncate: bool = False) -> int:
+    """A descriptor on ``path`` for appending (or, ``truncate``, writing afresh), created 0644
+    if absent; only a regular file: opened without blocking or following a symbolic link and
+    checked after opening, so a FIFO left in a log's place is an error naming it, never a rank
+    that hangs at its start, and a link never sends the writes out of the run folder. The
+    descriptor is blocking again when returned. Raises :class:`RunFileError` naming the path
+    and the fix."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise RunFileError(f"cannot write {path}: {_why(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunFileError(f"cannot write {path}: not a regular file; move it away")
+        if truncate:
+            os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except BaseException as e:
+        os.close(fd)
+        if isinstance(e, OSError):
+            raise RunFileError(f"cannot write {path}: {_why(e)}") from None
+        raise
+    return fd
+
+
+def _why(e: OSError) -> str:
+    """What is wrong, and for the storage's faults what to do (errors.from_os_error's words);
+    a symbolic link or a FIFO in a file's place (ELOOP from O_NOFOLLOW, ENXIO from a FIFO
+    opened for writing without blocking) is said as such."""
+    import errno
+    if e.errno == errno.ELOOP:
+        return "is a symbolic link, not a regular file; move it away"
+    if e.errno == errno.ENXIO:     # O_WRONLY | O_NONBLOCK on a FIFO that nobody reads
+        return "is a FIFO or a device, not a regular file; move it away"
+    from ..errors import from_os_error
+    text = str(from_os_error(OSError(e.errno, e.strerror)))
+    return text.split(": ", 1)[1] if ": " in text else (e.strerror or str(e))
+
+
 def append_jsonl(path: Path, record: dict) -> None:
     """Append one record as one line (one ``write`` under ``flock``, fsynced). A line torn by a
     writer killed mid-write is closed first, so it never swallows the next record. Only a
@@ -89,7 +130,7 @@ def append_jsonl(path: Path, record: dict) -> None:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o666)
     except OSError as e:
-        raise RunFileError(f"cannot append to {path}: {e.strerror}") from None
+        raise RunFileError(f"cannot append to {path}: {_why(e)}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -102,7 +143,7 @@ def append_jsonl(path: Path, record: dict) -> None:
         os.write(fd, line)
         os.fsync(fd)
     except OSError as e:
-        raise RunFileError(f"cannot append to {path}: {e.strerror}") from None
+        raise RunFileError(f"cannot append to {path}: {_why(e)}") from None
     finally:
         os.close(fd)   # releases the lock
 

@@ -18,9 +18,10 @@ logger = logging.getLogger("hpctrain")
 
 
 def redirect_output(path: Path) -> None:
-    """Point this process's fds 1 and 2 at ``path`` (appending)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    """Point this process's fds 1 and 2 at ``path`` (appending; a regular file only, through
+    the run folder's door: a FIFO or a link there is an error naming it, not a hang)."""
+    from ..record.files import open_for_append
+    fd = open_for_append(Path(path))
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)

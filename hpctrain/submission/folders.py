@@ -45,21 +45,27 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     if job.checkpoint.dir and own_checkpoint_folder:
         job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)
     job = decided(resolved).job           # the run records the format every attempt uses
-    yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
-    yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
-    run.update_meta(run_id=run.id, name=job.name, profile=profile.name, scheduler=profile.scheduler,
-                    created=now_iso(), hpctrain_version=__version__, job_source=source,
-                    layout=resolved.layout.describe(), world_size=profile.world_size,
-                    total_steps=job.train.steps,
-                    checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
-    run.logs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
+        yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(profile)))
+        run.update_meta(run_id=run.id, name=job.name, profile=profile.name,
+                        scheduler=profile.scheduler, created=now_iso(),
+                        hpctrain_version=__version__, job_source=source,
+                        layout=resolved.layout.describe(), world_size=profile.world_size,
+                        total_steps=job.train.steps,
+                        checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
+        run.logs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        remove_refused_run(run)     # the storage refused it (full, read-only): no half run left
+        raise
     return run
 
 
 def remove_refused_run(run: RunFolder) -> None:
     """Remove the run folder that ``prepare_run`` created in this same submission, whose first
     job was then refused before it was queued (another submission claimed ``checkpoint.dir``
-    between this one's check and its claim): a refused submission leaves nothing behind.
+    between this one's check and its claim), or whose files the storage refused (full,
+    read-only): a refused submission leaves nothing behind.
 
     Only for a folder this call created; one that records a job is kept. The folder holds only
     what ``prepare_run`` wrote (nothing ran in it), so removing it loses nothing; if that

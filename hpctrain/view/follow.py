@@ -19,7 +19,7 @@ from ..record import reader
 from ..record.folder import RunFolder
 from ..scheduler.state import live_jobs
 
-# runtime.checkpoint.manager.TRACEBACK_HEADER (the view does not import the runtime)
+# runtime.checkpoint.save_faults.TRACEBACK_HEADER (the view does not import the runtime)
 TRACEBACK_HEADER = "the traceback (kept in this rank's log):"
 NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "DeprecationWarning")
 

@@ -85,3 +85,68 @@ def test_every_os_error_is_one_line_naming_the_path(code, name):
 def test_output_door_refuses_what_is_not_a_regular_file(path):
     with pytest.raises(UsageError, match="give the path of a regular file"):
         check_output_file(path, "--output")
+
+
+# Run folders on storage that refuses writes, made for real (tests/faulty_storage.py): the
+# command that writes (submit) ends with one Error line naming the file and the fix; the run
+# already there keeps every byte and still lists; no half-made run folder is left.
+FIRST_RUN = f'mkdir -p "$1/runs"\ncli first submit {TINY} --dry-run --runs-dir "$1/runs"\n' \
+            'sums "$1/runs" >"$OUT/before.sums"\n'
+AFTER = f'cli second submit {TINY} --dry-run --runs-dir "$1/runs"\n' \
+        'sums "$1/runs" >"$OUT/after.sums"\nls "$1/runs" >"$OUT/folders"\n' \
+        'cli runs runs --runs-dir "$1/runs"\n'
+
+
+def _storage_refused(out: Path, code: int, *needles: str) -> None:
+    from tests.faulty_storage import cli_result
+    assert cli_result(out, "first")[0] == 0, cli_result(out, "first")
+    rc, _, err = cli_result(out, "second")
+    lines = err.strip().splitlines()
+    assert rc == code and len(lines) == 1 and lines[0].startswith("Error: "), (rc, err)
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert (out / "before.sums").read_text() == (out / "after.sums").read_text()
+    (run,) = (out / "folders").read_text().split()          # no half-made second run
+    rc, listing, err = cli_result(out, "runs")
+    assert rc == 0 and run in listing, (rc, listing, err)
+
+
+def test_a_run_folder_on_a_full_file_system(tmp_path):
+    from tests.faulty_storage import CLI, run_in_namespace
+    (tmp_path / "out").mkdir()
+    (tmp_path / "mnt").mkdir()
+    proc = run_in_namespace(CLI + 'mount -t tmpfs -o size=256k tmpfs "$1" || exit 9\n' + FIRST_RUN
+                            + 'dd if=/dev/zero of="$1/fill" bs=4k 2>/dev/null\n' + AFTER,
+                            str(tmp_path / "mnt"), out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    _storage_refused(tmp_path / "out", 1, f"{tmp_path}/mnt/runs/", "no space left on the device",
+                     "free space on that file system")
+
+
+def test_a_run_folder_on_a_read_only_file_system(tmp_path):
+    from tests.faulty_storage import CLI, run_in_namespace
+    (tmp_path / "out").mkdir()
+    (tmp_path / "mnt").mkdir()
+    proc = run_in_namespace(CLI + 'mount -t tmpfs -o size=1m tmpfs "$1" || exit 9\n' + FIRST_RUN
+                            + 'mount -o remount,ro "$1" || exit 9\n' + AFTER,
+                            str(tmp_path / "mnt"), out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    _storage_refused(tmp_path / "out", 2, f"{tmp_path}/mnt/runs", "read-only",
+                     "choose a folder on a writable file system")
+
+
+def test_a_runs_folder_the_user_cannot_write(tmp_path):
+    """The runs folder is 0555 and hpctrain runs as another uid (a user namespace without
+    capabilities: root's override does not reach it; outside, it is this user)."""
+    from tests.faulty_storage import CLI, run_in_namespace
+    (tmp_path / "out").mkdir()
+    base = tmp_path / "base"
+    base.mkdir()
+    proc = run_in_namespace(CLI + FIRST_RUN + 'chmod 0555 "$1/runs"', str(base), mount=False,
+                            out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_in_namespace(CLI + AFTER, str(base), other_user=True, out=tmp_path / "out")
+    (base / "runs").chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    _storage_refused(tmp_path / "out", 2, f"{base}/runs", "permission denied",
+                     "give your user access to it")

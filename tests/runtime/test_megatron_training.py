@@ -139,15 +139,29 @@ def test_signal_saves_exits_75_and_requeued_attempt_finishes_identically(ws):
 
 
 def test_rank_killed_while_saving_resumes_from_the_previous_checkpoint(ws):
+    """Rank 1 dies after writing its shards of step 6, while rank 0 is inside the save's
+    collectives (the gather of the write results): rank 0 ends with the save fault's one line
+    (the save aborted by a lost peer, the previous checkpoint intact), not gloo's traceback;
+    the partial save is never published and the resume sets it aside."""
     run = ws.new_run("kill-during-save", "dp2_zero1",
                      checkpoint={"interval_steps": 3, "async_save": False})
-    res = launch(run.path, 2, env={"HPCTRAIN_TEST_KILL_DURING_SAVE": "1@6"})
-    assert res.codes[1] == -signal.SIGKILL and res.codes[0] != 0, _explain(res)
+    res = launch(run.path, 2, env={"HPCTRAIN_TEST_KILL_DURING_SAVE": "1@6"},
+                 kill_on_failure=False)       # rank 0 must notice the lost peer itself
+    assert res.codes[1] == -signal.SIGKILL and res.codes[0] == 1, _explain(res)
     root = run.path / "checkpoints"
     assert [s for s, _ in store.complete_checkpoints(root)] == [3]
     (partial,) = store.partial_checkpoints(root)
     assert partial.name.startswith(".partial-step-00000006")
     assert store.read_latest(root) == "step-00000003"
+    message = result(run, 1)["message"]
+    assert message.startswith(f"checkpoint save of step 6 to {root} aborted: another rank died "
+                              "or stopped answering inside the save's collectives ("), message
+    assert f"{root}/step-00000003, is intact" in message and "\n" not in message, message
+    from hpctrain.record.culprit import peer_vanished
+    assert peer_vanished(message)         # the ledger blames the rank that died, not rank 0
+    out = res.output(0)
+    assert out.count("checkpoint: checkpoint save of step 6") == 1, out[-3000:]
+    assert "Traceback" not in out.split("rank 0: attempt 1 failed")[1], out[-3000:]
 
     res = launch(run.path, 2, env={"HPCTRAIN_ATTEMPT": "2"})   # as the batch script numbers it
     assert res.codes == [0, 0], _explain(res)

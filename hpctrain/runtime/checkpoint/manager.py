@@ -19,7 +19,6 @@ tried.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -42,11 +41,7 @@ from .staging import staging_estimate
 from . import state as ckstate
 from . import writer
 from .results_queue import install_results_queue
-from .save_faults import SaveFault, save_fault
-
-# The line before a save fault's traceback in a rank log; following a run (``submit --wait``)
-# shows the fault's one line and hides the indented traceback under this one.
-TRACEBACK_HEADER = "the traceback (kept in this rank's log):"
+from .save_faults import SaveFault, save_fault, save_faults_in_one_line
 
 SIDECAR = ".crc-rank{rank}.json"
 
@@ -178,30 +173,22 @@ class Checkpointer:
             self._queue = AsyncCallsQueue(persistent=False)
         return self._queue
 
-    @contextlib.contextmanager
     def _storage_faults(self, step: int | None):
         """A save that fails on the storage (no space, quota, permission, read-only or vanished
-        file system) ends the attempt with one line (:mod:`.save_faults`) naming the path, the
-        fault and the newest complete checkpoint, which stays intact; the traceback goes to
-        this rank's log only (``submit --wait`` does not show it)."""
-        try:
-            yield
-        except (KeyboardInterrupt, SystemExit, GeneratorExit, SaveFault):
-            raise
-        except BaseException as e:   # torch's CheckpointException is a BaseException
-            if step is None and self.pending:
-                step = self.pending[0]["step"]
-            newest = self.last_published_path or store.read_latest(self.root)
-            if newest and not os.path.isabs(newest):
-                newest = str(self.root / newest)
-            fault = save_fault(e, step=step, path=self.root, newest=newest,
-                               run_id=self.ctx.run.id)
-            if fault is None:
-                raise
-            import traceback
-            detail = "".join(traceback.format_exception(e)).rstrip().replace("\n", "\n    ")
-            logger.info(f"checkpoint: {fault}\n{TRACEBACK_HEADER}\n    {detail}")
-            raise fault from None
+        file system) or loses a peer inside its collectives ends the attempt with one line
+        (:func:`.save_faults.save_faults_in_one_line`, the one door) naming the path, the fault
+        and the newest complete checkpoint, which stays intact; the traceback goes to this
+        rank's log only (``submit --wait`` does not show it)."""
+        if step is None and self.pending:
+            step = self.pending[0]["step"]
+        return save_faults_in_one_line(step=step, path=self.root, newest=self._newest_complete,
+                                       run_id=self.ctx.run.id, log=logger.info)
+
+    def _newest_complete(self) -> str | None:
+        newest = self.last_published_path or store.read_latest(self.root)
+        if newest and not os.path.isabs(newest):
+            newest = str(self.root / newest)
+        return newest
 
     def save(self, step: int, common: dict, reason: str, sync: bool) -> dict:
         """Save at ``step`` (collective). Returns timings; sync saves are published on return."""

@@ -50,6 +50,7 @@ class ChecksumStream(io.RawIOBase):
 
     def __init__(self, path: str) -> None:
         super().__init__()
+        self.path = path
         self.file = open(path, "wb", buffering=0)
         self.position = 0
         self.crc = 0
@@ -66,10 +67,20 @@ class ChecksumStream(io.RawIOBase):
         if self._item_start is not None:
             self.item_crc = crc32c.crc32c(view, self.item_crc)
         written = 0
-        while written < len(view):
-            written += self.file.write(view[written:])
+        try:
+            while written < len(view):
+                written += self.file.write(view[written:])
+        except OSError as e:
+            self._raise_named(e)
         self.position += written
         return written
+
+    def _raise_named(self, error: OSError):
+        """A write's or fsync's OSError names no file (ENOSPC, EIO, EFBIG): raise it naming
+        this one, so the save fault says which file the storage refused."""
+        if error.filename is not None or error.errno is None:
+            raise error
+        raise type(error)(error.errno, error.strerror, self.path) from error
 
     def tell(self) -> int:
         return self.position
@@ -91,7 +102,10 @@ class ChecksumStream(io.RawIOBase):
         pass     # torch's stream wrappers close their view of it; finish() closes the file
 
     def finish(self) -> dict:
-        os.fsync(self.file.fileno())
+        try:
+            os.fsync(self.file.fileno())
+        except OSError as e:
+            self._raise_named(e)
         self.file.close()
         return {"size": self.position, CHECKSUM: crc_hex(self.crc), "items": self.items}
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ... import exit_codes
 from ...identity import OTHER_LAUNCHERS_VARIABLES, free_port
+from ...record.files import open_for_append
 
 
 @dataclass
@@ -79,7 +80,8 @@ def start_ranks(argv: list[str], log_dir: str | os.PathLike, *, nodes: int = 1,
             e.pop(k, None)
         if names:
             e["HPCTRAIN_TEST_NODE_NAME"] = names[rank // ranks_per_node]
-        with open(log_dir / f"rank-{rank}.log", "wb") as log:
+        with os.fdopen(open_for_append(Path(log_dir) / f"rank-{rank}.log", truncate=True),
+                       "wb") as log:
             ranks.procs.append(subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, start_new_session=True))
     return ranks
