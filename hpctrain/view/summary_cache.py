@@ -61,12 +61,18 @@ def cached_row(run: RunFolder, print_: list) -> dict | None:
         data = reader.read_json(str(run.path) + os.sep + CACHE_FILE)
     except RunFileError:
         return None
-    if not data or data.get("format") != FORMAT or data.get("fingerprint") != print_:
+    if not data or data.get("format") != FORMAT:
         return None
-    row = data.get("row")
-    if not isinstance(row, dict) or row.get("state") not in SETTLED:
+    row = valid_row(data.get("fingerprint"), data.get("row"), print_)
+    return None if row is None else {**row, "run": run.id, "run_dir": str(run.path)}
+
+
+def valid_row(kept_print, row, print_: list) -> dict | None:
+    """``row`` (as kept, without the folder's own fields) when it was kept for the fingerprint
+    ``print_`` and holds a state the run's files alone decide; None otherwise."""
+    if kept_print != print_ or not isinstance(row, dict) or row.get("state") not in SETTLED:
         return None
-    return {**row, "run": run.id, "run_dir": str(run.path)}
+    return row
 
 
 def keepable(row: dict, accounted: bool) -> bool:
@@ -77,27 +83,48 @@ def keepable(row: dict, accounted: bool) -> bool:
         or row.get("state") == NOT_SUBMITTED
 
 
+def bare(row: dict) -> dict:
+    """``row`` without the fields filled in from where the folder is now."""
+    return {k: v for k, v in row.items() if k not in _PER_FOLDER}
+
+
 def keep_row(run: RunFolder, print_: list, row: dict) -> None:
     """Replace the run's kept row; a folder that cannot be written (read-only, another
     user's) just is not sped up."""
     from ..config import yamlio
-    data = {"format": FORMAT, "fingerprint": print_,
-            "row": {k: v for k, v in row.items() if k not in _PER_FOLDER}}
+    data = {"format": FORMAT, "fingerprint": print_, "row": bare(row)}
     try:
         yamlio.write_atomic(run.path / CACHE_FILE, json.dumps(data), durable=False)
     except (OSError, ValueError, TypeError):
         pass
 
 
-def summaries(runs: list[RunFolder]) -> list[dict]:
+def summaries(runs: list[RunFolder], kept: dict | None = None,
+              keep: dict | None = None) -> list[dict]:
     """The rows of ``runs`` (``RunView.summary``), in order: kept rows where they hold, the
-    others built with one scheduler query and one accounting query per backend."""
+    others built with one scheduler query and one accounting query per backend.
+
+    ``kept`` (the runs index's entries, :mod:`.runs_index`): ``[fingerprint, row]`` by folder
+    name, tried before each run's own file. ``keep``, when given, receives ``[fingerprint,
+    row]`` of every row that may be kept, by folder name: what the runs index is written from.
+    """
     rows: list[dict | None] = []
     prints: dict = {}
     stale: list[RunFolder] = []
     for run in runs:
         print_ = fingerprint(run)
-        row = cached_row(run, print_)
+        row = None
+        entry = kept.get(run.id) if kept else None
+        if isinstance(entry, list) and len(entry) == 2:
+            row = valid_row(entry[0], entry[1], print_)
+            if row is not None:
+                if keep is not None:
+                    keep[run.id] = entry
+                row = {**row, "run": run.id, "run_dir": str(run.path)}
+        if row is None:
+            row = cached_row(run, print_)
+            if row is not None and keep is not None:
+                keep[run.id] = [print_, bare(row)]
         rows.append(row)
         if row is None:
             prints[run.path] = print_      # taken before the files are read: a change while
@@ -107,7 +134,10 @@ def summaries(runs: list[RunFolder]) -> list[dict]:
         row = view.summary()
         built[view.run.path] = row
         if keepable(row, accounted=_has_accounting(view)):
-            keep_row(view.run, prints[view.run.path], row)
+            print_ = prints[view.run.path]
+            keep_row(view.run, print_, row)
+            if keep is not None:
+                keep[view.run.id] = [print_, bare(row)]
     return [row if row is not None else built[run.path] for run, row in zip(runs, rows)]
 
 

@@ -1,0 +1,133 @@
+"""The full ``hpctrain runs`` listing read from one file beside the run folders.
+
+Why: each run's row is kept in its folder (:mod:`.summary_cache`), but listing 10,000 runs
+still opened, read and parsed 10,000 small files. ``RUNS_ROOT/.runs-index.json`` holds the
+same kept rows, each with the same fingerprint of the files it was built from, so the full
+listing reads one file and stats each run's sources.
+
+What holds, whatever the file says:
+
+* The run folders are the record. Which runs are listed always comes from the runs folder
+  itself; the index only supplies the row of a run it names whose files have not changed
+  since (the same size, mtime and inode of each source as when the row was built). A run the
+  index does not name, or whose files changed, is built as before; its scheduler state is
+  asked for as before. So a run started, finished or damaged after the index was written is
+  shown as it is now, and a removed one is gone.
+* The index names runs by folder name only, never by path: it can name nothing outside its
+  own runs folder, and it is read and written only by a listing of that folder.
+* It is replaced atomically (temporary file, rename; no fsync: it can always be rebuilt), only
+  by a full listing, only when a row changed. Two listings writing at once: the last one wins
+  and, as every entry is checked when it is read, an older entry only costs building that row.
+* A checksum covers the file: a torn, cut or edited index is found as a whole, not row by row.
+  A damaged one (that, or a FIFO, a link, a folder in its place) is reported in one line,
+  ignored and rewritten; one of another format version is rewritten silently.
+* It is private to the user who wrote it (0600): its rows come from private run folders.
+  A runs folder the listing cannot write is listed as before, only not faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Callable
+
+from .. import limits
+from ..record import reader
+from ..record.files import RunFileError
+
+INDEX_FILE = ".runs-index.json"
+FORMAT = 1
+MAGIC = b"hpctrain-runs-index"
+
+
+def index_path(root: Path | str) -> str:
+    return os.path.join(str(root), INDEX_FILE)
+
+
+def encode(entries: dict) -> bytes:
+    """The file: a header line (magic, format, CRC-32 and length of the body), then the body,
+    ``{folder name: [fingerprint, row]}`` as JSON."""
+    body = json.dumps(entries, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    return b"%s %d %08x %d\n" % (MAGIC, FORMAT, zlib.crc32(body), len(body)) + body
+
+
+def decode(data: bytes) -> tuple[dict, str | None]:
+    """The entries of an index file's bytes, and what is wrong with it (None when nothing is,
+    or when it is of another format version, which is rebuilt without a word)."""
+    head, newline, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not newline or len(parts) != 4 or parts[0] != MAGIC:
+        return {}, "is not a runs index (its first line is not hpctrain's header)"
+    if parts[1] != b"%d" % FORMAT:
+        return {}, None
+    try:
+        crc, length = int(parts[2], 16), int(parts[3])
+    except ValueError:
+        return {}, "has a header that cannot be read"
+    if length != len(body) or crc != zlib.crc32(body):
+        return {}, "does not match its checksum (cut short or edited)"
+    try:
+        entries = json.loads(body)
+    except (ValueError, RecursionError):
+        return {}, "is not JSON"
+    if not isinstance(entries, dict):
+        return {}, "does not hold a JSON object"
+    return entries, None
+
+
+def read_index(root: Path | str) -> tuple[dict, str | None]:
+    """The entries of ``root``'s index ({} when there is none) and what is wrong with it, if
+    anything. Read through the run-folder reader: regular files only, never a link, bounded."""
+    try:
+        data = reader.read_bytes(index_path(root), limits.RUN_RECORD_BYTES)
+    except RunFileError as e:
+        return {}, getattr(e, "why", None) or str(e)
+    if data is None:
+        return {}, None
+    return decode(data)
+
+
+def write_index(root: Path | str, entries: dict) -> None:
+    """Replace ``root``'s index with ``entries``: a temporary file (mkstemp: mode 0600) renamed
+    over it. A folder that cannot be written, or an index that cannot be replaced (a folder
+    in its place), is not an error: the next listing builds the rows again."""
+    root = str(root)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=INDEX_FILE + ".", dir=root)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode(entries))
+        os.replace(tmp, index_path(root))
+    except (OSError, ValueError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def listing_rows(root: Path, limit: int | None = None,
+                 warn: Callable[[str], None] | None = None) -> list[dict]:
+    """The rows of ``hpctrain runs`` for ``root``, newest first.
+
+    ``-n N`` reads the N newest runs' own kept rows (cheaper than the whole index). The full
+    listing reads the index, checks each entry against its run's files and writes the index
+    again when a row changed. ``warn`` gets one line when the index was damaged."""
+    from ..ops.listing import newest_runs
+    from .summary_cache import summaries
+    runs = newest_runs(root, limit)
+    if limit is not None:
+        return summaries(runs)
+    entries, problem = read_index(root)
+    if problem and warn is not None:
+        warn(f"Warning: the runs index {index_path(root)} {problem}; it is ignored and "
+             "rebuilt from the run folders (they are the record: no run is lost).")
+    keep: dict = {}
+    rows = summaries(runs, kept=entries, keep=keep)
+    if (keep != entries or problem) and os.path.isdir(root):
+        write_index(root, keep)
+    return rows
