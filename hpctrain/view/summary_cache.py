@@ -42,8 +42,13 @@ _PER_FOLDER = ("run", "run_dir")          # filled in from where the folder is n
 
 def fingerprint(run: RunFolder) -> list:
     """``[size, mtime_ns, inode]`` of each source file (None when missing), in SOURCES order."""
+    return fingerprint_at(str(run.path))
+
+
+def fingerprint_at(folder: str) -> list:
+    """:func:`fingerprint` of the run folder at the path ``folder`` (no Path object made)."""
     out = []
-    base = str(run.path) + os.sep
+    base = folder + os.sep
     for name in SOURCES:
         try:
             st = os.stat(base + name, follow_symlinks=False)
@@ -99,36 +104,23 @@ def keep_row(run: RunFolder, print_: list, row: dict) -> None:
         pass
 
 
-def summaries(runs: list[RunFolder], kept: dict | None = None,
-              keep: dict | None = None) -> list[dict]:
+def summaries(runs: list[RunFolder], keep: dict | None = None) -> list[dict]:
     """The rows of ``runs`` (``RunView.summary``), in order: kept rows where they hold, the
-    others built with one scheduler query and one accounting query per backend.
-
-    ``kept`` (the runs index's entries, :mod:`.runs_index`): ``[fingerprint, row]`` by folder
-    name, tried before each run's own file. ``keep``, when given, receives ``[fingerprint,
-    row]`` of every row that may be kept, by folder name: what the runs index is written from.
-    """
+    others built with one scheduler query and one accounting query per backend. ``keep``,
+    when given, receives ``[fingerprint, row]`` of every row that may be kept, by folder name
+    (what the runs index, :mod:`.runs_index`, is written from)."""
     rows: list[dict | None] = []
     prints: dict = {}
     stale: list[RunFolder] = []
     for run in runs:
         print_ = fingerprint(run)
-        row = None
-        entry = kept.get(run.id) if kept else None
-        if isinstance(entry, list) and len(entry) == 2:
-            row = valid_row(entry[0], entry[1], print_)
-            if row is not None:
-                if keep is not None:
-                    keep[run.id] = entry
-                row = {**row, "run": run.id, "run_dir": str(run.path)}
-        if row is None:
-            row = cached_row(run, print_)
-            if row is not None and keep is not None:
-                keep[run.id] = [print_, bare(row)]
+        row = cached_row(run, print_)
         rows.append(row)
         if row is None:
             prints[run.path] = print_      # taken before the files are read: a change while
             stale.append(run)              # the row is built is seen at the next listing
+        elif keep is not None:
+            keep[run.id] = [print_, bare(row)]
     built = {}
     for view in add_usage(build_views(stale)):
         row = view.summary()

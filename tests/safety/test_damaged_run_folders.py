@@ -158,7 +158,7 @@ def test_a_damaged_run_folder_never_breaks_the_commands(template, tmp_path_facto
     assert {p for p in added if Path(p).name != CACHE_FILE} <= {str(root / INDEX_FILE)}, added
     if row["state"] == "DAMAGED":
         assert str(root / damaged_id / CACHE_FILE) not in added, added
-        assert damaged_id not in read_index(root)[0]
+        assert damaged_id not in read_index(root)[1]
 
 
 @pytest.mark.parametrize("target, kind", [("metrics.jsonl", "fifo"), ("ledger.jsonl", "lines"),
