@@ -37,6 +37,7 @@ from typing import Callable
 from .. import limits
 from ..record import reader
 from ..record.files import RunFileError
+from .summary_cache import SETTLED, fingerprint_at, summaries
 
 INDEX_FILE = ".runs-index.json"
 FORMAT = 1
@@ -105,17 +106,21 @@ def read_index(root: Path | str) -> tuple[list, dict, str | None]:
 
 
 def entry_row(entry, columns: list, print_: list) -> dict | None:
-    """The row an index entry keeps for a run whose fingerprint is now ``print_``; None when
-    it was kept for other files, or is not an entry at all."""
-    from .summary_cache import valid_row
-    if not isinstance(entry, list) or len(entry) != 2:
+    """The row (a new mapping) an index entry keeps for a run whose fingerprint is now
+    ``print_``; None when it was kept for other files, holds a state the run's files alone do
+    not decide, or is not an entry at all. Called once per run: kept cheap."""
+    if type(entry) is not list or len(entry) != 2 or entry[0] != print_:
         return None
     values = entry[1]
-    if isinstance(values, list):
+    if type(values) is list:
         if len(values) != len(columns):
             return None
-        values = dict(zip(columns, values))
-    return valid_row(entry[0], values, print_)
+        row = dict(zip(columns, values))
+    elif type(values) is dict:
+        row = values
+    else:
+        return None
+    return row if row.get("state") in SETTLED else None
 
 
 def write_index(root: Path | str, entries: dict) -> None:
@@ -149,7 +154,6 @@ def listing_rows(root: Path, limit: int | None = None,
     changed. ``warn`` gets one line when the index was damaged."""
     from ..ops.listing import newest_folders, newest_runs
     from ..record.folder import RunFolder
-    from .summary_cache import fingerprint_at, summaries
     if limit is not None:
         return summaries(newest_runs(root, limit))
     columns, entries, problem = read_index(root)

@@ -36,6 +36,7 @@ CACHE_FILE = ".summary.json"
 FORMAT = 1
 # the files (and the logs folder, whose attempt-N folders count attempts) a row is built from
 SOURCES = ("run.yaml", "job.yaml", "ledger.jsonl", "events.jsonl", "metrics.jsonl", "logs")
+_SOURCE_SUFFIXES = tuple(os.sep + name for name in SOURCES)
 SETTLED = (FINISHED, CANCELLED, STOPPED, NOT_SUBMITTED)
 _PER_FOLDER = ("run", "run_dir")          # filled in from where the folder is now
 
@@ -46,12 +47,13 @@ def fingerprint(run: RunFolder) -> list:
 
 
 def fingerprint_at(folder: str) -> list:
-    """:func:`fingerprint` of the run folder at the path ``folder`` (no Path object made)."""
+    """:func:`fingerprint` of the run folder at the path ``folder`` (no Path object made; the
+    listing of 10,000 runs is mostly these 60,000 ``lstat`` calls)."""
     out = []
-    base = folder + os.sep
-    for name in SOURCES:
+    lstat = os.lstat
+    for name in _SOURCE_SUFFIXES:
         try:
-            st = os.stat(base + name, follow_symlinks=False)
+            st = lstat(folder + name)
         except OSError:
             out.append(None)
             continue
