@@ -35,7 +35,7 @@ def runs(ctx, runs_dir, limit, as_json):
     if ctx.invoked_subcommand is not None:
         return
     from ..ops.listing import format_runs
-    from ..view.runs_index import listing_rows
+    from ..ops.runs_index import listing_rows
     root = runs_root(runs_dir)
     rows = listing_rows(root, limit, warn=lambda line: click.echo(line, err=True))
     if as_json:

@@ -110,7 +110,7 @@ def summaries(runs: list[RunFolder], keep: dict | None = None) -> list[dict]:
     """The rows of ``runs`` (``RunView.summary``), in order: kept rows where they hold, the
     others built with one scheduler query and one accounting query per backend. ``keep``,
     when given, receives ``[fingerprint, row]`` of every row that may be kept, by folder name
-    (what the runs index, :mod:`.runs_index`, is written from)."""
+    (what the runs index, :mod:`hpctrain.ops.runs_index`, is written from)."""
     rows: list[dict | None] = []
     prints: dict = {}
     stale: list[RunFolder] = []

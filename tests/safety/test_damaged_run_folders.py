@@ -22,7 +22,7 @@ from hypothesis import given, settings, strategies as st
 
 import hpctrain
 from hpctrain.cli import cli
-from hpctrain.view.runs_index import INDEX_FILE, read_index
+from hpctrain.ops.runs_index import INDEX_FILE, read_index
 from hpctrain.view.summary_cache import CACHE_FILE
 from tests.conftest import unix_socket_at, REPO
 

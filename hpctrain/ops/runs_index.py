@@ -1,6 +1,6 @@
 """The full ``hpctrain runs`` listing read from one file beside the run folders.
 
-Why: each run's row is kept in its folder (:mod:`.summary_cache`), but listing 10,000 runs
+Why: each run's row is kept in its folder (:mod:`hpctrain.view.summary_cache`), but listing 10,000 runs
 still opened, read and parsed 10,000 small files. ``RUNS_ROOT/.runs-index.json`` holds the
 same kept rows, each with the same fingerprint of the files it was built from, so the full
 listing reads one file and stats each run's sources.
@@ -37,7 +37,7 @@ from typing import Callable
 from .. import limits
 from ..record import reader
 from ..record.files import RunFileError
-from .summary_cache import SETTLED, fingerprint_at, summaries
+from ..view.summary_cache import SETTLED, fingerprint_at, summaries
 
 INDEX_FILE = ".runs-index.json"
 FORMAT = 1
@@ -150,9 +150,9 @@ def listing_rows(root: Path, limit: int | None = None,
 
     ``-n N`` reads the N newest runs' own kept rows (cheaper than the whole index). The full
     listing reads the index, checks each entry against its run's files, builds the rows of
-    the others (:func:`.summary_cache.summaries`) and writes the index again when a row
+    the others (:func:`hpctrain.view.summary_cache.summaries`) and writes the index again when a row
     changed. ``warn`` gets one line when the index was damaged."""
-    from ..ops.listing import newest_folders, newest_runs
+    from .listing import newest_folders, newest_runs
     from ..record.folder import RunFolder
     if limit is not None:
         return summaries(newest_runs(root, limit))
