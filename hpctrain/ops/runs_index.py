@@ -1,8 +1,8 @@
 """The full ``hpctrain runs`` listing read from one file beside the run folders.
 
-Why: each run's row is kept in its folder (:mod:`hpctrain.view.summary_cache`), but listing 10,000 runs
-still opened, read and parsed 10,000 small files. ``RUNS_ROOT/.runs-index.json`` holds the
-same kept rows, each with the same fingerprint of the files it was built from, so the full
+Why: each run's row is kept in its folder (:mod:`hpctrain.view.summary_cache`), but listing
+10,000 runs still opened, read and parsed 10,000 small files. ``RUNS_ROOT/.runs-index.json``
+holds the same kept rows, each with the same fingerprint of the files it was built from, so the full
 listing reads one file and stats each run's sources.
 
 What holds, whatever the file says:
@@ -150,8 +150,8 @@ def listing_rows(root: Path, limit: int | None = None,
 
     ``-n N`` reads the N newest runs' own kept rows (cheaper than the whole index). The full
     listing reads the index, checks each entry against its run's files, builds the rows of
-    the others (:func:`hpctrain.view.summary_cache.summaries`) and writes the index again when a row
-    changed. ``warn`` gets one line when the index was damaged."""
+    the others (:func:`hpctrain.view.summary_cache.summaries`) and writes the index again
+    when a row changed. ``warn`` gets one line when the index was damaged."""
     from .listing import newest_folders, newest_runs
     from ..record.folder import RunFolder
     if limit is not None:
