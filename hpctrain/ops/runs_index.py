@@ -123,25 +123,27 @@ def entry_row(entry, columns: list, print_: list) -> dict | None:
     return row if row.get("state") in SETTLED else None
 
 
-def write_index(root: Path | str, entries: dict) -> None:
+def write_index(root: Path | str, entries: dict) -> bool:
     """Replace ``root``'s index with ``entries`` (``{folder name: [fingerprint, row]}``): a
-    temporary file (mkstemp: mode 0600) renamed over it. A folder that cannot be written, or
-    an index that cannot be replaced (a folder in its place), is not an error: the next
-    listing builds the rows again."""
+    temporary file (mkstemp: mode 0600) renamed over it. Whether it was written: a folder
+    that cannot be written, or an index that cannot be replaced (a folder in its place), is
+    not an error; the next listing builds the rows again."""
     root = str(root)
     try:
         fd, tmp = tempfile.mkstemp(prefix=INDEX_FILE + ".", dir=root)
     except OSError:
-        return
+        return False
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(encode(entries))
         os.replace(tmp, index_path(root))
+        return True
     except (OSError, ValueError, TypeError):
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        return False
 
 
 def listing_rows(root: Path, limit: int | None = None,
@@ -157,9 +159,6 @@ def listing_rows(root: Path, limit: int | None = None,
     if limit is not None:
         return summaries(newest_runs(root, limit))
     columns, entries, problem = read_index(root)
-    if problem and warn is not None:
-        warn(f"Warning: the runs index {index_path(root)} {problem}; it is ignored and "
-             "rebuilt from the run folders (they are the record: no run is lost).")
     rows: list = []
     misses: list[int] = []
     keep: dict = {}
@@ -179,6 +178,12 @@ def listing_rows(root: Path, limit: int | None = None,
     if misses:
         for i, row in zip(misses, summaries([rows[i] for i in misses], keep=keep)):
             rows[i] = row
+    written = False
     if (problem or len(keep) != hits or len(entries) != hits) and os.path.isdir(root):
-        write_index(root, keep)
+        written = write_index(root, keep)
+    if problem and warn is not None:
+        what = ("rebuilt from the run folders" if written else
+                f"not rewritten (remove {INDEX_FILE} there, or make the folder writable)")
+        warn(f"Warning: the runs index {index_path(root)} {problem}; it was ignored (the run "
+             f"folders are the record: no run is lost) and {what}.")
     return rows
