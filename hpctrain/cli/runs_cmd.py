@@ -34,10 +34,10 @@ def runs(ctx, runs_dir, limit, as_json):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..ops.listing import format_runs, newest_runs
-    from ..view.summary_cache import summaries
+    from ..ops.listing import format_runs
+    from ..ops.runs_index import listing_rows
     root = runs_root(runs_dir)
-    rows = summaries(newest_runs(root, limit))
+    rows = listing_rows(root, limit, warn=lambda line: click.echo(line, err=True))
     if as_json:
         echo_json(rows)
         return

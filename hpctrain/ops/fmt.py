@@ -15,11 +15,22 @@ def format_table(headers: list[str], rows: list[list], *, indent: str = "") -> s
     not padded (it may be long, e.g. a decision's reason)."""
     cells = [[cell(v) for v in row] for row in rows]
     widths = [len(h) for h in headers]
-    for row in cells:
-        for i, v in enumerate(row[:len(headers)]):
-            widths[i] = max(widths[i], len(v))
+    n = len(headers)
+    if all(len(row) == n for row in cells):     # the usual table: one column at a time
+        for i, column in enumerate(zip(*cells)):
+            widths[i] = max(widths[i], max(map(len, column)))
+    else:
+        for row in cells:
+            for i, v in enumerate(row[:n]):
+                widths[i] = max(widths[i], len(v))
+    # a full row is one str.format call (10,000-row listings spend most of their formatting
+    # padding cells one by one)
+    full = (indent.replace("{", "{{").replace("}", "}}")
+            + "  ".join([f"{{:<{w}}}" for w in widths[:-1]] + ["{}"]))
 
     def line(values: list[str]) -> str:
+        if len(values) == n:
+            return full.format(*values).rstrip()
         padded = [v.ljust(widths[i]) if i < len(values) - 1 else v for i, v in enumerate(values)]
         return (indent + "  ".join(padded)).rstrip()
     return "\n".join([line(list(headers))] + [line(r) for r in cells])

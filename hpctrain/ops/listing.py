@@ -4,44 +4,42 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import HpcTrainError
-from ..record.folder import RunFolder, is_run_folder, iter_runs
+from ..record.folder import RunFolder, is_run_folder
 from .fmt import format_age, format_number, format_table, parse_iso
 
 
 _STAMP = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
 
-def sorted_runs(runs: list[RunFolder]) -> list[RunFolder]:
-    """Newest first, by creation time: the one a run id carries (``<name>-<YYYYMMDD-HHMMSS>-<hex>``,
-    the local time ``run.yaml``'s ``created`` also records), so ordering reads no file;
-    ``run.yaml``'s ``created`` for a folder named otherwise; ties by run id."""
-    return sorted(runs, key=lambda run: (_stamp(run.path.name, run), run.id), reverse=True)
-
-
 def newest_runs(root: Path, limit: int | None = None) -> list[RunFolder]:
-    """The run folders under ``root``, newest first, at most ``limit``: with a limit, only the
-    folder names are ordered (no file is read or stat'ed for that) and ``run.yaml`` is looked
-    for from the newest down until ``limit`` runs are found."""
-    if limit is None:
-        return sorted_runs(list(iter_runs(root)))
+    """The run folders under ``root``, newest first, at most ``limit``: only the folder names
+    are ordered (no file is read or stat'ed for that) and ``run.yaml`` is looked for from the
+    newest down until ``limit`` runs are found."""
+    found = []
+    for entry in newest_folders(root):
+        if len(found) == limit:
+            break
+        if is_run_folder(Path(entry.path)):
+            found.append(RunFolder(Path(entry.path)))
+    return found
+
+
+def newest_folders(root: Path) -> list[os.DirEntry]:
+    """The folders under ``root`` (run folders or not), newest first, by creation time: the
+    one a run id carries (``<name>-<YYYYMMDD-HHMMSS>-<hex>``, the local time ``run.yaml``'s
+    ``created`` also records), so ordering reads no file; ``run.yaml``'s ``created`` for a
+    folder named otherwise; ties by name."""
     try:
         entries = [e for e in os.scandir(root) if e.is_dir()]
     except OSError:
         return []
     # the path is made a Path only for a folder whose name carries no time (10,000 Path
     # objects cost more than the sort itself)
-    order = sorted(entries, key=lambda e: (_stamp(e.name, None, e.path), e.name),
-                   reverse=True)
-    found = []
-    for entry in order:
-        if len(found) == limit:
-            break
-        if is_run_folder(Path(entry.path)):
-            found.append(RunFolder(Path(entry.path)))
-    return found
+    return sorted(entries, key=lambda e: (_stamp(e.name, None, e.path), e.name), reverse=True)
 
 
 def _stamp(name: str, run: RunFolder | None, path: str | Path | None = None) -> str:
@@ -64,10 +62,12 @@ def _stamp_of(created) -> str:
 def format_runs(rows: list[dict]) -> str:
     headers = ["RUN", "PROFILE", "JOB", "STATE", "STEP", "LOSS", "ATTEMPTS", "LAST EVENT"]
     body = []
+    now = datetime.now(timezone.utc)
     for r in rows:
         state = r["state"] + (f" ({r['detail']})" if r.get("detail") and r["state"] != "STOPPED"
                               else "")
-        event = f"{r['last_event']} {format_age(r.get('last_event_time'))}" if r.get("last_event") else None
+        event = (f"{r['last_event']} {format_age(r.get('last_event_time'), now)}"
+                 if r.get("last_event") else None)
         body.append([r["run"], r.get("profile"), r.get("job_id"), state, r.get("step"),
                      format_number(r["loss"]) if r.get("loss") is not None else None,
                      r.get("attempts") or None, event])

@@ -22,6 +22,7 @@ from hypothesis import given, settings, strategies as st
 
 import hpctrain
 from hpctrain.cli import cli
+from hpctrain.ops.runs_index import INDEX_FILE, read_index
 from hpctrain.view.summary_cache import CACHE_FILE
 from tests.conftest import unix_socket_at, REPO
 
@@ -154,9 +155,10 @@ def test_a_damaged_run_folder_never_breaks_the_commands(template, tmp_path_facto
     after = _snapshot(root)
     assert {p: after.get(p) for p in before} == before            # nothing changed on disk
     added = set(after) - set(before)        # only the listing's kept rows, never a damaged run's
-    assert {Path(p).name for p in added} <= {CACHE_FILE}, added
+    assert {p for p in added if Path(p).name != CACHE_FILE} <= {str(root / INDEX_FILE)}, added
     if row["state"] == "DAMAGED":
         assert str(root / damaged_id / CACHE_FILE) not in added, added
+        assert damaged_id not in read_index(root)[1]
 
 
 @pytest.mark.parametrize("target, kind", [("metrics.jsonl", "fifo"), ("ledger.jsonl", "lines"),
