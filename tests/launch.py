@@ -296,6 +296,8 @@ def _serve() -> None:
     sys.path.insert(0, str(REPO))
     from hpctrain.runtime import cpu_shim
     cpu_shim.install()  # the tests rehearse on CPU; prepare_device would install it anyway
+    from hpctrain.runtime.versions import import_megatron_core
+    import_megatron_core()                     # as a rank does
     import megatron.core.dist_checkpointing  # noqa: F401  - the slow imports, paid once
     import megatron.core.models.gpt.gpt_model  # noqa: F401
     import megatron.core.optimizer  # noqa: F401

@@ -125,6 +125,8 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
            result: AttemptResult) -> tuple[Outcome, dict]:
     """One attempt of training on this rank, filling ``result`` in as it goes (what a
     failure midway leaves there is what result.json says)."""
+    from .versions import import_megatron_core
+    import_megatron_core()
     from ..data.blend import split_samples
     from ..data.order import FEISTEL, PERMUTATION
     from . import collectives, distributed

@@ -38,3 +38,26 @@ def check_megatron_core(found: str | None = None) -> str:
             f"{MEGATRON_CORE_VERSION} only (it relies on its internals); "
             f"pip install megatron-core=={MEGATRON_CORE_VERSION}")
     return found
+
+
+def import_megatron_core() -> None:
+    """Import megatron-core once, before any runtime module does, without Weights & Biases.
+
+    ``megatron.core``'s package import pulls in its inference engine, which imports ``wandb``
+    whenever it is installed (to log inference metrics a training run never produces): about
+    0.7 s of CPU and several hundred files per rank, paid by every rank of every attempt on a
+    machine where the W&B tracker is installed. It is hidden while megatron-core imports (its
+    inference code then sees W&B as absent), and visible again afterwards, so the W&B tracker
+    (rank 0, when the job asks for it) imports the real library. When W&B is already imported
+    nothing is hidden."""
+    import sys
+    if "megatron.core" in sys.modules:
+        return
+    hide = "wandb" not in sys.modules
+    if hide:
+        sys.modules["wandb"] = None      # `import wandb` raises ImportError meanwhile
+    try:
+        import megatron.core  # noqa: F401
+    finally:
+        if hide and sys.modules.get("wandb", 0) is None:
+            del sys.modules["wandb"]
