@@ -38,6 +38,7 @@ def test_the_rank_calls_the_door_before_importing_any_runtime_module():
     from hpctrain.runtime import entry
     body = ast.parse(inspect.getsource(entry._train)).body[0].body
     door = next(i for i, n in enumerate(body) if isinstance(n, ast.Expr)
+                and isinstance(n.value, ast.Call)
                 and getattr(n.value.func, "id", "") == "import_megatron_core")
     before = [n for n in body[:door] if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [(n.module, [a.name for a in n.names]) for n in before] == \
