@@ -9,6 +9,7 @@ From Python::
     run.metrics()                  # the metrics records
     hpctrain.plan("examples/llama2-7b.yaml", profile="h100-ib-pyxis")  # `plan --json`'s data
     hpctrain.runs()                # the run folders, newest first, as Run objects
+    hpctrain.runs_table()          # their `hpctrain runs --json` rows, in one call
     hpctrain.Run("runs/tiny-gpt-20250101-120000-ab12")                  # an existing run
 
 Importing the package is cheap on purpose (no torch, no megatron, no submitit): the names
@@ -23,9 +24,10 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute), imported on first use
 _API = {"submit": ("hpctrain.api", "submit"), "plan": ("hpctrain.api", "plan"),
-        "runs": ("hpctrain.api", "runs"), "Run": ("hpctrain.api", "Run")}
+        "runs": ("hpctrain.api", "runs"), "runs_table": ("hpctrain.api", "runs_table"),
+        "Run": ("hpctrain.api", "Run")}
 
-__all__ = ["Run", "__version__", "plan", "runs", "submit"]
+__all__ = ["Run", "__version__", "plan", "runs", "runs_table", "submit"]
 
 
 def __getattr__(name):

@@ -137,11 +137,30 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
     from .ops.listing import newest_runs
     from .record.folder import runs_root
+    _check_runs_arguments(runs_dir, limit)
+    return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
+
+
+def runs_table(runs_dir: str | Path | None = None, *, limit: int | None = None) -> list[dict]:
+    """The rows of ``hpctrain runs --json``, newest first (at most ``limit``), in one call,
+    read as the command reads them (through the runs index, each row checked against its
+    run's files): the way to rank a whole runs folder, ``pandas.DataFrame(hpctrain.runs_table())``.
+    :meth:`Run.summary` builds one run's row on its own, asking the scheduler each time. A
+    damaged index is ignored, rebuilt, and reported with :func:`warnings.warn`."""
+    import warnings
+
+    from .ops.runs_index import listing_rows
+    from .record.folder import runs_root
+    _check_runs_arguments(runs_dir, limit)
+    return listing_rows(runs_root(runs_dir), limit,
+                        warn=lambda line: warnings.warn(line, stacklevel=3))
+
+
+def _check_runs_arguments(runs_dir, limit) -> None:
     if runs_dir is not None:
         _path_or_text("runs_dir", runs_dir)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise UsageError(f"limit: expected an integer of at least 0, got {limit!r}")
-    return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
 
 
 def _path_or_text(name: str, value) -> None:
@@ -154,4 +173,4 @@ def _path_or_text(name: str, value) -> None:
                          f"(a {type(value).__name__})")
 
 
-__all__ = ["Run", "plan", "runs", "submit"]
+__all__ = ["Run", "plan", "runs", "runs_table", "submit"]

@@ -372,3 +372,25 @@ def test_runs_says_in_one_line_that_it_rebuilt_a_damaged_index(root):
     assert json.loads(result.stdout) == _truth(root)
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"Warning: the runs index {root / INDEX_FILE} "), result.stderr
+
+
+def test_the_python_api_ranks_a_runs_folder_in_one_call_from_the_index(root):
+    """``hpctrain.runs_table()`` is ``runs --json``: the same rows through the same index, a
+    damaged index a warning, bad arguments the API's usage errors."""
+    import warnings
+
+    import hpctrain
+    from hpctrain.errors import UsageError
+    cli_rows = json.loads(CliRunner().invoke(cli, ["runs", "--json"],
+                                             env={"HPCTRAIN_RUNS_DIR": str(root)}).stdout)
+    assert hpctrain.runs_table(root) == cli_rows == _truth(root)
+    assert hpctrain.runs_table(str(root), limit=2) == cli_rows[:2]
+    (root / INDEX_FILE).write_bytes(b"\x00garbage")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert hpctrain.runs_table(root) == cli_rows
+    assert [str(w.message).split(" ")[:3] for w in caught] == [["Warning:", "the", "runs"]]
+    assert _indexed(root) == _kept_names(cli_rows)
+    for bad in ({"limit": -1}, {"limit": True}, {"runs_dir": ""}):
+        with pytest.raises(UsageError):
+            hpctrain.runs_table(**bad)
