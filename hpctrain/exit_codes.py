@@ -58,8 +58,13 @@ REASONS = {
 
 
 def reason_for(code: int | None) -> ExitReason:
+    """The reason an exit code gives: the codes above first (submitit's local restart code,
+    144, is above 128 but no signal), then a signal's (negative from Python's ``subprocess``,
+    128 + the signal from a shell), else a failure."""
     if code is None:
         return ExitReason.UNKNOWN
+    if code in REASONS:
+        return REASONS[code]
     if code > 128 or code < 0:
         return ExitReason.KILLED
-    return REASONS.get(code, ExitReason.FAILED)
+    return ExitReason.FAILED
