@@ -29,13 +29,22 @@ def _rank_exits(code: int) -> int:
                           timeout=120).returncode
 
 
+# a rank that dies of a signal (its default action, whatever the caller's shell ignores)
+DIES_OF = """
+import os, signal, sys
+sig = int(sys.argv[1])
+if sig != signal.SIGKILL:
+    signal.signal(sig, signal.SIG_DFL)
+os.kill(os.getpid(), sig)
+"""
+
+
 def _killed(sig: int, by_a_shell: bool) -> int:
     """The exit code of a process ended by ``sig``, as Python or as a shell reports it."""
-    body = f"sleep 60 & kill -{int(sig)} $!; wait $!; exit $?" if by_a_shell else "sleep 60"
-    proc = subprocess.Popen(["bash", "-c", body])
-    if not by_a_shell:
-        proc.send_signal(sig)
-    return proc.wait(timeout=120)
+    argv = [sys.executable, "-c", DIES_OF, str(int(sig))]
+    if by_a_shell:
+        argv = ["bash", "-c", '"$@"; exit $?', "bash", *argv]
+    return subprocess.run(argv, timeout=120).returncode
 
 
 def test_each_reason_a_rank_exits_with_is_read_back_from_its_process():
