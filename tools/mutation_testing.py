@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 MODULES: dict[str, tuple[str, list[str]]] = {
     "requeue": ("hpctrain/record/requeue_policy.py", ["tests/runs/test_requeue_policy.py"]),
     "exit_codes": ("hpctrain/exit_codes.py", [
-        "tests/runs/test_requeue_policy.py", "tests/scheduler/test_slurm_parsers.py",
-        "tests/scheduler/test_local_exits.py", "tests/runs/test_runs_and_attempts.py"]),
+        "tests/runs/test_exit_codes.py", "tests/scheduler/test_slurm_parsers.py",
+        "tests/scheduler/test_local_exits.py", "tests/runs/test_requeue_policy.py"]),
     "attempt_end": ("hpctrain/record/attempt_end.py", [
         f"tests/runs/test_runs_and_attempts.py::test_{name}" for name in (
             "finish_attempt_merges_result_and_decides",
@@ -60,6 +60,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "bandwidth": ("hpctrain/preflight/bandwidth.py",
                   ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py",
                    "tests/preflight/test_collective.py"]),
+    "bandwidth_rows": ("hpctrain/preflight/bandwidth_rows.py",
+                       ["tests/preflight/test_bandwidth_rows.py"]),
     "checkpoint_store": ("hpctrain/record/checkpoint_store.py",
                          ["tests/runtime/test_checkpoint_store.py"]),
     "microbatches": ("hpctrain/data/gpt_dataset.py", [
@@ -77,6 +79,16 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "test_a_resume_in_the_second_epoch_and_repeated_evaluations_read_the_same_samples",
         "tests/data/test_indexed_and_prepare.py::"
         "test_a_split_too_small_for_one_sample_says_so_and_how_to_fix_it"]),
+    "order": ("hpctrain/data/order.py", ["tests/data/test_sample_order_reference.py",
+              "tests/data/test_order_tokenizers_workers.py::"
+              "test_runs_saved_with_the_former_order_keep_it"]),
+    "flops": ("hpctrain/flops.py", ["tests/plan/test_flops_megatron.py",
+                                    "tests/runtime/test_pure_logic.py"]),
+    "render": ("hpctrain/scheduler/slurm/render.py", [
+        f"tests/scheduler/test_render.py::test_{name}" for name in (
+            "rendered_script_matches_golden_file", "render_is_pure",
+            "directives_follow_the_profile", "hostile_values_are_inert",
+            "render_cli_refuses_local_profile", "step_script_of_a_job_that_trains_nothing")]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py"]),
     "safety": ("hpctrain/config/safety.py", ["tests/safety/test_script_injection.py",
                                              "tests/safety/test_bad_files.py"]),
@@ -105,7 +117,13 @@ _BEAT5 = ("both monitors (the batch shell's and the ranks' watchdogs) are built 
 _CS = "hpctrain/record/checkpoint_store.py"
 _NO_RANK = ("a candidate without a rank sorts after every rank among those of one time: any "
             "number above the largest rank count does that, 1 << 29 and 2 << 30 as well")
+_EC = "hpctrain/exit_codes.py"
+_ZERO_FIRST = ("0 is FINISHED's code, read from the table before this line: `< 0`, `<= 0` and "
+               "`< 1` agree on every code that reaches it")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_EC, "core/ReplaceComparisonOperator_Lt_LtE", "if code > 128 or code < 0:"): _ZERO_FIRST,
+    (_EC, "core/NumberReplacer", "if code > 128 or code < 0:"):
+        "0 -> 1: " + _ZERO_FIRST + " (0 -> -1 and the mutants of 128 are killed)",
     (_GD, "core/NumberReplacer", "self.num_samples = (n - 1) // seq_length if n else 0"):
         "0 -> -1 for a split without tokens: -1 is refused as 0 is, with the same message "
         "(the mutants 0 -> 1 and 1 -> 0 or 2 are killed)",
