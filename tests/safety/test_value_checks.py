@@ -1,0 +1,167 @@
+"""What a profile or job value may hold before it goes near a generated script, said back in one
+line that names the character, its position or the limit (``config/safety.py``, called in
+process: the CLI's doors are tested in test_bad_files.py and test_script_injection.py).
+
+The stories: a partition pasted from a terminal with its newline or colour codes, a run folder
+under a name of 255 bytes in a non-ASCII language, a number of many digits in a field, an
+extra directive spelled the short way, a job name that would split the job in two.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hpctrain.config import safety
+from hpctrain.config.problems import Problems
+
+
+def _problems(fn, *args) -> list[str]:
+    problems = Problems()
+    fn(*args, problems)
+    return [f"{path}: {message}" for path, message in problems.items]
+
+
+@pytest.mark.parametrize("value, where, what", [
+    ("gpu\n", 3, "a line feed (\\n)"),
+    ("\rgpu", 0, "a carriage return (\\r)"),
+    ("ab\x1b[31mc", 2, "the control character U+001B"),      # colour codes from a terminal
+    ("a\tb", 1, "a tab (\\t)"),
+    ("gpu\x85", 3, "a next-line character (U+0085)"),
+    ("x\u2028y", 1, "a line separator (U+2028)"),
+    ("x\u2029y", 1, "a paragraph separator (U+2029)"),
+])
+def test_a_value_pasted_from_a_terminal_names_the_character_and_where(value, where, what):
+    assert safety.text_problem(value) == \
+        f"holds {what} at position {where}; it must be one line of printable text"
+
+
+def test_text_that_reads_differently_from_what_it_is_is_refused():
+    assert safety.text_problem("gpu-\u202eh100") == (
+        "holds a bidirectional control (U+202E) at position 4, which makes the text display "
+        "differently from what it is")
+    assert safety.text_problem("n\udcff") == \
+        "holds an unpaired surrogate (U+DCFF) at position 1; it is not text"
+    assert safety.text_problem("données ü 東京 -_./") is None
+
+
+def test_a_value_at_the_length_limit_passes_and_one_more_character_does_not():
+    assert safety.text_problem("x" * safety.MAX_TEXT) is None
+    assert safety.text_problem("x" * (safety.MAX_TEXT + 1)) == \
+        "is 4,097 characters long; the limit is 4,096"
+    assert safety.text_problem("k" * 256, 256) is None              # a mapping key's limit
+    assert safety.text_problem("k" * 257, 256) == "is 257 characters long; the limit is 256"
+
+
+def test_the_script_allows_a_tab_but_nothing_that_ends_a_line():
+    assert safety.script_problem("a\tb") is None
+    assert safety.script_problem("/runs/a\nb") == "holds a line feed (\\n) at position 7"
+    assert safety.script_problem("a\x00") == "holds a NUL byte (\\0) at position 1"
+    assert safety.script_problem("a\u2028") == "holds a line separator (U+2028) at position 1"
+
+
+def test_a_folder_name_counts_bytes_as_the_file_system_does():
+    assert safety.path_problem("/scratch/" + "a" * 255 + "/ckpt") is None
+    # 128 two-byte letters: 128 characters, 256 bytes, one more than a name may hold
+    long_name = "é" * 128
+    assert safety.path_problem(f"/scratch/{long_name}/ckpt") == (
+        f"has a component 256 bytes long ({'é' * 12}...); a file or folder name may have at "
+        "most 255")
+    deep = "/" + "/".join(["d" * 200] * 20)
+    assert len(deep.encode()) == 4020 and safety.path_problem(deep) is None
+    too_deep = deep + "/" + "e" * 75                    # 4096 bytes: PATH_MAX counts the NUL
+    assert safety.path_problem(too_deep) == "is 4,096 bytes long; a path must be under 4,096"
+    assert safety.path_problem(too_deep[:-1]) is None
+    assert safety.path_problem("/a\0b") == "holds a NUL byte, which no file name can hold"
+    assert safety.path_problem("/a/\ud800") == "is not a valid file name on this system"
+
+
+def test_fields_are_checked_whole_and_only_when_set():
+    partition = lambda v: _problems(  # noqa: E731
+        lambda p: safety.check(safety.SLURM_NAME, v, "slurm.partition", p, "partition"))
+    assert partition("gpu") == [] and partition(None) == [] and partition("") == []
+    assert partition("gpu; rm -rf ~") == \
+        ["slurm.partition: 'gpu; rm -rf ~' is not a valid partition"]
+    assert partition("gpu\n") == ["slurm.partition: 'gpu\\n' is not a valid partition"]
+    assert partition(8) == ["slurm.partition: 8 is not a valid partition"]
+
+
+def test_paths_printed_into_the_script_and_paths_too_long_for_the_disk():
+    run = lambda v, pattern=None: _problems(  # noqa: E731
+        lambda value, path, problems: safety.check_path(value, path, problems, pattern,
+                                                        "run folder"), v, "checkpoint.dir")
+    assert run("") == [] and run(None) == [] and run("/scratch/ckpt") == []
+    assert run("/scratch/a b", safety.PATH_LIKE) == []
+    assert run("/scratch/$(id)", safety.PATH_LIKE) == [
+        "checkpoint.dir: '/scratch/$(id)' is not a valid run folder (letters, digits, spaces and "
+        "_./~+@%:=- only)"]
+    assert run("/scratch/" + "é" * 128) == [
+        f"checkpoint.dir: the run folder has a component 256 bytes long ({'é' * 12}...); a file or "
+        "folder name may have at most 255"]
+
+
+def test_a_name_holding_hetjob_would_split_the_job_and_is_refused_in_any_case():
+    for name in ("my-hetjob", "PackJob-1", "x-HETJOB"):
+        (problem,) = _problems(safety.check_sbatch_value, name, "name")
+        word = safety.het_job_word(name)
+        assert problem == (f"name: {name!r} contains {word!r}, which sbatch reads as the start of "
+                           "another heterogeneous-job component; choose another value")
+    assert _problems(safety.check_sbatch_value, "pack-job", "name") == []
+    assert _problems(safety.check_sbatch_value, 7, "name") == []
+
+
+def test_environment_variable_names():
+    ok = lambda key: _problems(  # noqa: E731
+        lambda p: safety.check_env_value(key, "v", f"env.{key}", p)) == []
+    assert ok("NCCL_DEBUG") and ok("_X1")
+    assert not ok("1BAD") and not ok("BAD-NAME") and not ok("A B")
+
+
+@pytest.mark.parametrize("directive, refusal", [
+    ("--comment=tuning", None),
+    ("--mail-type=END --mail-user=me@example.org", None),
+    ("--time=10", "--time is managed by hpctrain: set slurm.time_limit instead"),
+    ("-J x", "--job-name is managed by hpctrain (-J is sbatch's --job-name): set the job's "
+             "`name` instead"),
+    ("--no-requ", "--no-requeue is managed by hpctrain (--no-requ is sbatch's --no-requeue): "
+                  "set preemption.max_requeues: 0 instead"),
+    ("--help", "--help is not a job option: sbatch would print its help and submit nothing; "
+               "remove it"),
+    ("--comment=hetjob", "'--comment=hetjob' contains 'hetjob'"),
+    ("comment=x", "is not a valid sbatch directive"),
+    ("--comment=x  y", "is not a valid sbatch directive"),
+    ("--comment='x'", "is not a valid sbatch directive"),
+    ("", "is not a valid sbatch directive"),
+])
+def test_an_extra_directive_is_read_as_sbatch_reads_it(directive, refusal):
+    found = _problems(lambda v, p: safety.check_directive(v, "slurm.extra_directives[0]", p),
+                      directive)
+    if refusal is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and refusal in found[0], found
+        assert found[0].startswith("slurm.extra_directives[0]: ")
+    assert _problems(lambda v, p: safety.check_directive(v, "x", p), 5) == []
+
+
+def test_sbatch_quoting_keeps_plain_values_bare_and_quotes_the_rest():
+    assert safety.sbatch_quote("gpu,debug") == "gpu,debug"
+    assert safety.sbatch_quote("tiny gpt") == '"tiny gpt"'
+    assert safety.sbatch_quote('say "hi" \\o/') == '"say \\"hi\\" \\\\o/"'
+    assert safety.sbatch_quote("a#b") == '"a#b"'          # an unquoted # ends the line
+
+
+def test_a_value_in_a_message_is_shown_whole_when_short_and_cut_when_long():
+    assert safety.short("gpu") == "'gpu'"
+    assert safety.short("x" * 58) == repr("x" * 58)                   # 60 characters
+    cut = safety.short("x" * 59)
+    assert cut == "'" + "x" * 39 + "... (59 characters)"
+    assert safety.short(["a"] * 30).endswith("...") and len(safety.short(["a"] * 30)) == 43
+    assert safety.short("y" * 100, limit=30) == "'" + "y" * 9 + "... (100 characters)"
+    # a number of many digits (YAML reads 1e400-like integers whole) is described, not printed
+    assert safety.short(10**18) == "a number of about 19 digits"
+    assert safety.short(-(10**25)) == "a negative number of about 26 digits"
+    assert safety.short(10**18 - 1) == str(10**18 - 1)
+    assert safety.short(True) == "True"
+    assert re.fullmatch(r"a number of about \d+ digits", safety.short(2**4000))
