@@ -89,7 +89,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "rendered_script_matches_golden_file", "render_is_pure",
             "directives_follow_the_profile", "hostile_values_are_inert",
             "render_cli_refuses_local_profile", "step_script_of_a_job_that_trains_nothing")]),
-    "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py"]),
+    "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py",
+                                                      "tests/plan/test_plan_memory_ranks.py"]),
     # the value checks in process; test_bad_files.py and test_script_injection.py run the CLI
     # (a process per case, minutes per mutant) and kill more
     "safety": ("hpctrain/config/safety.py", ["tests/safety/test_value_checks.py"]),
