@@ -60,6 +60,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "bandwidth": ("hpctrain/preflight/bandwidth.py",
                   ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py",
                    "tests/preflight/test_collective.py"]),
+    "infiniband": ("hpctrain/preflight/infiniband.py",
+                   ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py"]),
     "bandwidth_rows": ("hpctrain/preflight/bandwidth_rows.py",
                        ["tests/preflight/test_bandwidth_rows.py"]),
     "checkpoint_store": ("hpctrain/record/checkpoint_store.py",
