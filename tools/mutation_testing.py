@@ -125,6 +125,10 @@ _EC = "hpctrain/exit_codes.py"
 _ZERO_FIRST = ("0 is FINISHED's code, read from the table before this line: `< 0`, `<= 0` and "
                "`< 1` agree on every code that reaches it")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/data/order.py", "core/ReplaceBinaryOperator_BitOr_Add",
+     "return (left << bits) | right"):
+        "the low `bits` bits of `left << bits` are 0 and `right` is masked below 2**bits: `|` "
+        "and `+` give the same number",
     (_EC, "core/ReplaceComparisonOperator_Lt_LtE", "if code > 128 or code < 0:"): _ZERO_FIRST,
     (_EC, "core/NumberReplacer", "if code > 128 or code < 0:"):
         "0 -> 1: " + _ZERO_FIRST + " (0 -> -1 and the mutants of 128 are killed)",
