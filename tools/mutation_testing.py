@@ -125,6 +125,9 @@ _EC = "hpctrain/exit_codes.py"
 _ZERO_FIRST = ("0 is FINISHED's code, read from the table before this line: `< 0`, `<= 0` and "
                "`< 1` agree on every code that reaches it")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/preflight/bandwidth_rows.py", "core/ReplaceComparisonOperator_Eq_LtE",
+     '"other jobs on it; exclude it" if level == FAIL else "")'):
+        "a node's row is `fail` or `pass`, and only `fail` sorts at or before `fail`",
     ("hpctrain/data/order.py", "core/ReplaceBinaryOperator_BitOr_Add",
      "return (left << bits) | right"):
         "the low `bits` bits of `left << bits` are 0 and `right` is masked below 2**bits: `|` "

@@ -161,3 +161,41 @@ def test_the_locate_row_names_the_culprits_or_says_all_pairs_were_fast():
     fine.note = "every pair is slow: the fabric, not one node"
     row = locate_row(fine, 3)
     assert row.status == WARN and row.measured == fine.note and "fabric" in row.fix
+
+
+def _gpu_sweep(plateau_gbs: float, n: int) -> dict:
+    """A GPU sweep over the default sizes, 1 MB to 1 GB, whose bus bandwidth rises with the
+    size to its plateau at the largest (small all-reduces are latency-bound)."""
+    sizes = [int(mb * MB) for mb in (1, 4, 16, 64, 256, 1024)]
+    share = dict(zip(sizes, (0.1, 0.3, 0.6, 0.8, 0.95, 1.0)))
+    stats = group_stats(list(range(n)), sizes, _timings(
+        range(n), sizes, lambda r, s: s / 1e9 * 2 * (n - 1) / n / (plateau_gbs * share[s])))
+    stats["rows"][-1]["busbw"] = plateau_gbs
+    return stats
+
+
+def test_a_gpu_sweep_is_judged_and_described_at_its_plateau_with_its_latency():
+    profile = h100_profile()                  # 0.8 x 45 GB/s across nodes
+    stats = _gpu_sweep(40.0, 16)
+    busbw = [r["busbw"] for r in stats["rows"]]
+    assert busbw == sorted(busbw) and busbw[0] < 36 < busbw[-1]
+    row = world_row(stats, profile, nodes=2, ranks=16)
+    assert row.status == PASS           # judged at 1 GB, not at a smaller size below the floor
+    first_us = stats["rows"][0]["time_us"]
+    assert row.measured == f"busbw 40.00 GB/s at 1024 MB; {first_us:.0f} us at 1 MB"
+    assert row.detail["sweep"] == stats["rows"]
+
+
+def test_a_quick_check_of_one_size_names_only_that_size():
+    # preflight.sizes_mb: [0.5], a quick check: no latency figure from a second size
+    stats = _sweep(12.5, 4, sizes=(MB // 2,))
+    row = world_row(stats, h100_profile(), nodes=2, ranks=4)
+    assert row.measured == "busbw 12.50 GB/s at 512 KB" and row.status == FAIL
+
+
+def test_of_two_nodes_the_one_slow_next_to_the_other_fails():
+    profile = h100_profile(interconnect={"intra_node_busbw_gbs": None,
+                                         "inter_node_busbw_gbs": None})
+    rows = intra_rows({"n1": _gpu_sweep(300.0, 8), "n2": _gpu_sweep(100.0, 8)}, profile, 0.5)
+    assert [(r.node, r.status) for r in rows] == [("n1", PASS), ("n2", FAIL)]
+    assert rows[1].measured.startswith("busbw 100.00 GB/s at 1024 MB; ")
