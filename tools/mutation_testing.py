@@ -125,6 +125,13 @@ _EC = "hpctrain/exit_codes.py"
 _ZERO_FIRST = ("0 is FINISHED's code, read from the table before this line: `< 0`, `<= 0` and "
                "`< 1` agree on every code that reaches it")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/flops.py", "core/ReplaceComparisonOperator_LtE_Eq",
+     "if not peak_tflops_per_device or step_time_s <= 0 or world_size <= 0:"):
+        "`world_size == 0` for `<= 0` (the mutants of `step_time_s <= 0` are killed): the callers "
+        "pass a job's rank count, at least 1; `<= 0` only guards the division",
+    ("hpctrain/flops.py", "core/NumberReplacer", "tp: int = 1) -> float:"):
+        "the full-square count's default TP 1 -> 0 (1 -> 2 is killed): the vocabulary is padded "
+        "to lcm(divisor, max(1, TP)), so 0 and 1 pad the same",
     ("hpctrain/preflight/bandwidth_rows.py", "core/ReplaceComparisonOperator_Eq_LtE",
      '"other jobs on it; exclude it" if level == FAIL else "")'):
         "a node's row is `fail` or `pass`, and only `fail` sorts at or before `fail`",

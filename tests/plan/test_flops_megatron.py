@@ -170,3 +170,19 @@ def test_full_attention_count_differs_only_by_the_causal_half():
     assert full - causal == pytest.approx(halved, rel=1e-12)
     # the older count reports an MFU about 7.5% higher for Llama-2 7B at s = 4096
     assert 1.07 < full / causal < 1.08
+
+
+def test_a_one_gpu_gpt2_counts_its_vocabulary_padded_for_one_rank():
+    # GPT-2 small with its vocabulary unpadded (make_vocab_size_divisible_by: 1): 50257 on one
+    # GPU, one more on two; a caller that names no TP gets the one-GPU count
+    job = make_job(GPT2_SMALL, gbs=8)
+    shape = ModelShape.from_model(job.model)
+    assert shape.padded_vocab(1) == 50257 < shape.padded_vocab(2)
+    expected = megatron_num_floating_point_operations(megatron_args(job, 1), 8)
+    assert model_flops_per_step(shape, 8) == pytest.approx(expected, rel=1e-12)
+    # the older full-square count is Narayanan et al. (2021)'s formula for a plain GPT:
+    # 72·B·s·l·h²·(1 + s/6h + V/12lh)
+    b, s, layers, h, v = 8, 1024, 12, 768, 50257
+    narayanan = 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert model_flops_per_step_full_attention(shape, 8) == pytest.approx(narayanan, rel=1e-12)
+    assert model_flops_per_step_full_attention(shape, 8, tp=2) > narayanan
