@@ -93,6 +93,7 @@ def test_paths_printed_into_the_script_and_paths_too_long_for_the_disk():
                                                         "run folder"), v, "checkpoint.dir")
     assert run("") == [] and run(None) == [] and run("/scratch/ckpt") == []
     assert run("/scratch/a b", safety.PATH_LIKE) == []
+    assert run("", safety.PATH_LIKE) == [] and run(None, safety.PATH_LIKE) == []   # unset
     assert run("/scratch/$(id)", safety.PATH_LIKE) == [
         "checkpoint.dir: '/scratch/$(id)' is not a valid run folder (letters, digits, spaces and "
         "_./~+@%:=- only)"]
