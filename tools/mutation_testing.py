@@ -86,7 +86,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
               "test_runs_saved_with_the_former_order_keep_it"]),
     "flops": ("hpctrain/flops.py", ["tests/plan/test_flops_megatron.py",
                                     "tests/runtime/test_pure_logic.py"]),
-    "render": ("hpctrain/scheduler/slurm/render.py", [
+    "render": ("hpctrain/scheduler/slurm/render.py", ["tests/scheduler/test_render_kinds.py"] + [
         f"tests/scheduler/test_render.py::test_{name}" for name in (
             "rendered_script_matches_golden_file", "render_is_pure",
             "directives_follow_the_profile", "hostile_values_are_inert",
@@ -124,7 +124,23 @@ _NO_RANK = ("a candidate without a rank sorts after every rank among those of on
 _EC = "hpctrain/exit_codes.py"
 _ZERO_FIRST = ("0 is FINISHED's code, read from the table before this line: `< 0`, `<= 0` and "
                "`< 1` agree on every code that reaches it")
+_RD = "hpctrain/scheduler/slurm/render.py"
+_KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other), and "
+          "`preflight` sorts before `train`: `>=` holds for `train` alone")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_RD, "core/ReplaceComparisonOperator_Eq_GtE",
+     'spares = p.resilience.spare_nodes if inputs.kind == "train" else 0'): _KINDS,
+    (_RD, "core/ReplaceComparisonOperator_Eq_GtE", 'if inputs.kind == "train":'): _KINDS,
+    (_RD, "core/ReplaceComparisonOperator_Eq_GtE", '"gate": inputs.kind == "train" and p.preflight.gate,'):
+        _KINDS,
+    (_RD, "core/ReplaceComparisonOperator_Eq_LtE", '"gate": inputs.kind == "train" and p.preflight.gate,'):
+        "the template reads `gate` only inside its `kind == \"train\"` branch",
+    (_RD, "core/ReplaceTrueWithFalse",
+     "undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,"):
+        "the template ends with a block tag (`{% endif %}`) whose newline trim_blocks removes "
+        "either way",
+    (_RD, "core/NumberReplacer", "@functools.lru_cache(maxsize=1)"):
+        "the size of the cache of the one template environment",
     ("hpctrain/flops.py", "core/ReplaceComparisonOperator_LtE_Eq",
      "if not peak_tflops_per_device or step_time_s <= 0 or world_size <= 0:"):
         "`world_size == 0` for `<= 0` (the mutants of `step_time_s <= 0` are killed): the callers "
