@@ -118,3 +118,36 @@ def test_the_allowance_adds_its_fixed_part_and_its_slack_and_says_where_it_comes
         "kernels, 2026-11-20)")
     assert isinstance(Allowance(0, 0.0).bytes(10), int)
     assert StateBytes(1, 2, 3).between_steps == 6
+
+
+def test_overlapped_gradient_reduction_buckets_only_the_first_stage_s_first_chunk():
+    # parallel.overlap_grad_reduce with 1,000-element buckets: megatron-core splits the first
+    # pipeline stage's first model chunk into buckets, each padded for the distributed
+    # optimizer; every other chunk stays one bucket (and a job that does not overlap, the
+    # default, keeps one bucket everywhere)
+    from hpctrain.model_shape import chunk_parameters, pipeline_chunks
+    from hpctrain.planner.grad_buffer import grad_buffer_layout
+
+    def ranks(overlap=None, vpp=None):
+        kw = {} if overlap is None else {"overlap_grad_reduce": overlap}
+        return state_bytes_per_pipeline_rank(
+            LLAMA8, tp=1, pp=2, vpp=vpp, dp=4, precision="bf16", grad_reduce_in_fp32=False,
+            distributed_optimizer=True, bucket_size=1000, **kw)
+
+    for vpp in (None, 4):
+        plain, overlapped = ranks(False, vpp), ranks(True, vpp)
+        assert ranks(None, vpp) == plain
+        assert overlapped[1] == plain[1]                       # later stages: one bucket
+        first = pipeline_chunks(8, 2, vpp)[0][0]
+        params = chunk_parameters(LLAMA8, 1, 2, first)
+        extra = (grad_buffer_layout(params, 4, True, 1000).numel
+                 - grad_buffer_layout(params, 4, True, None).numel)
+        assert extra > 0
+        # 16-bit gradients: 2 bytes per element of the padded buffer, the first chunk's only
+        assert overlapped[0].gradients - plain[0].gradients == 2 * extra
+
+
+def test_a_measured_allowance_is_said_in_gib_of_2_to_the_30_bytes():
+    measured = Allowance(1_610_612_736, 0.03, measured="h100-80gb")   # 1.5 × 2**30 bytes
+    assert measured.describe().startswith("allowance 1.50 GiB outside PyTorch's allocator")
+    assert "+ 3.0% of the itemized peak" in measured.describe()
