@@ -127,7 +127,15 @@ _ZERO_FIRST = ("0 is FINISHED's code, read from the table before this line: `< 0
 _RD = "hpctrain/scheduler/slurm/render.py"
 _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other), and "
           "`preflight` sorts before `train`: `>=` holds for `train` alone")
+_PM = "hpctrain/planner/memory.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_PM, "core/ReplaceComparisonOperator_Eq_LtE",
+     "rank == 0 and chunk.virtual_index == 0, bucket_size))"):
+        "pipeline ranks (enumerate) and virtual indices are never negative: `<= 0` is `== 0` "
+        "(`<`, `>=` are killed)",
+    (_PM, "core/RemoveDecorator", "@lru_cache(maxsize=4096)"):
+        "a cache of a pure function's results: only the planner's speed changes "
+        "(tools/bench_cli)",
     (_RD, "core/ReplaceComparisonOperator_Eq_GtE",
      'spares = p.resilience.spare_nodes if inputs.kind == "train" else 0'): _KINDS,
     (_RD, "core/ReplaceComparisonOperator_Eq_GtE", 'if inputs.kind == "train":'): _KINDS,
