@@ -129,6 +129,10 @@ _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other),
           "`preflight` sorts before `train`: `>=` holds for `train` alone")
 _PM = "hpctrain/planner/memory.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/preflight/infiniband.py", "core/ReplaceComparisonOperator_Eq_GtE",
+     'if key == "state":'):
+        "of the keys of ibstat's port section (State, Physical state, Rate, Base lid, LMC, SM "
+        "lid, Capability mask, Port GUID, Link layer) only State sorts at or after `state`",
     (_PM, "core/ReplaceComparisonOperator_Eq_LtE",
      "rank == 0 and chunk.virtual_index == 0, bucket_size))"):
         "pipeline ranks (enumerate) and virtual indices are never negative: `<= 0` is `== 0` "

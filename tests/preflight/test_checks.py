@@ -359,3 +359,15 @@ def test_an_ethernet_cluster_passes_whatever_transport_nccl_chose():
     for log in ("nccl_log/socket-fallback.log", "nccl_log/roce-net-ib.log"):
         row = check_transport(parse_nccl_transport(fixture_text(log)), profile, "n2", 2)
         assert row.status == "pass" and row.expected == "any", (log, row)
+
+
+def test_a_profile_naming_hca_ports_finds_them_and_misses_a_port_the_hca_lacks():
+    # NCCL_IB_HCA's form, mlx5_0:1: the healthy H100 node has port 1 of each HCA
+    hcas = ["mlx5_0:1", "mlx5_1:1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]
+    rows = ib_rows("ibstat/h100-all-active.txt",
+                   h100_profile(interconnect={"hcas": hcas}))
+    assert rows["ib.hcas"].status == "pass" and rows["ib.ports"].status == "pass"
+    rows = ib_rows("ibstat/h100-all-active.txt",
+                   h100_profile(interconnect={"hcas": ["mlx5_0:2", *hcas[1:]]}))
+    assert rows["ib.hcas"].status == "fail" and rows["ib.hcas"].measured.startswith(
+        "missing mlx5_0:2 (found: ")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from hpctrain.preflight.bandwidth import algbw, busbw
@@ -143,3 +145,15 @@ def test_proc_mounts_escapes_and_longest_prefix():
     assert mount_for("/scratch local/x", mounts).fstype == "ext4"
     assert mount_for("/tmp/x", mounts).fstype == "overlay"
     assert [fs_kind(m.fstype) for m in mounts] == ["local", "shared", "local", "shared"]
+
+
+def test_a_port_whose_files_cannot_all_be_read_still_counts_as_present(tmp_path):
+    # a driver mid-reset: mlx5_1's port 1 has its state but no rate or link layer yet
+    root = tmp_path / "sysfs"
+    shutil.copytree(FIXTURES / "sysfs_ib" / "h100", root)
+    for name in ("rate", "link_layer"):
+        (root / "mlx5_1" / "ports" / "1" / name).unlink()
+    ports, counters, problem = read_sysfs(root)
+    assert problem == ""
+    assert [(p.device, p.port, p.state, p.rate_gbps) for p in ports] == [
+        ("mlx5_0", 1, "Active", 400.0), ("mlx5_1", 1, "Active", None)]
