@@ -151,6 +151,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,"):
         "the template ends with a block tag (`{% endif %}`) whose newline trim_blocks removes "
         "either way",
+    (_RD, "core/ReplaceComparisonOperator_Eq_LtE", 'if s.gpu_directive == "gpus-per-node":'):
+        "slurm.gpu_directive is one of gpus-per-node, gres and none (the profile refuses any "
+        "other), and only gpus-per-node sorts at or before itself",
     (_RD, "core/NumberReplacer", "@functools.lru_cache(maxsize=1)"):
         "the size of the cache of the one template environment",
     ("hpctrain/flops.py", "core/ReplaceComparisonOperator_LtE_Eq",
@@ -275,13 +278,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
 
 def signature_annotations(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The (start, end) (row, column) spans of every function's argument and return
-    annotations in ``source``."""
+    annotations, and of its local variables' annotations, in ``source``."""
     spans = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             notes = [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs,
                                             a.vararg, a.kwarg) if x is not None]
+            # a local variable's annotation is never evaluated either (PEP 526)
+            notes += [x.annotation for x in ast.walk(node) if isinstance(x, ast.AnnAssign)]
             for n in [*notes, node.returns]:
                 if n is not None:
                     spans.append(((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)))
@@ -303,8 +308,8 @@ def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = 
     lines that are not unique on their own, such as ``continue``: "line above\nline")."""
     if operator.startswith("core/ReplaceBinaryOperator_BitOr_") and (
             in_annotation or line.startswith("def ")):
-        return ("a `|` in a signature's annotations: the modules use `from __future__ import "
-                "annotations`, so annotations are never evaluated")
+        return ("a `|` in a signature's or a local variable's annotation: the modules use `from "
+                "__future__ import annotations`, so annotations are never evaluated")
     return EQUIVALENT.get((module, operator, line)) or EQUIVALENT.get(
         (module, operator, f"{before}\n{line}"))
 
