@@ -438,6 +438,10 @@ def test_a_node_that_stops_answering_while_its_rank_hangs_is_replaced_by_the_spa
     assert (first["hang"]["rank"], first["hang"]["node"]) == (1, beat.node), first["hang"]
     restart = second["in_job_restart"]
     assert restart["excluded"] == [beat.node] and restart["spares"] == [spare], restart
+    # srun gave the step up only once Slurm declared the node failed: both reasons are named
+    assert restart["why"] == f"hung rank; {beat.node} not responding (DOWN*)", restart
+    assert [e["steps"] for e in run.events() if e.get("event") == "old_step_left"], \
+        "the old step, stuck on the silent node, was not left to Slurm"
     assert sorted(second["nodes"]) == sorted([batch_host, spare]), describe(run)
     checked = [e for e in run.events() if e.get("event") == "node_check"]
     assert [(e["attempt"], e["nodes"]) for e in checked] == [(1, [spare])], checked

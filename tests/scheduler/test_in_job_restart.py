@@ -74,6 +74,12 @@ def test_culprits_are_the_failed_ranks_node_and_the_silent_ones_of_the_step():
                              {"n1", "n2"})[0] == ["n2"]
 
 
+def test_a_hung_rank_on_a_node_slurm_no_longer_hears_from_gives_both_reasons():
+    nodes, why = ijr.culprit_nodes(ExitReason.HUNG, None, ["n2"], {"n2": "DOWN*"},
+                                   ["n1", "n2"])
+    assert nodes == ["n2"] and why == "hung rank; n2 not responding (DOWN*)"
+
+
 def test_the_old_step_is_waited_for_then_killed():
     left = [{"9.0": ["n1", "n2"]}] * 3 + [{}]
     killed = []

@@ -105,8 +105,9 @@ def culprit_nodes(reason, first_failure: dict | None, excluded: list[str] | None
         msg = first_failure.get("message") or "failed"
         why.append(f"rank {first_failure.get('rank')} failed first: {msg}")
     for node, state in (silent_nodes or {}).items():
-        if node in step_nodes and node not in nodes and node not in answered:
-            nodes.append(node)
+        if node in step_nodes and node not in answered:   # blamed already: one more reason
+            if node not in nodes:
+                nodes.append(node)
             why.append(f"{node} not responding ({state})")
     return [n for n in dict.fromkeys(nodes) if n in step_nodes], "; ".join(why)
 
