@@ -439,7 +439,7 @@ def test_a_node_that_stops_answering_while_its_rank_hangs_is_replaced_by_the_spa
     restart = second["in_job_restart"]
     assert restart["excluded"] == [beat.node] and restart["spares"] == [spare], restart
     # srun gave the step up only once Slurm declared the node failed: both reasons are named
-    assert restart["why"] == f"hung rank; {beat.node} not responding (DOWN*)", restart
+    assert restart["why"].startswith(f"hung rank; {beat.node} not responding (DOWN"), restart
     assert [e["steps"] for e in run.events() if e.get("event") == "old_step_left"], \
         "the old step, stuck on the silent node, was not left to Slurm"
     assert sorted(second["nodes"]) == sorted([batch_host, spare]), describe(run)
