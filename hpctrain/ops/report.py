@@ -19,6 +19,8 @@ from .checkpoints import checkpoint_step, inspect_checkpoints
 from .fmt import format_duration, format_gpu_hours, format_number
 
 WIDTH_PX, HEIGHT_PX, DPI = 1200, 900, 100
+RESTART_FIELDS = ("after_attempt", "excluded", "why", "spares", "in_place", "nodes",
+                  "recovery_s", "steps_lost")
 
 
 @dataclass
@@ -33,6 +35,7 @@ class ReportData:
     other_ends: list[tuple[int, str]] = field(default_factory=list)    # (step, exit reason)
     checkpoints: list[int] = field(default_factory=list)
     stragglers: list[tuple[int, str]] = field(default_factory=list)    # (step, node) named
+    restarts: list[tuple[int, dict]] = field(default_factory=list)     # (attempt, in_job_restart)
     ledger: list[dict] = field(default_factory=list)
     validation: list[tuple[int, float]] = field(default_factory=list)   # (step, loss)
     test: list[tuple[int, float]] = field(default_factory=list)         # (step, loss)
@@ -76,8 +79,10 @@ def collect(run: RunFolder) -> ReportData:
         attempt = int(rec.get("attempt") or i + 1)
         if attempt > 1 and isinstance(rec.get("start_step"), int):
             data.resumes.append((rec["start_step"], attempt))
+    events = run.events()
+    data.restarts = in_job_restarts(ledger, events)
     steps = {checkpoint_step(r.get("checkpoint_saved")) for r in ledger}
-    steps |= {e.get("step") for e in run.events()  # the runtime's saves, pruned ones included
+    steps |= {e.get("step") for e in events  # the runtime's saves, pruned ones included
               if e.get("event") == "checkpoint_saved" and isinstance(e.get("step"), int)}
     try:
         steps |= {c.step for c in inspect_checkpoints(run).checkpoints if c.complete}
@@ -121,6 +126,12 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
         for i, (step, attempt) in enumerate(data.resumes):
             ax.axvline(step, color="tab:orange", linestyle=":", linewidth=1.5,
                        label="requeued / resumed" if i == 0 else None, gid=f"resumed-{attempt}")
+        starts = {a: step for step, a in data.resumes}
+        for i, (attempt, r) in enumerate(data.restarts):
+            if attempt in starts:
+                ax.axvline(starts[attempt], color="tab:cyan", linestyle="-", linewidth=1.5,
+                           label="restarted in the job" if i == 0 else None,
+                           gid=f"in-job-restart-{attempt}")
         for i, (step, reason) in enumerate(data.other_ends):
             ax.axvline(step, color="black", linestyle="-.", linewidth=1,
                        label="attempt ended" if i == 0 else None, gid=f"ended-{reason}")
@@ -175,8 +186,7 @@ def summarize(data: ReportData) -> dict:
     losses = [(s, v) for s, v in zip(data.steps, data.loss) if v is not None]
     best = min(losses, key=lambda p: p[1]) if losses else None
     requeues = sum(1 for r in data.ledger if (r.get("decision") or {}).get("requeue"))
-    restarts = [r["in_job_restart"] for r in data.ledger
-                if isinstance(r.get("in_job_restart"), dict)]
+    restarts = [r for _, r in data.restarts]
     recoveries = [r.get("recovery_s") for r in restarts
                   if isinstance(r.get("recovery_s"), (int, float))]
     return {
@@ -186,6 +196,8 @@ def summarize(data: ReportData) -> dict:
         "in_job_restarts": len(restarts),
         "excluded_in_job": [n for r in restarts for n in r.get("excluded") or []],
         "in_job_recovery_s": max(recoveries) if recoveries else None,
+        "in_job_restart_details": [{"attempt": a, **{k: r.get(k) for k in RESTART_FIELDS}}
+                                   for a, r in data.restarts],
         "checkpoints": data.checkpoints,
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "min_loss": best[1] if best else None, "min_loss_step": best[0] if best else None,
@@ -231,7 +243,40 @@ def format_summary(s: dict) -> str:
         lines.append(f"Throughput  {format_number(s['mean_tokens_per_s'])} tokens/s (mean)")
     if s["mean_mfu"] is not None:
         lines.append(f"MFU         {100 * s['mean_mfu']:.1f}% (mean)")
+    for r in s.get("in_job_restart_details") or []:
+        lines.append(f"Restart     attempt {r.get('attempt')} after {r.get('after_attempt')}: "
+                     + restart_text(r))
     if s.get("stragglers"):
         lines.append("Stragglers  " + ", ".join(f"{node} (named at step {step})"
                                                 for node, step in s["stragglers"].items()))
     return "\n".join(lines)
+
+
+def restart_text(r: dict) -> str:
+    """One in-job restart in words: which node was left out and why, which spare took its
+    place (or in place on which nodes), what the recovery cost; ``status`` says it too."""
+    if r.get("in_place"):
+        how = f"in place on {', '.join(r.get('nodes') or []) or 'the same nodes'}"
+    else:
+        how = ", ".join(f"{a} -> {b}" for a, b in zip(r.get("excluded") or [],
+                                                     r.get("spares") or [])) or "new nodes"
+    cost = []
+    if isinstance(r.get("recovery_s"), (int, float)):
+        cost.append(f"{format_duration(r['recovery_s'])} from the failure to the first step")
+    if isinstance(r.get("steps_lost"), int):
+        cost.append(f"{r['steps_lost']} step{'' if r['steps_lost'] == 1 else 's'} redone")
+    return f"{how} ({r.get('why') or 'failure'})" + (f"; {', '.join(cost)}" if cost else "")
+
+
+def in_job_restarts(ledger: list[dict], events: list[dict]) -> list[tuple[int, dict]]:
+    """(attempt, restart) for each attempt that began by an in-job restart: its ledger
+    record's ``in_job_restart``, or, for an attempt still training (no record yet), the
+    ``in_job_restart`` event its rank 0 wrote at its first step."""
+    found: dict[int, dict] = {}
+    for e in events:
+        if e.get("event") == "in_job_restart" and isinstance(e.get("attempt"), int):
+            found[e["attempt"]] = e
+    for i, rec in enumerate(ledger):
+        if isinstance(rec.get("in_job_restart"), dict):
+            found[int(rec.get("attempt") or i + 1)] = rec["in_job_restart"]
+    return sorted(found.items())

@@ -141,22 +141,12 @@ def _decision(row: dict) -> str:
 
 def restart_line(row: dict) -> str | None:
     """How an attempt restarted inside its job's allocation, for the lines under the table."""
+    from .report import restart_text
     r = row.get("in_job_restart")
     if not isinstance(r, dict):
         return None
-    if r.get("in_place"):
-        how = f"in place on {_nodes(r.get('nodes'))}"
-    else:
-        how = ", ".join(f"{a} -> {b}" for a, b in zip(r.get("excluded") or [],
-                                                      r.get("spares") or []))
-    cost = []
-    if isinstance(r.get("recovery_s"), (int, float)):
-        cost.append(f"{format_duration(r['recovery_s'])} from the failure to the first step")
-    if isinstance(r.get("steps_lost"), int):
-        cost.append(f"{r['steps_lost']} step{'' if r['steps_lost'] == 1 else 's'} redone")
     return (f"  attempt {row.get('attempt')}: restarted inside the job after attempt "
-            f"{r.get('after_attempt')}: {how} ({r.get('why') or 'failure'})"
-            + (f"; {', '.join(cost)}" if cost else ""))
+            f"{r.get('after_attempt')}: {restart_text(r)}")
 
 
 def attempts_table(rows: list[dict]) -> str:

@@ -132,6 +132,42 @@ def failure_time(record: AttemptRecord) -> float | None:
     return record.end_time
 
 
+def recovery_cost(run: RunFolder, attempt: int, first_step_at: float | None,
+                  start_step: int | None) -> tuple[float | None, int | None]:
+    """(recovery_s, steps_lost) of ``attempt`` after the attempt before it failed: the time
+    from the failure (``failure_time``) to this attempt's first step, and the steps the
+    failed attempt trained that this one trains again. (None, None) when nothing failed
+    before it (a first attempt, or one after a finished or cancelled one)."""
+    earlier = [AttemptRecord.from_dict(r) for r in run.ledger()
+               if isinstance(r, dict) and r.get("attempt") != attempt]
+    previous = earlier[-1] if earlier else None
+    if previous is None or previous.exit_reason in (ExitReason.FINISHED, ExitReason.CANCELLED):
+        return None, None
+    failed_at = failure_time(previous)
+    recovery_s = round(first_step_at - failed_at, 1) \
+        if first_step_at is not None and failed_at is not None else None
+    steps_lost = max(0, previous.end_step - start_step) \
+        if isinstance(previous.end_step, int) and isinstance(start_step, int) else None
+    return recovery_s, steps_lost
+
+
+def in_job_restart_event(run: RunFolder, attempt: int, first_step_at: float,
+                         start_step: int) -> dict | None:
+    """Rank 0, at the first step of an attempt that began by an in-job restart: the
+    ``in_job_restart`` event (which node was left out and why, which spare took its place,
+    the recovery's seconds and lost steps), written to ``events.jsonl`` at once so that the
+    trackers show it while the attempt trains (its ledger record comes only at its end).
+    None, writing nothing, for an attempt that did not begin so."""
+    restart = read_restart(run, attempt)
+    if not isinstance(restart, dict):
+        return None
+    recovery_s, steps_lost = recovery_cost(run, attempt, first_step_at, start_step)
+    keep = ("after_attempt", "excluded", "why", "spares", "in_place", "nodes")
+    return run.event("in_job_restart", attempt=attempt,
+                     **{k: restart.get(k) for k in keep if k in restart},
+                     recovery_s=recovery_s, steps_lost=steps_lost)
+
+
 def _recovery(run: RunFolder, attempt: int, record: AttemptRecord, result: AttemptResult) -> None:
     """What the recovery from the previous attempt's end cost: when this attempt's first step
     started, the time from the failure to it (in-job restart or requeue alike: the benchmark
@@ -141,16 +177,8 @@ def _recovery(run: RunFolder, attempt: int, record: AttemptRecord, result: Attem
                                                                   (int, float)):
         record.first_step_at = round(result.start_time + result.first_step_after_s, 3)
     restart = read_restart(run, attempt)
-    earlier = [AttemptRecord.from_dict(r) for r in run.ledger()
-               if isinstance(r, dict) and r.get("attempt") != attempt]
-    previous = earlier[-1] if earlier else None
-    if previous is not None and previous.exit_reason not in (ExitReason.FINISHED,
-                                                             ExitReason.CANCELLED):
-        failed_at = failure_time(previous)
-        if record.first_step_at is not None and failed_at is not None:
-            record.recovery_s = round(record.first_step_at - failed_at, 1)
-        if isinstance(previous.end_step, int) and isinstance(record.start_step, int):
-            record.steps_lost = max(0, previous.end_step - record.start_step)
+    record.recovery_s, record.steps_lost = recovery_cost(run, attempt, record.first_step_at,
+                                                         record.start_step)
     if isinstance(restart, dict):
         record.in_job_restart = {**restart, "recovery_s": record.recovery_s,
                                  "steps_lost": record.steps_lost}

@@ -127,6 +127,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     failure midway leaves there is what result.json says)."""
     from .versions import import_megatron_core
     import_megatron_core()
+    from ..record.attempt_end import in_job_restart_event
     from ..data.blend import split_samples
     from ..data.order import FEISTEL, PERMUTATION
     from . import collectives, distributed
@@ -218,8 +219,14 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
                       watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
     result.start_step = result.end_step = trainer.step
     # kept if the attempt fails later: the recovery time after a failure counts to it
-    trainer.on_first_step = lambda at: setattr(result, "first_step_after_s",
-                                               round(at - result.start_time, 3))
+    def on_first_step(at: float) -> None:
+        result.first_step_after_s = round(at - result.start_time, 3)
+        if ctx.is_rank0:      # the trackers show an in-job restart as the attempt trains
+            try:
+                in_job_restart_event(run, attempt, round(at, 3), trainer.step)
+            except Exception as e:  # noqa: BLE001 - the ledger still records it at the end
+                logger.warning(f"could not record the in-job restart event: {e}")
+    trainer.on_first_step = on_first_step
     ctx.watchdog.progress(step=trainer.step, phase="step")
     ctx.watchdog.start_step = trainer.step
     outcome = None

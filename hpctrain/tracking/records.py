@@ -5,7 +5,8 @@
   trained again after resuming from an older checkpoint replaces the earlier attempt's).
 - :func:`metric_values`: one record as ``{"train/loss": ..., "validation/loss": ...}``.
 - :func:`flat_params`: the resolved job and profile as dotted parameters (MLflow's params).
-- :func:`event_label`: a run event as the tag a tracker shows (preemption, requeue, hang, ...).
+- :func:`event_label`: a run event as the tag a tracker shows (preemption, requeue, in-job
+  restart, hang, ...).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def event_label(event: dict) -> str | None:
         if reason in ("emergency", "deadline", "straggler"):
             return "emergency-checkpoint"
         return None
+    if kind == "in_job_restart":   # which node left out and why, its spare, the cost
+        return "in-place-restart" if event.get("in_place") else "in-job-restart"
     if kind == "requeue":
         return "requeue+excluded-node" if event.get("excluded") else "requeue"
     return {"hang": "hang", "straggler": "straggler", "resume": "resume", "cancel": "cancel",

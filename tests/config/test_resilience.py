@@ -79,7 +79,9 @@ def test_spares_ask_slurm_for_more_nodes_and_keep_the_allocation_on_node_failure
                             dev_profile()))
     assert "#SBATCH --nodes=3\n" in spared and "#SBATCH --no-kill\n" in spared
     # the training step still runs on slurm.nodes, on the node list the batch step chose
-    assert "srun --kill-on-bad-exit=1 --unbuffered --nodes=2 " in spared
+    # (the preflight gate's step alone sets STEP_NODE_COUNT: all of the allocation)
+    assert "local count=${STEP_NODE_COUNT:-2}\n" in spared
+    assert 'srun --kill-on-bad-exit=1 --unbuffered --nodes="$count" ' in spared
     assert '${HPCTRAIN_STEP_NODES:+"--nodelist=$HPCTRAIN_STEP_NODES"}' in spared
 
 

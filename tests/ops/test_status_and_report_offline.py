@@ -132,3 +132,40 @@ def test_validation_loss_in_status_and_in_the_report_next_to_the_training_curve(
     status = status_data(view, inspect_checkpoints(run))
     assert status["loss"] == 2.5 and status["validation_loss"] == valid[-1]["loss"]
     assert "Validation  loss 3.5 at step 30" in format_status(status).splitlines()
+
+
+def test_report_and_trackers_show_each_in_job_restart(tmp_path):
+    """The report names, for each restart inside the job, the node left out and why, the
+    spare that took its place and what the recovery cost: from the ledger once the attempt
+    ended, from rank 0's event while it still trains; the trackers get that event."""
+    from hpctrain.ops.report import format_summary
+    from hpctrain.record.attempt_end import in_job_restart_event, write_restart
+    from hpctrain.tracking.records import describe_event, shown_events
+    failed = {**record(1, 0, 10, "failed", False, why="restart in the allocation"),
+              "first_failure": {"rank": 1, "node": "n2", "time": 1050.0}}
+    failed["decision"]["in_job"] = True
+    restarted = {**record(2, 8, 14, "failed", True), "restart_count": 0, "nodes": ["n1", "n3"],
+                 "first_failure": {"rank": 0, "node": "n1", "time": 3050.0},
+                 "in_job_restart": {"after_attempt": 1, "excluded": ["n2"], "spares": ["n3"],
+                                    "why": "rank 1 failed first: Killed", "in_place": False,
+                                    "recovery_s": 21.5, "steps_lost": 2}}
+    run = crafted_run(tmp_path, ledger=[failed, restarted],
+                      metrics=[{"step": s, "loss": 3.0 - s / 10} for s in range(1, 15)])
+    # attempt 3 restarts again (in place) and trains: its rank 0 writes the event
+    write_restart(run, 3, {"after_attempt": 2, "failed_at": 3050.0, "excluded": [],
+                           "spares": [], "why": "rank 0 failed first: Killed",
+                           "in_place": True, "nodes": ["n1", "n3"]})
+    event = in_job_restart_event(run, 3, first_step_at=3071.0, start_step=8)
+    assert (event["recovery_s"], event["steps_lost"]) == (21.0, 6), event
+    assert in_job_restart_event(run, 2, first_step_at=1.0, start_step=8) is None  # no restart.json
+    data = collect(run)
+    text = format_summary(summarize(data))
+    assert ("Restart     attempt 2 after 1: n2 -> n3 (rank 1 failed first: Killed); 22s "
+            "from the failure to the first step, 2 steps redone") in text, text
+    assert "attempt 3 after 2: in place on n1, n3 (rank 0 failed first: Killed)" in text, text
+    assert "6 steps redone" in text, text
+    lines = {ln.get_gid() for ax in build_figure(data).axes for ln in ax.get_lines()}
+    assert "in-job-restart-2" in lines
+    shown = [(label, e) for label, e in shown_events(run.events())]
+    assert [label for label, _ in shown] == ["in-place-restart"]
+    assert '"steps_lost": 6' in describe_event(shown[0][1])

@@ -74,19 +74,51 @@ def test_culprits_are_the_failed_ranks_node_and_the_silent_ones_of_the_step():
                              {"n1", "n2"})[0] == ["n2"]
 
 
+def test_a_hung_rank_on_a_node_slurm_no_longer_hears_from_gives_both_reasons():
+    nodes, why = ijr.culprit_nodes(ExitReason.HUNG, None, ["n2"], {"n2": "DOWN*"},
+                                   ["n1", "n2"])
+    assert nodes == ["n2"] and why == "hung rank; n2 not responding (DOWN*)"
+
+
 def test_the_old_step_is_waited_for_then_killed():
-    left = [["9.0"], ["9.0"], ["9.0"], []]
+    left = [{"9.0": ["n1", "n2"]}] * 3 + [{}]
     killed = []
     now = [0.0]
 
     def sleep(s):
         now[0] += 10
 
-    assert ijr.stop_old_step("9", wait_s=40, steps=lambda: left.pop(0) if left else [],
-                             kill=killed.append, sleep=sleep, clock=lambda: now[0])
+    assert ijr.stop_old_step("9", wait_s=40, steps=lambda: left.pop(0) if left else {},
+                             kill=killed.append, sleep=sleep, clock=lambda: now[0]) == (True, [])
     assert killed == [["9.0"]]
-    assert not ijr.stop_old_step("9", wait_s=20, steps=lambda: ["9.1"], kill=killed.append,
-                                 sleep=sleep, clock=lambda: now[0])
+    assert ijr.stop_old_step("9", wait_s=20, steps=lambda: {"9.1": ["n1"]}, kill=killed.append,
+                             sleep=sleep, clock=lambda: now[0]) == (False, ["9.1"])
+
+
+def test_a_step_on_a_node_slurm_lost_is_killed_at_once_then_left_to_slurm():
+    """Its part on the lost node (n2) cannot end until n2 answers again: killed at once,
+    it is left to Slurm after the grace; a step on answering nodes only is still waited for."""
+    killed = []
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += 1
+
+    gone, stale = ijr.stop_old_step("9", lost={"n2"}, wait_s=60,
+                                    steps=lambda: {"9.0": ["n1", "n2"]}, kill=killed.append,
+                                    sleep=sleep, clock=lambda: now[0])
+    assert (gone, stale, killed) == (True, ["9.0"], [["9.0"]])
+    assert now[0] == ijr.LOST_STEP_GRACE_S
+    assert ijr.stop_old_step("9", lost={"n2"}, wait_s=20,
+                             steps=lambda: {"9.0": ["n1", "n2"], "9.1": ["n1", "n3"]},
+                             kill=killed.append, sleep=sleep,
+                             clock=lambda: now[0]) == (False, ["9.0", "9.1"])
+
+
+def test_squeue_step_lines_name_each_task_step_and_its_nodes():
+    from hpctrain.scheduler.slurm.commands import parse_step_nodes
+    text = "            1.0     n[1-2]\n        1.batch     n1\n       1.extern n[1-3]\n"
+    assert parse_step_nodes(text) == {"1.0": "n[1-2]"}
 
 
 def test_a_hold_release_with_a_step_releases_only_the_holds_up_to_it(tmp_path):

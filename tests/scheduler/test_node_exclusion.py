@@ -6,7 +6,7 @@ import pytest
 from hpctrain.scheduler.slurm.commands import (parse_node_states, parse_partition_nodes,
                                                parse_scontrol_record)
 from hpctrain.scheduler.slurm.node_exclusion import (exclusion_that_fits, job_node_count, node_usable,
-                                                     plan_exclusion)
+                                                     nodes_to_ask, plan_exclusion)
 from tests.conftest import REPO
 
 FIX = REPO / "tests" / "fixtures" / "slurm"
@@ -89,3 +89,21 @@ def test_a_job_record_without_node_count_or_partition_is_refused_not_guessed():
     for info in ({"Partition": "debug"}, {"NumNodes": "1"}, {"NumNodes": "1", "Partition": ""}):
         with pytest.raises(ValueError, match="NumNodes or Partition is missing"):
             exclusion_that_fits(info, ["n2"], [], usable)
+
+
+def test_a_job_with_spares_gives_spares_up_to_leave_both_blamed_nodes_out():
+    """N=2 training nodes and 1 spare on a 4-node partition: the node that failed first and
+    the spare that failed after it are both excluded (the job needs only its N), and the
+    requeued job asks for N + the spares that remain, here none; never fewer than N."""
+    usable = {"n1", "n2", "n3", "n4"}.copy
+    plan = exclusion_that_fits({"NumNodes": "3", "Partition": "debug"}, ["n2", "n3"], [],
+                               lambda p: usable(), needed=2)
+    assert plan.exclude == ["n2", "n3"] and plan.note is None and plan.usable_left == 2
+    assert nodes_to_ask(3, 2, plan.usable_left) == 2
+    # held to its 3 nodes, the job could leave only one of them out
+    held = exclusion_that_fits({"NumNodes": "3", "Partition": "debug"}, ["n2", "n3"], [],
+                               lambda p: usable())
+    assert held.exclude == ["n2"] and held.not_excluded == ["n3"]
+    # room for the spare: it stays asked for; too little room: never below N
+    assert nodes_to_ask(3, 2, 5) == 3 and nodes_to_ask(3, 2, 1) == 2
+    assert nodes_to_ask(3, 2, None) == 3

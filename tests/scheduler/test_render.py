@@ -19,6 +19,9 @@ GOLDEN = REPO / "tests" / "golden"
 CASES = {
     "tiny-dev-slurm": ("tiny.yaml", "dev-slurm", {}),
     "tiny-dev-slurm-gate": ("tiny.yaml", "dev-slurm", {"preflight": {"gate": True}}),
+    # the gate on every node of the allocation, spares too; restarts inside it
+    "tiny-dev-slurm-spares-gate": ("tiny.yaml", "dev-slurm", {"preflight": {"gate": True},
+                                                             "resilience": {"spare_nodes": 1}}),
     "llama2-7b-h100-ib-pyxis": ("llama2-7b.yaml", "h100-ib-pyxis", {}),
     "llama2-7b-a100-roce": ("llama2-7b.yaml", "a100-roce", {}),
 }

@@ -67,3 +67,19 @@ def test_ranks_exiting_75_one_after_the_other_keep_the_preempted_code():
     exits = parse_srun_task_exits(log)
     assert [e["exit_code"] for e in exits] == [75, None, 75]
     assert reason_for(step_exit_code(143, exits)) == ExitReason.PREEMPTED
+
+
+def test_a_job_that_lost_a_node_is_in_its_last_accounting_row(monkeypatch, tmp_path):
+    """A --no-kill job that lost a node has a RESIZING row (the allocation before) and then its
+    real one: once squeue has forgotten it, its state is the last row's, not RESIZING (which
+    would keep it 'active' for ever)."""
+    from hpctrain.record.folder import RunFolder
+    from hpctrain.scheduler.backend import JobRef
+    from hpctrain.scheduler.slurm import commands
+    from hpctrain.scheduler.slurm.backend import SlurmBackend
+    rows = parse_sacct((FIX / "sacct_resized_no_kill_job.txt").read_text())
+    assert [r["State"] for r in rows if r["JobID"] == "4"] == ["RESIZING", "COMPLETED"]
+    monkeypatch.setattr(commands, "squeue", lambda ids: [])
+    monkeypatch.setattr(commands, "sacct", lambda ids: rows)
+    state = SlurmBackend().job_states([JobRef(RunFolder(tmp_path), "4")])["4"]
+    assert (state.state, state.nodes, state.active) == ("COMPLETED", "n[1,3]", False)

@@ -46,9 +46,11 @@ class SlurmBackend(Backend):
                                         q.time_limit, q.end_time, kinds.get(q.job_id, "train"),
                                         q.start_time, q.partition)
         missing = [i for i in ids if i not in states]
+        # the last row of a job is its state now: a job whose allocation shrank (a node
+        # failed under --no-kill) has a RESIZING row for the allocation it had before
         for row in commands.sacct(missing):
             jid = row.get("JobID", "")
-            if jid in missing and jid not in states:
+            if jid in missing:
                 states[jid] = JobState(jid, row.get("State", "UNKNOWN"), row.get("Reason", ""),
                                        row.get("NodeList", ""), row.get("Elapsed", ""), "",
                                        row.get("End", ""), kinds.get(jid, "train"),

@@ -53,7 +53,8 @@ from ...record.attempt_end import finish_attempt, hang_details, read_restart
 from ...record.attempt_records import Decision
 from ...record.folder import RunFolder
 from . import commands, in_job_restart
-from .node_exclusion import ExclusionPlan, exclusion_that_fits
+from .node_exclusion import (ExclusionPlan, exclusion_that_fits, job_node_count, node_usable,
+                             nodes_to_ask)
 
 
 def _assign(**values) -> str:
@@ -256,6 +257,7 @@ class Restart:
     plan: in_job_restart.RestartPlan
     decision: Decision
     failed_at: float
+    overlap: bool = False        # an old step left to Slurm still counts its resources
 
 
 def consider_restart(run: RunFolder, attempt: int, code: int, verdict, evidence: dict | None,
@@ -330,23 +332,34 @@ def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) ->
         print(f"[hpctrain] no in-job restart: {note}", file=sys.stderr)
         run.event("in_job_restart_refused", attempt=attempt, reason=note)
         return None
-    if not in_job_restart.stop_old_step(os.environ.get("SLURM_JOB_ID", job_id)):
-        print("[hpctrain] no in-job restart: a task step of the failed attempt is still "
-              "running after being killed", file=sys.stderr)
+    lost = {n for n in step_nodes if n not in allocation or not node_usable(states.get(n, "DOWN"))}
+    gone, stale = in_job_restart.stop_old_step(os.environ.get("SLURM_JOB_ID", job_id),
+                                               lost=lost & set(plan.excluded))
+    if not gone:
+        print(f"[hpctrain] no in-job restart: task step(s) {', '.join(stale)} of the failed "
+              "attempt still running after being killed", file=sys.stderr)
         return None
+    if stale:
+        print(f"[hpctrain] step(s) {', '.join(stale)} of the failed attempt span "
+              f"{', '.join(sorted(lost & set(plan.excluded)))}, which Slurm lost: left to "
+              "Slurm, the new steps share their resources (srun --overlap)", file=sys.stderr)
+        run.event("old_step_left", attempt=attempt, steps=stale,
+                  nodes=sorted(lost & set(plan.excluded)))
     check_nodes = plan.spares or plan.nodes
     ok, out = in_job_restart.quick_check(str(run.path), check_nodes, sys.executable,
-                                         profile.preflight.timeout_s + 60)
+                                         profile.preflight.timeout_s + 60, overlap=bool(stale))
     if not ok:
         print(f"[hpctrain] no in-job restart: the node check of {', '.join(check_nodes)} "
               f"failed:\n{out}", file=sys.stderr)
         run.event("in_job_restart_refused", attempt=attempt, reason="node check failed",
                   nodes=check_nodes, output=out[-500:])
         return None
+    run.event("node_check", attempt=attempt, nodes=check_nodes, passed=True,
+              output=out[-500:])
     budget = len(restarts_so_far(run, attempt)) + 1
     decision = Decision(False, f"{plan.describe()}; in-job restart {budget} of "
                                f"{settings.max_in_job_restarts}", in_job=True)
-    return Restart(plan, decision, failed_at)
+    return Restart(plan, decision, failed_at, overlap=bool(stale))
 
 
 def begin_restart(run: RunFolder, attempt: int, restart: Restart, record) -> str:
@@ -365,6 +378,7 @@ def begin_restart(run: RunFolder, attempt: int, restart: Restart, record) -> str
         "MASTER_ADDR": node_ip(plan.nodes[0]),
         "MASTER_PORT": free_port(),
         "HPCTRAIN_STEP_NODES": ",".join(plan.nodes),
+        "HPCTRAIN_STEP_OVERLAP": "1" if restart.overlap else "",
     }
     run.event("attempt_start", attempt=new, job_id=job_id_of_run(),
               restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
@@ -438,7 +452,10 @@ def requeue_excluding(run: RunFolder, attempt: int, job_id: str, bad: list[str],
                       pause_s: float = RELEASE_PAUSE_S, reason: str = "preflight gate") -> int:
     """Hold-requeue the job, add ``bad`` to its exclude list, release it. Only as many bad
     nodes are excluded as the partition can spare for the job's node count (``node_exclusion``):
-    the event's ``not_excluded`` and ``note`` say which stayed in and why. Once the hold is in
+    the event's ``not_excluded`` and ``note`` say which stayed in and why. A job that holds
+    spare nodes (``resilience.spare_nodes``) may give spares up for that: it needs only the
+    nodes it trains on, and asks for N + the spares the partition still has besides the
+    excluded nodes (``nodes_to_ask``; the event's ``nodes``). Once the hold is in
     place the release happens whatever else fails (a failing ``scontrol update`` would leave
     the job held forever): the job then comes back without the exclusion, and the event says
     so. The attempt's ledger record, written before with the nodes asked for, is then made to
@@ -457,24 +474,30 @@ def requeue_excluding(run: RunFolder, attempt: int, job_id: str, bad: list[str],
             _record_exclusion(run, attempt, [], bad, f"not excluding {', '.join(bad)}: the job "
                               f"was not requeued (scontrol requeuehold failed: {e})")
         return 1
-    excluded, problem, plan = [], None, None
+    excluded, problem, plan, resized = [], None, None, None
+    least, spares = _training_and_spares(run)
     try:
         if bad:
             info = info or commands.job_info(job_id)
             listed = info.get("ExcNodeList", "")
             current = commands.expand_hostlist(listed) if listed not in ("", "(null)") else []
-            plan = _exclusion_plan(info, bad, current)
+            plan = _exclusion_plan(info, bad, current, needed=least)
             if plan.note:
                 print(f"[hpctrain] {plan.note}", file=sys.stderr)
             if plan.exclude:
                 commands.exclude_nodes(job_id, sorted(set(current + plan.exclude)))
             excluded = plan.exclude
+            if least is not None:
+                resized = _ask_fewer_spares(job_id, info, least, least + spares,
+                                            plan.usable_left)
     except Exception as e:  # noqa: BLE001 - recorded; the release below still happens
         problem = f"excluding {', '.join(bad)} failed: {e}"
         print(f"[hpctrain] {problem}; releasing the job without the exclusion", file=sys.stderr)
     finally:
         released, release_error = _release(job_id, pause_s)
     data = {"attempt": attempt, "job_id": job_id, "excluded": excluded, "reason": reason}
+    if resized is not None:
+        data["nodes"] = resized
     if plan is not None and plan.not_excluded and not problem:
         data["not_excluded"] = plan.not_excluded
     if plan is not None and plan.note:
@@ -520,12 +543,44 @@ def _job_info_or_none(job_id: str) -> dict | None:
         return None
 
 
-def _exclusion_plan(info: dict, bad: list[str], current: list[str]) -> ExclusionPlan:
+def _training_and_spares(run: RunFolder) -> tuple[int | None, int]:
+    """(N, S): the nodes the job trains on and its spares; (None, 0) without spares (or
+    when the run's files cannot say: the job then keeps the node count it has)."""
+    try:
+        spares = restart_settings(run).spare_nodes
+        return (run.resolved_profile().slurm.nodes, spares) if spares > 0 else (None, 0)
+    except Exception as e:  # noqa: BLE001 - the requeue goes on as without spares
+        print(f"[hpctrain] could not read the run's spare nodes: {e}", file=sys.stderr)
+        return None, 0
+
+
+def _ask_fewer_spares(job_id: str, info: dict, least: int, asked: int,
+                      usable_left: int | None) -> int | None:
+    """Make the held job ask for ``nodes_to_ask`` nodes when that is fewer than it asked for
+    (tasks and CPUs in proportion, as sbatch counted them per node); the count, or None when
+    it stays. Slurm shows a requeued job's old NumNodes until it runs again: the log says
+    what was set."""
+    count = nodes_to_ask(asked, least, usable_left)
+    if count >= asked:
+        return None
+    had = job_node_count(info) or asked
+    per_node = {key: int(info[key]) // had for key in ("NumTasks", "NumCPUs")
+                if str(info.get(key, "")).isdigit() and int(info[key]) >= had}
+    commands.resize_pending_job(job_id, nodes=count, tasks=per_node.get("NumTasks", 0) * count,
+                                cpus=per_node.get("NumCPUs", 0) * count)
+    print(f"[hpctrain] the requeued job asks for {count} node(s) instead of {asked}: "
+          f"{asked - count} spare(s) fewer, the partition has {usable_left} usable node(s) "
+          "besides the excluded", file=sys.stderr)
+    return count
+
+
+def _exclusion_plan(info: dict, bad: list[str], current: list[str],
+                    needed: int | None = None) -> ExclusionPlan:
     """Which of ``bad`` to exclude so that the job can still start (``node_exclusion``). When
     the partition cannot be read, all of them, as asked, and the note says the count was not
     checked."""
     try:
-        return exclusion_that_fits(info, bad, current)
+        return exclusion_that_fits(info, bad, current, needed=needed)
     except Exception as e:  # noqa: BLE001 - the exclusion and the release go on
         return ExclusionPlan(list(bad), note=f"excluding {', '.join(bad)} without checking that "
                              f"the partition keeps enough usable nodes: {e}")

@@ -244,6 +244,18 @@ def exclude_nodes(job_id: str, nodes: list[str]) -> None:
     run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])
 
 
+def resize_pending_job(job_id: str, *, nodes: int, tasks: int = 0, cpus: int = 0) -> None:
+    """Change a pending (held, requeued) job's node count; its task and CPU counts with it
+    (0: left as they are): Slurm keeps a job whose tasks no longer fit its nodes pending for
+    ever ("BadConstraints")."""
+    argv = ["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"]
+    if tasks:
+        argv.append(f"NumTasks={tasks}")
+    if cpus:
+        argv.append(f"NumCPUs={cpus}")
+    run(argv)
+
+
 def cancel(job_ids: list[str], *, signal: str | None = None, full: bool = False) -> None:
     if not job_ids:
         return
@@ -264,6 +276,24 @@ def parse_step_ids(text: str) -> list[str]:
         if step.isdigit():
             out.append(line)
     return out
+
+
+def parse_step_nodes(text: str) -> dict[str, str]:
+    """``squeue --steps -h -o "%i %N"`` -> {task step: its nodes as a hostlist} (not the
+    batch or extern step)."""
+    out = {}
+    for line in text.splitlines():
+        step, _, nodes = line.strip().partition(" ")
+        if parse_step_ids(step):
+            out[step] = nodes.strip()
+    return out
+
+
+def job_step_nodes(job_id: str) -> dict[str, list[str]]:
+    """The job's running task steps and the nodes each spans."""
+    proc = run(["squeue", "--steps", "-h", "-o", "%i %N", "-j", job_id], check=False)
+    return {step: expand_hostlist(nodes) if nodes else []
+            for step, nodes in parse_step_nodes(proc.stdout).items()}
 
 
 def job_steps(job_id: str) -> list[str]:

@@ -48,6 +48,7 @@ from .node_exclusion import node_usable
 # checkpoint load, the first step): the time guard's estimate.
 DEFAULT_RESTART_S = 120.0
 STEP_GONE_WAIT_S = 60.0
+LOST_STEP_GRACE_S = 5.0     # after the kill, for the answering nodes' tasks to be gone
 RESTART_REASONS = (ExitReason.FAILED, ExitReason.KILLED, ExitReason.HUNG, ExitReason.STRAGGLER)
 IN_PLACE_REASONS = (ExitReason.FAILED, ExitReason.KILLED)
 
@@ -104,8 +105,9 @@ def culprit_nodes(reason, first_failure: dict | None, excluded: list[str] | None
         msg = first_failure.get("message") or "failed"
         why.append(f"rank {first_failure.get('rank')} failed first: {msg}")
     for node, state in (silent_nodes or {}).items():
-        if node in step_nodes and node not in nodes and node not in answered:
-            nodes.append(node)
+        if node in step_nodes and node not in answered:   # blamed already: one more reason
+            if node not in nodes:
+                nodes.append(node)
             why.append(f"{node} not responding ({state})")
     return [n for n in dict.fromkeys(nodes) if n in step_nodes], "; ".join(why)
 
@@ -155,37 +157,52 @@ def plan(*, reason, spare_nodes: int, max_restarts: int, done: list[dict],
     return RestartPlan(nodes, list(culprits), why, chosen), "spare"
 
 
-def stop_old_step(job_id: str, *, wait_s: float = STEP_GONE_WAIT_S, steps=None, kill=None,
-                  sleep=time.sleep, clock=time.monotonic) -> bool:
+def stop_old_step(job_id: str, *, lost: set[str] | frozenset = frozenset(),
+                  wait_s: float = STEP_GONE_WAIT_S, steps=None, kill=None,
+                  sleep=time.sleep, clock=time.monotonic) -> tuple[bool, list[str]]:
     """Wait until none of the job's task steps runs (srun returned; slurmstepd may still be
-    tearing it down), killing what lingers half-way. True when none is left."""
+    tearing it down), killing what lingers half-way. Returns (True, []) when none is left.
+
+    A step that spans a node Slurm lost (``lost``: it left the allocation, or Slurm no longer
+    hears from it) cannot end until that node answers again, which may be never. Once killed
+    (its processes on the nodes that answer are signalled by their slurmd) and given
+    ``LOST_STEP_GRACE_S``, such steps are left to Slurm: (True, their ids); the new steps
+    then share their resources (``srun --overlap``), which Slurm still counts as theirs. The
+    processes on the lost node cannot reach the new step: it has a new rendezvous."""
     from . import commands
-    steps = steps or (lambda: commands.job_steps(job_id))
+    steps = steps or (lambda: commands.job_step_nodes(job_id))
     kill = kill or (lambda ids: commands.cancel(ids, signal="KILL"))
     deadline = clock() + wait_s
-    killed = False
+    killed_at = None
     while True:
         left = steps()
         if not left:
-            return True
+            return True, []
+        if killed_at is not None and clock() - killed_at >= LOST_STEP_GRACE_S and \
+                all(set(nodes) & set(lost) for nodes in left.values()):
+            return True, sorted(left)
         if clock() >= deadline:
-            return False
-        if not killed and clock() >= deadline - wait_s / 2:
+            return False, sorted(left)
+        if killed_at is None and (clock() >= deadline - wait_s / 2 or
+                                  any(set(nodes) & set(lost) for nodes in left.values())):
             try:
-                kill(left)
+                kill(sorted(left))
             except Exception as e:  # noqa: BLE001 - the wait decides
-                print(f"[hpctrain] killing the old step {left} failed: {e}", file=sys.stderr)
-            killed = True
+                print(f"[hpctrain] killing the old step {sorted(left)} failed: {e}",
+                      file=sys.stderr)
+            killed_at = clock()
         sleep(1.0)
 
 
-def quick_check(run_dir: str, nodes: list[str], python: str, timeout_s: float) -> tuple[bool, str]:
-    """Preflight's node check on each of ``nodes``, one task per node in a step of this job."""
+def quick_check(run_dir: str, nodes: list[str], python: str, timeout_s: float,
+                overlap: bool = False) -> tuple[bool, str]:
+    """Preflight's node check on each of ``nodes``, one task per node in a step of this job
+    (``overlap``: beside an old step left to Slurm, see :func:`stop_old_step`)."""
     if not nodes:
         return True, ""
     env = dict(os.environ, HPCTRAIN_BATCH_HOST=socket.gethostname())
     argv = ["srun", "--kill-on-bad-exit=0", f"--nodes={len(nodes)}", "--ntasks-per-node=1",
-            f"--ntasks={len(nodes)}",
+            f"--ntasks={len(nodes)}"] + (["--overlap"] if overlap else []) + [
             f"--nodelist={','.join(nodes)}", python, "-m", "hpctrain.preflight.node_check", run_dir]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)

@@ -43,6 +43,7 @@ class ExclusionPlan:
     exclude: list[str]                       # bad nodes to add to the exclude list
     not_excluded: list[str] = field(default_factory=list)
     note: str | None = None                  # why some bad nodes stay in
+    usable_left: int | None = None           # the partition's usable nodes left to the job
 
 
 def plan_exclusion(bad: list[str], already_excluded: list[str], usable: set[str], needed: int,
@@ -66,7 +67,17 @@ def plan_exclusion(bad: list[str], already_excluded: list[str], usable: set[str]
         left = len(available) - 1        # what excluding the first kept node would leave
         note = (f"not excluding {', '.join(kept)}: the partition {partition} would have "
                 f"{left} usable node{'' if left == 1 else 's'} and the job needs {needed}")
-    return ExclusionPlan(exclude, kept, note)
+    return ExclusionPlan(exclude, kept, note, usable_left=len(available))
+
+
+def nodes_to_ask(asked: int, least: int, usable_left: int | None) -> int:
+    """How many nodes a requeued job holding spares asks for: as many as it asked (N + S)
+    while the partition has them besides the excluded nodes, fewer spares when it has not,
+    never fewer than ``least`` (N, the nodes it trains on): a job that gave up its spares
+    still starts, one that asks for more nodes than remain never would."""
+    if usable_left is None:
+        return asked
+    return max(least, min(asked, usable_left))
 
 
 def usable_partition_nodes(partition: str) -> set[str]:
@@ -79,13 +90,15 @@ def usable_partition_nodes(partition: str) -> set[str]:
 
 
 def exclusion_that_fits(info: dict, bad: list[str], already_excluded: list[str],
-                        usable_in: Callable[[str], set[str]] = usable_partition_nodes
-                        ) -> ExclusionPlan:
+                        usable_in: Callable[[str], set[str]] = usable_partition_nodes,
+                        needed: int | None = None) -> ExclusionPlan:
     """The plan for a job (``info``: its ``scontrol show job`` record). With several partitions
     the job can start in any of them: the one that lets the most bad nodes out is used.
-    ``usable_in(partition)``: its usable nodes (``scontrol`` by default).
+    ``usable_in(partition)``: its usable nodes (``scontrol`` by default); ``needed``: the
+    fewest nodes the job can start on (default: its ``NumNodes``; a job with spare nodes can
+    give them up, see :func:`nodes_to_ask`).
     Raises when the job's node count or partitions cannot be read."""
-    needed = job_node_count(info)
+    needed = needed if needed is not None else job_node_count(info)
     partitions = [p for p in info.get("Partition", "").split(",") if p]
     if needed is None or not partitions:
         raise ValueError("the job's NumNodes or Partition is missing from `scontrol show job`")
