@@ -25,7 +25,7 @@ os.environ["HPCTRAIN_TEST_HOOKS"] = "1"
 # the same time (from a whole run's --durations). A file not listed runs on cluster 1.
 def _extra_clusters() -> dict[int, tuple[str, str]]:
     found = {}
-    for n in (2, 3):
+    for n in (2, 3, 4):
         conf = os.environ.get(f"HPCTRAIN_TEST_SLURM_CONF_{n}")
         if conf:
             found[n] = (conf, os.environ.get(f"HPCTRAIN_TEST_DEV_CLUSTER_DIR_{n}", ""))
@@ -34,11 +34,9 @@ def _extra_clusters() -> dict[int, tuple[str, str]]:
 
 EXTRA_CLUSTERS = _extra_clusters()
 CLUSTER_OF_FILE = {
-    "tests/integration/test_training_jobs.py": 2,
     "tests/resilience/test_health_drills.py": 2,
-    "tests/api/test_python_api.py": 2,
+    "tests/integration/test_training_jobs.py": 2,
     "tests/safety/test_script_injection.py": 3,
-    "tests/bench/test_bench_scaling.py": 3,
     "tests/ops/test_sweep_array.py": 3,
     "tests/ops/test_cancel_resume.py": 3,
     "tests/ops/test_real_training.py": 3,
@@ -47,12 +45,15 @@ CLUSTER_OF_FILE = {
     "tests/ops/test_gpu_hours.py": 3,
     "tests/ops/test_chain.py": 3,
     "tests/ops/test_preempted_run.py": 3,
+    "tests/resilience/test_requeue_limits.py": 4,
+    "tests/api/test_python_api.py": 4,
+    "tests/bench/test_bench_scaling.py": 4,
 }
 
 
 def cluster_of(path: str) -> int:
     """The dev cluster a Slurm test file runs on: its listed one where tools/test started it
-    (with two clusters, the third's files go to the second), else cluster 1."""
+    (with fewer clusters, a file goes to the highest one started below its own), else 1."""
     wanted = CLUSTER_OF_FILE.get(path, 1)
     while wanted > 1 and wanted not in EXTRA_CLUSTERS:
         wanted -= 1
@@ -65,7 +66,7 @@ def worker_group(path: str) -> str:
     ``--dist loadscope``; the tests of one group run on one worker, one after another), from
     the test file (``tests/...py``, relative to the repository):
 
-    * ``slurm``, ``slurm-2``, ``slurm-3``: every file with a test that uses a dev Slurm cluster,
+    * ``slurm``, ``slurm-2``, ... : every file with a test that uses a dev Slurm cluster,
       one group per cluster (:func:`cluster_of`). A cluster is one shared resource (three
       nodes; a preemption drill takes every node of a partition), so its tests never run beside
       each other, whatever their folder; the clusters run side by side
@@ -96,7 +97,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             # the Slurm groups are the longest chains: each starts first, on a worker of its own
-            for scope in ("slurm-3", "slurm-2", "slurm"):
+            for scope in ("slurm-4", "slurm-3", "slurm-2", "slurm"):
                 if scope in self.workqueue:
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)

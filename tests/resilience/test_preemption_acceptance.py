@@ -1,12 +1,11 @@
 """Preemption, requeue and resume on the real dev Slurm cluster, with the real runtime.
 
 These are the acceptance stories: a job is interrupted in every way a cluster interrupts jobs
-(a signal, a higher-priority job, the time limit, a rank killed while a checkpoint is written,
-a rank killed outright in a job that holds a spare node),
-requeues itself (or restarts inside its allocation) while it makes progress, and ends with the
-same losses and the same final weights as a run nobody interrupted (bitwise: CPU arithmetic is
-deterministic). A job that cannot advance stops with the reason in its ledger instead of
-looping.
+(a signal, a higher-priority job, a rank killed while a checkpoint is written, a rank killed
+outright or a node gone silent in a job that holds a spare node), requeues itself (or restarts
+inside its allocation) while it makes progress, and ends with the same losses and the same
+final weights as a run nobody interrupted (bitwise: CPU arithmetic is deterministic). The time
+limit, and a job that cannot advance or has spent its requeue budget: test_requeue_limits.py.
 """
 
 from __future__ import annotations
@@ -162,88 +161,6 @@ def test_kill_during_save_resumes_from_the_previous_complete_checkpoint(referenc
                    and "quarantine" in str(p.relative_to(ckpt))]
     assert quarantined, f"the partial step-16 checkpoint was not set aside: {sorted(ckpt.rglob('*'))}"
     assert_same_training(run, reference)
-
-
-TIME_LIMIT_S = 60       # slurm.time_limit 00:01:00, the shortest limit Slurm has
-LEAD_TIME_S = 25        # preemption.lead_time_s
-STEP_SLEEP_S = 2.0      # every step sleeps at least this long
-
-
-def steps_needing_windows(windows: int) -> int:
-    """The fewest steps that cannot be trained in ``windows - 1`` time-limit windows on ANY
-    machine: an attempt trains at most until the signal at the lead time, and every step
-    sleeps ``STEP_SLEEP_S``, so no attempt, however fast the machine, trains more than
-    (limit - lead) / sleep steps. A slower machine trains fewer per attempt and only needs
-    more attempts: the run then proves the same mechanism more often."""
-    most_per_window = int((TIME_LIMIT_S - LEAD_TIME_S) / STEP_SLEEP_S)
-    return most_per_window * (windows - 1) + 5
-
-
-def test_time_limit_saves_and_requeues_before_the_kill_until_done(slurm_cluster, root):
-    """A 1-minute limit: the signal 25 s ahead (Slurm's early warning re-raised on time) and the
-    runtime's own deadline make every attempt save and requeue before Slurm's kill; the run
-    needs at least three windows whatever this machine's speed, and finishes."""
-    steps = steps_needing_windows(3)
-    profile = profile_file(root.parent, "drill-timelimit",
-                           env={"HPCTRAIN_TEST_STEP_SLEEP_S": str(STEP_SLEEP_S)},
-                           slurm={"time_limit": "00:01:00"},
-                           preemption={"lead_time_s": LEAD_TIME_S, "max_requeues": 30})
-    job = root.parent / "timelimit.yaml"
-    data = yamlio.read_mapping(JOB)
-    data["train"]["steps"] = steps
-    data["checkpoint"]["interval_steps"] = 5
-    data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
-    data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
-    yamlio.write_atomic(job, yamlio.dump(data))
-    run, job_id = submit(root, profile, job=job)
-    wait_until(lambda: run.ledger() and run.ledger()[-1]["exit_reason"] == "finished"
-               or (run.ledger() and not run.ledger()[-1]["decision"]["requeue"]), timeout=2400,
-               interval=2, what="the time-limited run to finish")
-    wait_stopped(run)
-    records = run.ledger()
-    assert records[-1]["exit_reason"] == "finished" and records[-1]["end_step"] == steps, \
-        describe(run)
-    assert len(records) >= 3, describe(run)          # by construction: see steps_needing_windows
-    for before, after in zip(records, records[1:]):
-        # every attempt but the last ended by its own save before Slurm's kill ...
-        assert before["exit_reason"] in ("preempted", "deadline"), describe(run)
-        assert before["checkpoint_saved"], describe(run)
-        assert before["checkpoint_saved"].endswith(f"step-{before['end_step']:08d}"), describe(run)
-        assert before["decision"]["requeue"], describe(run)
-        # ... and the next one resumed exactly where it saved
-        assert after["checkpoint_loaded"] == before["checkpoint_saved"], describe(run)
-        assert after["start_step"] == before["end_step"], describe(run)
-    sacct = subprocess.run(["sacct", "-n", "-X", "-D", "-j", job_id, "-o", "State"],
-                           capture_output=True, text=True).stdout.split()
-    assert "TIMEOUT" not in sacct, f"Slurm killed an attempt at the time limit: {sacct}"
-
-
-def test_a_job_that_cannot_advance_stops_instead_of_looping(slurm_cluster, root):
-    profile = profile_file(root.parent, "drill-stuck", env={"HPCTRAIN_TEST_CRASH_AT_STEP": "5"},
-                           preemption={"requeue_on_failure": True, "max_requeues": 5})
-    run, _ = submit(root, profile)
-    wait_ledger(run, 2, timeout=600)
-    wait_stopped(run)
-    first, second = run.ledger()
-    assert first["exit_reason"] == "failed" and first["decision"]["requeue"], describe(run)
-    assert second["exit_reason"] == "failed" and not second["decision"]["requeue"]
-    assert second["decision"]["reason"].startswith("no progress"), describe(run)
-    status = hpctrain("status", run.id, env={"HPCTRAIN_RUNS_DIR": str(root)}, check=True).stdout
-    assert "no progress" in status
-
-
-def test_requeue_budget_is_respected(slurm_cluster, root):
-    profile = profile_file(root.parent, "drill-budget", env=held(5, 14),
-                           preemption={"max_requeues": 1})
-    run, job_id = submit(root, profile)
-    (one,) = drill(run, job_id, at_step=5, attempts=1)
-    assert one["end_step"] < 14, describe(run)     # the second attempt reaches its hold
-    drill(run, job_id, at_step=14, attempts=2)
-    wait_stopped(run)
-    first, second = run.ledger()
-    assert first["decision"]["requeue"] and not second["decision"]["requeue"], describe(run)
-    assert "requeue budget spent (1 of preemption.max_requeues=1)" in second["decision"]["reason"]
-    assert second["exit_reason"] == "preempted" and second["checkpoint_saved"]
 
 
 def test_resume_on_a_different_layout_continues_from_the_same_step(reference, root):

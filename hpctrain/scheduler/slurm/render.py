@@ -252,6 +252,7 @@ def render_script(p: ClusterProfile, inputs: ScriptInputs, *, job_name: str, lay
         "gate": inputs.kind == "train" and p.preflight.gate,
         "gpus_per_node": p.slurm.gpus_per_node,
         "nodes": p.slurm.nodes,
+        "spare_nodes": p.resilience.spare_nodes if inputs.kind == "train" else 0,
         "array_run_dirs": list(inputs.array_run_dirs),
     }
     return _env().get_template(TRAIN_TEMPLATE).render(**context)
