@@ -266,3 +266,48 @@ def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sche
               end_step=record.end_step, requeue=decision.requeue, reason=decision.reason,
               recorded=now_iso())
     return record, decision
+
+
+LOST_NOTE = ("recorded when attempt {next} began: the batch shell that would have written this "
+             "record was killed first (Slurm's kill at the end of a preemption's grace time, "
+             "or the batch host lost)")
+
+
+def record_lost_attempts(run: RunFolder, next_attempt: int, *, scheduler: str) -> list[int]:
+    """Ledger records for the attempts before ``next_attempt`` that started but have none.
+
+    The batch shell writes an attempt's record after its ranks exit; when Slurm kills the
+    whole job first (a preemption's grace time spent by a slow exit, a lost batch host) the
+    record never comes, and the ledger — which the requeue budget, the progress check,
+    ``status`` and the trackers read — would skip an attempt. The next attempt writes it from
+    what the lost one left (``result.json``, its ``attempt_start`` event), with a note saying
+    so and the time of its last file as its end. Returns the attempts it recorded."""
+    recorded = {r.get("attempt") for r in run.ledger() if isinstance(r, dict)}
+    lost = [n for n in run.attempts_started() if n < next_attempt and n not in recorded]
+    starts = {e.get("attempt"): e for e in run.events()
+              if isinstance(e, dict) and e.get("event") == "attempt_start"}
+    for n in lost:
+        start = starts.get(n, {})
+        result_file = result_path(run, n)
+        reason = None if result_file.is_file() else ExitReason.UNKNOWN
+        finish_attempt(run, n, None, scheduler=scheduler, job_id=start.get("job_id"),
+                       restart_count=int(start.get("restart_count") or 0), reason=reason)
+        ended = _last_write(run.attempt_dir(n))
+        changes = {"note": LOST_NOTE.format(next=next_attempt)}
+        if ended is not None:
+            mine = [r for r in run.ledger() if isinstance(r, dict) and r.get("attempt") == n]
+            started = mine[-1].get("start_time") if mine else None
+            changes["end_time"] = ended
+            if isinstance(started, (int, float)) and ended >= started:
+                changes["duration_s"] = round(ended - started, 1)
+        run.update_ledger_record(n, **changes)
+    return lost
+
+
+def _last_write(folder: Path) -> float | None:
+    """When the newest file of an attempt's log folder was last written."""
+    try:
+        times = [p.stat().st_mtime for p in folder.iterdir() if p.is_file()]
+    except OSError:
+        return None
+    return max(times) if times else None

@@ -68,3 +68,40 @@ def test_end_reports_an_unreadable_ledger_and_does_not_requeue(run):
     assert end.returncode == 2 and end.stdout == ""          # no HPCTRAIN_REQUEUE=1 to eval
     assert f"[hpctrain] Error: cannot read {run.ledger_file}" in end.stderr
     assert "Traceback" not in end.stderr and run.ledger_file.is_dir()
+
+
+def test_an_attempt_whose_batch_shell_was_killed_is_recorded_when_the_next_begins(run,
+                                                                                 monkeypatch):
+    """A preemption whose grace time ran out before the batch shell wrote the ledger: rank 0
+    had saved and written result.json, then Slurm killed the whole job. The requeued job's
+    begin records the lost attempt (as preempted, with its checkpoint and job id), so the ledger
+    counts every attempt; an attempt that left nothing at all is recorded as unknown."""
+    import time as _time
+
+    from hpctrain.record.attempt_end import write_result
+    from hpctrain.record.attempt_records import AttemptResult
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_JOB_ID", "")
+    cmd_begin(run)                                             # attempt 1 begins ...
+    run.event("attempt_start", attempt=1, job_id="4242", restart_count=0, nodes="n1")
+    started = _time.time() - 30
+    saved = str(run.path / "checkpoints" / "step-00000007")
+    write_result(run, 1, AttemptResult(attempt=1, start_step=0, end_step=7,
+                                       exit_reason="preempted", checkpoint_saved=saved,
+                                       start_time=started, last_loss=3.5))
+    # ... and its batch shell is killed before `end`: no ledger record
+    assert run.ledger() == []
+    out = cmd_begin(run)                                       # the requeued job begins
+    assert "HPCTRAIN_ATTEMPT=2" in out
+    (first,) = run.ledger()
+    assert first["attempt"] == 1 and first["exit_reason"] == "preempted"
+    assert first["end_step"] == 7 and first["checkpoint_saved"] == saved
+    assert first["job_id"] == "4242" and first["decision"]["requeue"] is True
+    assert first["note"].startswith("recorded when attempt 2 began")
+    assert started < first["end_time"] <= _time.time() and first["duration_s"] >= 0
+    # attempt 2 is lost without a trace (killed before rank 0 wrote anything): unknown
+    cmd_begin(run)
+    assert [(r["attempt"], r["exit_reason"]) for r in run.ledger()] == \
+        [(1, "preempted"), (2, "unknown")]
+    assert run.attempts_started() == [1, 2, 3]

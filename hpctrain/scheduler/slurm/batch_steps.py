@@ -49,7 +49,7 @@ from ...health.hang import read_verdict
 from ...health.heartbeat import read_beats
 from ...identity import free_port
 from ...config.resilience import effective as effective_resilience
-from ...record.attempt_end import finish_attempt, hang_details, read_restart
+from ...record.attempt_end import finish_attempt, hang_details, read_restart, record_lost_attempts
 from ...record.attempt_records import Decision
 from ...record.folder import RunFolder
 from . import commands, in_job_restart
@@ -139,6 +139,9 @@ def cmd_begin(run: RunFolder) -> str:
         print(f"[hpctrain] run {run.id} already finished; job {job_id} exits", file=sys.stderr)
         return _assign(HPCTRAIN_SKIP=1)
     attempt = run.begin_attempt()
+    for lost in record_lost_attempts(run, attempt, scheduler="slurm"):
+        print(f"[hpctrain] attempt {lost} of run {run.id} ended without its ledger record "
+              f"(its batch shell was killed first): recorded now", file=sys.stderr)
     attempt_dir = run.attempt_dir(attempt)
     values = {
         "HPCTRAIN_ATTEMPT": attempt,
