@@ -3,7 +3,8 @@ ranks' own watchdogs decide it (pure: beats and a clock, no processes)."""
 
 from __future__ import annotations
 
-from hpctrain.health.hang import HangMonitor, claim_verdict, read_verdict
+from hpctrain.health.hang import (STACKS_PATTERN, HangMonitor, claim_verdict, read_verdict,
+                                  stacks_path)
 from hpctrain.health.heartbeat import Beat, read_beats, write_beat
 from hpctrain.runtime.watchdog import hang_limit
 
@@ -163,3 +164,28 @@ def test_a_heartbeat_a_few_seconds_late_is_not_a_stopped_process():
     m.update({0: beat(0, 9, 100.0, 155.5), 1: beat(1, 10, 100.0, 140.0)}, now=15.5)
     verdict = m.check(15.5)
     assert verdict.rank == 1 and "heartbeat stopped 16 s ago" in verdict.why
+
+
+def test_every_ranks_stack_dump_is_where_the_verdict_says(tmp_path):
+    """Four ranks dump their stacks after a verdict; the verdict names one pattern in the
+    attempt's folder: a user who follows it finds each rank's dump, and no other rank's."""
+    attempt = tmp_path / "attempt-2"
+    attempt.mkdir()
+    for rank in range(4):
+        stacks_path(attempt, rank).write_text(f"rank {rank}: Python stacks\n")
+    found = sorted(attempt.glob(STACKS_PATTERN))
+    assert [p.read_text() for p in found] == [f"rank {r}: Python stacks\n" for r in range(4)]
+    assert all(p.parent == attempt for p in found)
+
+
+def test_a_rank_blamed_while_still_beating_is_not_recorded_as_silent(tmp_path):
+    """Rank 0 is a step behind and still beats (its process is alive, waiting): the recorded
+    verdict blames it for its step, and says nowhere that its heartbeat stopped."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 9, 100.0, 140.0), 1: beat(1, 10, 100.0, 140.0)}, now=0.0)
+    m.update({0: beat(0, 9, 100.0, 150.0), 1: beat(1, 10, 100.0, 150.0)}, now=10.0)
+    claim_verdict(tmp_path, m.check(13.0, decided_by="batch shell"))
+    recorded = read_verdict(tmp_path)
+    assert recorded.rank == 0 and recorded.silent_s is None
+    assert "heartbeat stopped" not in recorded.message
+    assert recorded.ranks["0"]["silent_s"] == 3.0
