@@ -209,3 +209,40 @@ def test_a_hang_under_the_local_executor_is_recorded_and_not_requeued(run):
     assert rec.excluded_nodes == ["local"] and rec.restart_count == 0
     assert not decision.requeue and decision.reason == f"hung; not requeued: {why}"
     assert run.ledger()[-1]["decision"]["requeue"] is False
+
+
+def test_the_recovery_is_measured_from_the_attempt_just_before(run):
+    """Third attempt of a run: the first failed at step 30, the second (resumed from step 20)
+    failed at step 50, 2000 s into the epoch clock; the third resumes from step 40 and starts
+    its first step 100 s after that failure. Its record measures from the second attempt's
+    failure, not the first's: 100 s to recover and 10 steps redone."""
+    for start, end, failed_at in ((0, 30, 1000.0), (20, 50, 2000.0)):
+        n = run.begin_attempt()
+        write_result(run, n, AttemptResult(start_step=start, end_step=end, exit_reason="failed"))
+        write_failure(run, n, 1, "n1", failed_at, "RuntimeError: NCCL error")
+        finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=40, end_step=60, exit_reason="finished",
+                                       checkpoint_saved="/ck/step-00000060",
+                                       start_time=2090.0, first_step_after_s=10.0))
+    rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
+    assert [r["attempt"] for r in run.ledger()] == [1, 2, 3]
+    assert (rec.first_step_at, rec.recovery_s, rec.steps_lost) == (2100.0, 100.0, 10)
+
+
+def test_a_half_written_failure_record_does_not_hide_the_others(run):
+    """Eight ranks failed; a node died while one of them wrote its record, which is cut
+    short. Whichever record the folder lists first is the damaged one, and the rank that
+    failed first is listed last: the attempt still names that rank."""
+    from hpctrain.record.attempt_end import FAILURE_GLOB
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=0, end_step=2, exit_reason="failed"))
+    for rank in range(8):
+        write_failure(run, n, rank, f"n{rank // 2}", 1000.9, "RuntimeError: Connection closed")
+    listed = list(run.attempt_dir(n).glob(FAILURE_GLOB))
+    first = json.loads(listed[-1].read_text())           # rewritten in place: the order holds
+    listed[-1].write_text(json.dumps({**first, "time": 1000.2, "message": "CUDA error"}))
+    listed[0].write_text(listed[0].read_text()[:9])
+    rec, _ = finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
+    assert rec.first_failure["rank"] == first["rank"]
+    assert rec.message == f"rank {first['rank']} on {first['node']} failed first: CUDA error"
