@@ -361,9 +361,12 @@ def foreign_checkpoints(root: Path, run_id: str) -> tuple[str | None, str] | Non
             return None, f"{d.name} has no readable manifest naming its run"
     if owner is None:
         partial = partial_checkpoints(root)
-        if partial:
+        if len(partial) == 1:
             return None, f"{partial[0].name} (a save in progress or left by a killed job) " \
                          f"belongs to no known run"
+        if partial:         # every one of them: the operator checks each before moving it
+            return None, f"{', '.join(p.name for p in partial)} (saves in progress or left " \
+                         f"by killed jobs) belong to no known run"
     return None
 
 

@@ -245,3 +245,54 @@ def test_whichever_run_prunes_the_other_runs_checkpoints_are_never_counted(tmp_p
     removed = store.prune(tmp_path, keep_last=1, log=lambda m: None, run_id="run-b")
     assert [d.name for d in removed] == ["step-00000050"]
     assert [s for s, _ in store.complete_checkpoints(tmp_path)] == [60, 20, 10]
+
+
+def test_four_ranks_verifying_together_find_a_file_damaged_in_any_ones_share(tmp_path):
+    """A checkpoint of eight shard files verified by four ranks, each checksumming its share:
+    a shard damaged in rank 2's share is found by rank 2 alone, and the four shares together
+    report it once, whichever rank holds it."""
+    shards = {f"__{i}_0.distcp": bytes([i]) * 100 for i in range(8)}
+    final = store.publish(_partial(tmp_path, 20, files=shards), tmp_path, 20,
+                          store.build_manifest(20, store.checksum_files(
+                              store.partial_dir(tmp_path, 20, 1), sorted(shards))))
+    m = store.read_manifest(final)
+    names = sorted(m["files"])
+    for damaged in ("__6_0.distcp", "__7_0.distcp"):
+        good = (final / damaged).read_bytes()
+        (final / damaged).write_bytes(b"\0" * 100)         # same size: only a checksum sees it
+        found = {r: store.checksum_problems(final, m, store.share(names, r, 4)) for r in range(4)}
+        holder = next(r for r in range(4) if damaged in store.share(names, r, 4))
+        assert [p.split(":")[0] for p in sum(found.values(), [])] == [damaged]
+        assert found[holder] and not any(found[r] for r in range(4) if r != holder)
+        (final / damaged).write_bytes(good)
+    assert store.checksum_problems(final, m, names) == []
+
+
+def test_copies_set_aside_in_one_second_are_numbered_in_the_order_they_went(tmp_path):
+    """Step 5 is saved four times in a row (a save retried after each failure): the three
+    older copies are set aside, none overwrites another, and those set aside within the same
+    second carry -2, -3 after the time, in the order they went."""
+    for copy in range(4):
+        (_publish(tmp_path, 5) / "marker").write_text(f"copy {copy}")
+    aside = list((tmp_path / store.QUARANTINE).iterdir())
+    assert sorted((d / "marker").read_text() for d in aside) == ["copy 0", "copy 1", "copy 2"]
+    first = min((d.name for d in aside), key=len)
+    same_second = sorted((d for d in aside if d.name.startswith(first)),
+                         key=lambda d: (d / "marker").read_text())
+    assert [d.name for d in same_second] == [first] + [
+        f"{first}-{n}" for n in range(2, len(same_second) + 1)]
+    assert (tmp_path / "step-00000005" / "marker").read_text() == "copy 3"
+
+
+def test_a_folder_left_with_several_killed_saves_names_each_of_them(tmp_path):
+    """No owner record, no checkpoint, but two saves that jobs were killed in: the refusal
+    lists both, so the operator checks each before moving them."""
+    root = tmp_path / "ckpt"
+    _partial(root, 30, attempt=1)
+    _partial(root, 40, attempt=2)
+    with pytest.raises(store.ForeignCheckpointsError) as refused:
+        store.claim(root, "run-a")
+    for step, attempt in ((30, 1), (40, 2)):
+        assert store.partial_dir(root, step, attempt).name in str(refused.value)
+    assert "belong to no known run" in str(refused.value)
+    assert not (root / store.OWNER).exists()
