@@ -187,6 +187,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "elif steps and beat.step is not None and beat.step < max(steps):"):
         "this branch is reached only when no rank is silent, and then the blamed rank has the "
         "lowest step: its step differs from the largest exactly when it is smaller",
+    (_HG, "core/ReplaceComparisonOperator_Lt_NotEq", "if seq < top and rank not in out:"):
+        "top is the largest of the group's counts and seq one of them, so seq <= top: it "
+        "differs from top exactly when it is smaller",
+    (_HG, "core/NumberReplacer", "f.write(json.dumps(verdict.to_dict(), indent=1))"):
+        "the verdict file's JSON indentation: readers parse it",
     (_HG, "core/NumberReplacer", "return (0 if quiet else 1, -silent[rank] if quiet else 0.0,"):
         "the blame key's first number puts silent ranks first whatever the constants moved by "
         "one, and a silent rank's second (minus its silence, below -15) sorts before 0, 1 or -1",

@@ -3,6 +3,8 @@ ranks' own watchdogs decide it (pure: beats and a clock, no processes)."""
 
 from __future__ import annotations
 
+import json
+
 from hpctrain.health.hang import (STACKS_PATTERN, HangMonitor, claim_verdict, read_verdict,
                                   stacks_path)
 from hpctrain.health.heartbeat import Beat, read_beats, write_beat
@@ -189,3 +191,16 @@ def test_a_rank_blamed_while_still_beating_is_not_recorded_as_silent(tmp_path):
     assert recorded.rank == 0 and recorded.silent_s is None
     assert "heartbeat stopped" not in recorded.message
     assert recorded.ranks["0"]["silent_s"] == 3.0
+
+
+def test_a_verdict_recorded_without_its_time_does_not_claim_one(tmp_path):
+    """A hang.json from an older version has no detected_at: read back, the verdict's time is
+    unknown (false), so the attempt's end measures the recovery from its own end time rather
+    than from a made-up moment near 1970."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 5, 0.0, 100.0), 1: beat(1, 4, 0.0, 100.0)}, now=0.0)
+    old = m.check(0.0).to_dict()
+    del old["detected_at"], old["decided_by"]
+    (tmp_path / "hang.json").write_text(json.dumps(old))
+    recorded = read_verdict(tmp_path)
+    assert recorded.rank == 1 and not recorded.detected_at
