@@ -246,3 +246,56 @@ def test_a_half_written_failure_record_does_not_hide_the_others(run):
     rec, _ = finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
     assert rec.first_failure["rank"] == first["rank"]
     assert rec.message == f"rank {first['rank']} on {first['node']} failed first: CUDA error"
+
+
+def test_a_rank_killed_by_srun_is_named_in_the_record_over_the_peers_that_wrote_theirs(run):
+    """The SIGKILL drill's attempt: rank 3 was killed and wrote nothing; its three peers wrote
+    gloo's connection errors. With srun's lines and the last heartbeats, the attempt's record
+    names rank 3."""
+    from tests.health.test_culprit import BEATS, RESET, SIGKILL_LOG
+    from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=0, end_step=3, exit_reason="failed"))
+    for rank, node, at in ((2, "n2", 103.0), (0, "n1", 103.1), (1, "n1", 115.0)):
+        write_failure(run, n, rank, node, at, RESET)
+    rec, _ = finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm", evidence={
+        "task_exits": parse_srun_task_exits(SIGKILL_LOG), "last_beats": BEATS})
+    assert (rec.first_failure["rank"], rec.first_failure["node"]) == (3, "n2")
+    assert rec.message.startswith("rank 3 on n2 failed first") and "Killed" in rec.message
+
+
+def test_an_in_job_restart_records_how_it_began_and_what_it_cost(run):
+    """Attempt 1 fails at step 30 (rank 1's error at t=1000); the batch shell restarts the
+    step in the same allocation without node n2 and writes how. Attempt 2 resumes from step 25
+    and starts its first step at t=1060: its record keeps the restart with 60 s and 5 steps."""
+    from hpctrain.record.attempt_end import write_restart
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=0, end_step=30, exit_reason="failed"))
+    write_failure(run, n, 1, "n2", 1000.0, "RuntimeError: NCCL error")
+    finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
+    n = run.begin_attempt()
+    write_restart(run, n, {"nodes": ["n1", "n3"], "excluded": ["n2"], "in_place": False})
+    write_result(run, n, AttemptResult(start_step=25, end_step=40, exit_reason="finished",
+                                       checkpoint_saved="/ck/step-00000040",
+                                       start_time=1050.0, first_step_after_s=10.0))
+    rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
+    assert rec.in_job_restart == {"nodes": ["n1", "n3"], "excluded": ["n2"], "in_place": False,
+                                  "recovery_s": 60.0, "steps_lost": 5}
+    assert run.ledger()[-1]["in_job_restart"]["steps_lost"] == 5
+
+
+def test_an_attempt_killed_while_writing_its_result_and_the_one_after_it(run):
+    """Rank 0 was killed (137) while it wrote result.json, which is cut short: the attempt is
+    recorded from its exit code, with no step known. The next attempt starts from step 0: no
+    step of the first can be said to be lost."""
+    n = run.begin_attempt()
+    run.attempt_dir(n).mkdir(parents=True, exist_ok=True)
+    (run.attempt_dir(n) / "result.json").write_text('{"start_step": 0, "end_st')
+    rec, decision = finish_attempt(run, n, 137, scheduler="slurm")
+    assert rec.exit_reason == "killed" and rec.end_step is None and not decision.requeue
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=0, end_step=10, exit_reason="finished",
+                                       checkpoint_saved="/ck/step-00000010"))
+    rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
+    assert rec.exit_reason == "finished" and rec.steps_lost is None
+    assert [r["exit_reason"] for r in run.ledger()] == ["killed", "finished"]
