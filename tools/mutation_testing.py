@@ -181,6 +181,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_GD, "core/NumberReplacer", "self.num_samples = (n - 1) // seq_length if n else 0"):
         "0 -> -1 for a split without tokens: -1 is refused as 0 is, with the same message "
         "(the mutants 0 -> 1 and 1 -> 0 or 2 are killed)",
+    (_CS, "core/ReplaceTrueWithFalse", "qdir.mkdir(parents=True, exist_ok=True)"):
+        "the folder set aside lies in root, so root exists and quarantine/ is made with or "
+        "without its parents",
     (_CS, "core/ReplaceBinaryOperator_LShift_Mul", "CHUNK = 8 << 20"): _CHUNK,
     (_CS, "core/NumberReplacer", "CHUNK = 8 << 20"): _CHUNK,
     (_CS, "core/ReplaceComparisonOperator_NotEq_IsNot", "if rel != MANIFEST:"):
