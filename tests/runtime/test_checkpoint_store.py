@@ -296,3 +296,18 @@ def test_a_folder_left_with_several_killed_saves_names_each_of_them(tmp_path):
         assert store.partial_dir(root, step, attempt).name in str(refused.value)
     assert "belong to no known run" in str(refused.value)
     assert not (root / store.OWNER).exists()
+
+
+def test_a_copy_missing_several_files_names_each_of_them(tmp_path):
+    """An interrupted copy of a four-shard checkpoint lost the first and third shards and cut
+    the last one short: the cheap check names all three, so one look says what to copy again."""
+    shards = {f"__{i}_0.distcp": bytes([i]) * 100 for i in range(4)}
+    partial = _partial(tmp_path, 30, files=shards)
+    final = store.publish(partial, tmp_path, 30, store.build_manifest(
+        30, store.checksum_files(partial, sorted(shards))))
+    (final / "__0_0.distcp").unlink()
+    (final / "__2_0.distcp").unlink()
+    (final / "__3_0.distcp").write_bytes(b"\3" * 10)
+    assert store.manifest_problems(final, store.read_manifest(final)) == [
+        "__0_0.distcp is missing", "__2_0.distcp is missing",
+        "__3_0.distcp has 10 bytes, the manifest says 100"]
