@@ -251,7 +251,7 @@ def test_a_half_written_failure_record_does_not_hide_the_others(run):
 def test_a_rank_killed_by_srun_is_named_in_the_record_over_the_peers_that_wrote_theirs(run):
     """The SIGKILL drill's attempt: rank 3 was killed and wrote nothing; its three peers wrote
     gloo's connection errors. With srun's lines and the last heartbeats, the attempt's record
-    names rank 3."""
+    names rank 3, and when it last beat."""
     from tests.health.test_culprit import BEATS, RESET, SIGKILL_LOG
     from hpctrain.scheduler.slurm.commands import parse_srun_task_exits
     n = run.begin_attempt()
@@ -261,6 +261,7 @@ def test_a_rank_killed_by_srun_is_named_in_the_record_over_the_peers_that_wrote_
     rec, _ = finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm", evidence={
         "task_exits": parse_srun_task_exits(SIGKILL_LOG), "last_beats": BEATS})
     assert (rec.first_failure["rank"], rec.first_failure["node"]) == (3, "n2")
+    assert rec.first_failure["time"] == 99.5       # its last heartbeat: the recovery counts from it
     assert rec.message.startswith("rank 3 on n2 failed first") and "Killed" in rec.message
 
 
