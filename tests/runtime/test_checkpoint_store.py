@@ -311,3 +311,22 @@ def test_a_copy_missing_several_files_names_each_of_them(tmp_path):
     assert store.manifest_problems(final, store.read_manifest(final)) == [
         "__0_0.distcp is missing", "__2_0.distcp is missing",
         "__3_0.distcp has 10 bytes, the manifest says 100"]
+
+
+def test_a_checkpoint_deleted_by_hand_while_the_run_prunes_does_not_stop_the_prune(tmp_path):
+    """The run prunes to its newest checkpoint while an operator, cleaning up by hand, deletes
+    step 10 just after the run deleted step 20: the prune (inside training) goes on, and
+    nothing but the newest is left."""
+    import shutil
+    for step in (10, 20, 30):
+        _publish(tmp_path, step, run="run-a")
+    said = []
+
+    def log(message):
+        said.append(message)
+        if "step-00000020" in message:
+            shutil.rmtree(tmp_path / "step-00000010")       # the operator's rm -r
+
+    removed = store.prune(tmp_path, keep_last=1, log=log, run_id="run-a")
+    assert [d.name for d in removed] == ["step-00000020", "step-00000010"]
+    assert [s for s, _ in store.complete_checkpoints(tmp_path)] == [30]
