@@ -228,6 +228,9 @@ def test_the_recovery_is_measured_from_the_attempt_just_before(run):
     rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
     assert [r["attempt"] for r in run.ledger()] == [1, 2, 3]
     assert (rec.first_step_at, rec.recovery_s, rec.steps_lost) == (2100.0, 100.0, 10)
+    ends = [e for e in run.events() if e["event"] == "attempt_end"]    # the run's event log
+    assert [(e["attempt"], e["exit_reason"]) for e in ends] == [
+        (1, "failed"), (2, "failed"), (3, "finished")]
 
 
 def test_a_half_written_failure_record_does_not_hide_the_others(run):
