@@ -290,16 +290,15 @@ def record_lost_attempts(run: RunFolder, next_attempt: int, *, scheduler: str) -
         start = starts.get(n, {})
         result_file = result_path(run, n)
         reason = None if result_file.is_file() else ExitReason.UNKNOWN
-        finish_attempt(run, n, None, scheduler=scheduler, job_id=start.get("job_id"),
-                       restart_count=int(start.get("restart_count") or 0), reason=reason)
+        record, _ = finish_attempt(run, n, None, scheduler=scheduler,
+                                   job_id=start.get("job_id"),
+                                   restart_count=int(start.get("restart_count") or 0),
+                                   reason=reason)
         ended = _last_write(run.attempt_dir(n))
         changes = {"note": LOST_NOTE.format(next=next_attempt)}
-        if ended is not None:
-            mine = [r for r in run.ledger() if isinstance(r, dict) and r.get("attempt") == n]
-            started = mine[-1].get("start_time") if mine else None
+        if ended is not None and ended >= record.start_time:
             changes["end_time"] = ended
-            if isinstance(started, (int, float)) and ended >= started:
-                changes["duration_s"] = round(ended - started, 1)
+            changes["duration_s"] = round(ended - record.start_time, 1)
         run.update_ledger_record(n, **changes)
     return lost
 

@@ -91,6 +91,8 @@ def test_an_attempt_whose_batch_shell_was_killed_is_recorded_when_the_next_begin
                                        exit_reason="preempted", checkpoint_saved=saved,
                                        start_time=started, last_loss=3.5))
     # ... and its batch shell is killed before `end`: no ledger record
+    last_write = started + 12.345                  # rank 0's result, its last file
+    os.utime(run.attempt_dir(1) / "result.json", (last_write, last_write))
     assert run.ledger() == []
     out = cmd_begin(run)                                       # the requeued job begins
     assert "HPCTRAIN_ATTEMPT=2" in out
@@ -99,9 +101,15 @@ def test_an_attempt_whose_batch_shell_was_killed_is_recorded_when_the_next_begin
     assert first["end_step"] == 7 and first["checkpoint_saved"] == saved
     assert first["job_id"] == "4242" and first["decision"]["requeue"] is True
     assert first["note"].startswith("recorded when attempt 2 began")
-    assert started < first["end_time"] <= _time.time() and first["duration_s"] >= 0
-    # attempt 2 is lost without a trace (killed before rank 0 wrote anything): unknown
+    assert first["restart_count"] == 0 and first["start_time"] == started
+    # its end: when its last file was written (result.json), not when it was recorded
+    assert first["end_time"] == pytest.approx(last_write, abs=1e-3)
+    assert first["duration_s"] == 12.3
+    # attempt 2, Slurm's first restart, is lost without a trace (killed before rank 0 wrote
+    # anything): unknown
+    run.event("attempt_start", attempt=2, job_id="4242", restart_count=1, nodes="n1")
     cmd_begin(run)
-    assert [(r["attempt"], r["exit_reason"]) for r in run.ledger()] == \
-        [(1, "preempted"), (2, "unknown")]
+    assert [(r["attempt"], r["exit_reason"], r["restart_count"]) for r in run.ledger()] == \
+        [(1, "preempted", 0), (2, "unknown", 1)]
+    assert run.ledger()[0] == first                       # the earlier record is kept as it was
     assert run.attempts_started() == [1, 2, 3]
