@@ -54,7 +54,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "a_half_written_failure_record_does_not_hide_the_others",
             "a_rank_killed_by_srun_is_named_in_the_record_over_the_peers_that_wrote_theirs",
             "an_in_job_restart_records_how_it_began_and_what_it_cost",
-            "an_attempt_killed_while_writing_its_result_and_the_one_after_it")] + [
+            "an_attempt_killed_while_writing_its_result_and_the_one_after_it",
+            "a_restart_that_resumes_where_the_failed_attempt_stopped_lost_no_step")] + [
         "tests/scheduler/test_batch_steps.py::"
         "test_an_attempt_whose_batch_shell_was_killed_is_recorded_when_the_next_begins"]),
     "hang": ("hpctrain/health/hang.py", ["tests/health/test_hang_attribution.py"]),

@@ -303,3 +303,21 @@ def test_an_attempt_killed_while_writing_its_result_and_the_one_after_it(run):
     rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
     assert rec.exit_reason == "finished" and rec.steps_lost is None
     assert [r["exit_reason"] for r in run.ledger()] == ["killed", "finished"]
+
+
+def test_a_restart_that_resumes_where_the_failed_attempt_stopped_lost_no_step(run):
+    """A rank crashed right after step 30 was saved: the in-job restart resumes from step 30,
+    so the record says no step was lost (and the time from the failure to its first step)."""
+    from hpctrain.record.attempt_end import write_restart
+    n = run.begin_attempt()
+    write_result(run, n, AttemptResult(start_step=0, end_step=30, exit_reason="failed",
+                                       checkpoint_saved="/ck/step-00000030"))
+    write_failure(run, n, 0, "n1", 2000.0, "RuntimeError: CUDA error")
+    finish_attempt(run, n, exit_codes.FAILED, scheduler="slurm")
+    n = run.begin_attempt()
+    write_restart(run, n, {"nodes": ["n1", "n2"], "excluded": [], "in_place": True})
+    write_result(run, n, AttemptResult(start_step=30, end_step=40, exit_reason="finished",
+                                       checkpoint_saved="/ck/step-00000040",
+                                       start_time=2010.0, first_step_after_s=5.5))
+    rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
+    assert (rec.in_job_restart["recovery_s"], rec.in_job_restart["steps_lost"]) == (15.5, 0)
