@@ -111,27 +111,29 @@ def _storage_refused(out: Path, code: int, *needles: str) -> None:
     assert rc == 0 and run in listing, (rc, listing, err)
 
 
-def test_a_run_folder_on_a_full_file_system(tmp_path):
+def _first_run_then_broken_tmpfs(tmp_path: Path, size: str, break_it: str) -> Path:
+    """A tmpfs of ``size`` in a mount namespace: a first run made on it, then ``break_it``
+    (shell, ``$1`` the mount point) run before the second submit; returns the outputs' folder."""
     from tests.faulty_storage import CLI, run_in_namespace
     (tmp_path / "out").mkdir()
     (tmp_path / "mnt").mkdir()
-    proc = run_in_namespace(CLI + 'mount -t tmpfs -o size=256k tmpfs "$1" || exit 9\n' + FIRST_RUN
-                            + 'dd if=/dev/zero of="$1/fill" bs=4k 2>/dev/null\n' + AFTER,
+    proc = run_in_namespace(CLI + f'mount -t tmpfs -o size={size} tmpfs "$1" || exit 9\n'
+                            + FIRST_RUN + break_it + AFTER,
                             str(tmp_path / "mnt"), out=tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
-    _storage_refused(tmp_path / "out", 1, f"{tmp_path}/mnt/runs/", "no space left on the device",
+    return tmp_path / "out"
+
+
+def test_a_run_folder_on_a_full_file_system(tmp_path):
+    out = _first_run_then_broken_tmpfs(tmp_path, "256k",
+                                       'dd if=/dev/zero of="$1/fill" bs=4k 2>/dev/null\n')
+    _storage_refused(out, 1, f"{tmp_path}/mnt/runs/", "no space left on the device",
                      "free space on that file system")
 
 
 def test_a_run_folder_on_a_read_only_file_system(tmp_path):
-    from tests.faulty_storage import CLI, run_in_namespace
-    (tmp_path / "out").mkdir()
-    (tmp_path / "mnt").mkdir()
-    proc = run_in_namespace(CLI + 'mount -t tmpfs -o size=1m tmpfs "$1" || exit 9\n' + FIRST_RUN
-                            + 'mount -o remount,ro "$1" || exit 9\n' + AFTER,
-                            str(tmp_path / "mnt"), out=tmp_path / "out")
-    assert proc.returncode == 0, proc.stderr
-    _storage_refused(tmp_path / "out", 2, f"{tmp_path}/mnt/runs", "read-only",
+    out = _first_run_then_broken_tmpfs(tmp_path, "1m", 'mount -o remount,ro "$1" || exit 9\n')
+    _storage_refused(out, 2, f"{tmp_path}/mnt/runs", "read-only",
                      "choose a folder on a writable file system")
 
 
