@@ -3,8 +3,9 @@
 The README shows the real output of `hpctrain submit examples/tiny.yaml`; the suite's main-job
 test (tests/integration/test_training_jobs.py) runs the same job, shortened, and compares what
 it printed with the README through :func:`problems`. Lines are compared by their shape: run
-names, paths, clock times and every number are masked (the test's run is shorter, so its steps,
-losses and timings differ), the words and the fields are not. The README must show every kind
+names, paths, clock times, durations (an ETA of ``38s`` on one machine is ``1m47s`` on a slower
+one) and every number are masked (the test's run is shorter, so its steps, losses and timings
+differ), the words and the fields are not. The README must show every kind
 of line the job prints, only lines it prints, and in the order it prints them.
 """
 
@@ -20,6 +21,8 @@ QUICK_START_HEADING = "### What the main job does"
 PATH = re.compile(r"(?<!\S)(?:\.\.\./|/)\S*")
 RUN_ID = re.compile(r"[A-Za-z0-9_.+-]+-\d{8}-\d{6}-[0-9a-f]{4}")
 CLOCK = re.compile(r"\b\d{2}:\d{2}:\d{2}\b")
+# format_duration's shapes (42s, 3m05s, 2h03m, 1d04h, 0.83s): one token, however long it is
+DURATION = re.compile(r"\b(?:\d+d\d{2}h|\d+h\d{2}m|\d+m\d{2}s|\d+(?:\.\d+)?s)\b")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
@@ -38,6 +41,7 @@ def shape(line: str) -> str:
     line = PATH.sub("<path>", line.strip())
     line = RUN_ID.sub("<run>", line)
     line = CLOCK.sub("<time>", line)
+    line = DURATION.sub("<duration>", line)
     return NUMBER.sub("N", line)
 
 

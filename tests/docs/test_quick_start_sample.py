@@ -32,3 +32,13 @@ def test_run_names_paths_times_and_numbers_are_masked():
     b = "09:01:02 rank 0: step 2/16 | loss 5.1 -> .../runs/tiny-gpt-20251231-235959-00ff"
     assert shape(a) == shape(b)
     assert shape(a) != shape(a.replace("loss", "los"))
+
+
+def test_an_eta_or_save_time_of_any_length_has_one_shape():
+    """A slow machine prints ``ETA 1m47s`` where the README shows ``ETA 38s``."""
+    line = "19:16:46 rank 0: step 10/60 | 0.762 s/step | MFU n/a | ETA {}"
+    shapes = {shape(line.format(d)) for d in ("0s", "38s", "1m47s", "2h03m", "1d04h")}
+    assert len(shapes) == 1, shapes
+    assert shape(line.format("38s")) != shape(line.format("38 s"))
+    saved = "checkpoint: saved step 8 (periodic, background 10.9 MB in {})"
+    assert shape(saved.format("7.70s")) == shape(saved.format("1m02s"))
