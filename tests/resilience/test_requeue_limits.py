@@ -26,33 +26,29 @@ def root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("requeue-limits") / "runs"
 
 
-TIME_LIMIT_S = 60       # slurm.time_limit 00:01:00, the shortest limit Slurm has
 LEAD_TIME_S = 25        # preemption.lead_time_s
-STEP_SLEEP_S = 2.0      # every step sleeps at least this long
-
-
-def steps_needing_windows(windows: int) -> int:
-    """The fewest steps that cannot be trained in ``windows - 1`` time-limit windows on ANY
-    machine: an attempt trains at most until the signal at the lead time, and every step
-    sleeps ``STEP_SLEEP_S``, so no attempt, however fast the machine, trains more than
-    (limit - lead) / sleep steps. A slower machine trains fewer per attempt and only needs
-    more attempts: the run then proves the same mechanism more often."""
-    most_per_window = int((TIME_LIMIT_S - LEAD_TIME_S) / STEP_SLEEP_S)
-    return most_per_window * (windows - 1) + 5
+HOLDS = (5, 14)         # the ranks wait after these steps until they are told to stop
+STEPS = 20
 
 
 def test_time_limit_saves_and_requeues_before_the_kill_until_done(slurm_cluster, root):
-    """A 1-minute limit: the signal 25 s ahead (Slurm's early warning re-raised on time) and the
-    runtime's own deadline make every attempt save and requeue before Slurm's kill; the run
-    needs at least three windows whatever this machine's speed, and finishes."""
-    steps = steps_needing_windows(3)
+    """A 1-minute limit (the shortest Slurm has): the signal 25 s ahead (Slurm's early warning,
+    re-raised on time by the batch shell) makes every attempt but the last save and requeue
+    before Slurm's kill, and the run finishes. The ranks wait after steps 5 and 14 until they
+    are told to stop, so the run needs at least three windows whatever this machine's speed:
+    the attempt that gets past step 5 is the one the signal released there, and it ends with
+    the next step's save; so does the one that gets past 14; a third finishes. A slower
+    machine, whose attempt starts too slowly to reach its hold within a window, only needs
+    more windows, each ended the same way. (The runtime's own deadline, which stops at a step
+    boundary when the time left is too short for a save, is the same stop-and-save path; it is
+    tested without Slurm in tests/runtime.)"""
     profile = profile_file(root.parent, "drill-timelimit",
-                           env={"HPCTRAIN_TEST_STEP_SLEEP_S": str(STEP_SLEEP_S)},
+                           env={**held(*HOLDS), "HPCTRAIN_TEST_HOLD_MAX_S": "3600"},
                            slurm={"time_limit": "00:01:00"},
                            preemption={"lead_time_s": LEAD_TIME_S, "max_requeues": 30})
     job = root.parent / "timelimit.yaml"
     data = yamlio.read_mapping(JOB)
-    data["train"]["steps"] = steps
+    data["train"]["steps"] = STEPS
     data["checkpoint"]["interval_steps"] = 5
     data["data"]["path"] = str(REPO / "examples" / "data" / "kjv_byte")
     data["data"]["prepare_from"] = [str(REPO / "examples" / "corpus" / "kjv.txt.gz")]
@@ -63,9 +59,11 @@ def test_time_limit_saves_and_requeues_before_the_kill_until_done(slurm_cluster,
                interval=2, what="the time-limited run to finish")
     wait_stopped(run)
     records = run.ledger()
-    assert records[-1]["exit_reason"] == "finished" and records[-1]["end_step"] == steps, \
+    assert records[-1]["exit_reason"] == "finished" and records[-1]["end_step"] == STEPS, \
         describe(run)
-    assert len(records) >= 3, describe(run)          # by construction: see steps_needing_windows
+    ends = [r["end_step"] for r in records]
+    assert all(hold + 1 in ends for hold in HOLDS), describe(run)  # released by the signal
+    assert len(records) >= 3, describe(run)          # by construction: see the docstring
     for before, after in zip(records, records[1:]):
         # every attempt but the last ended by its own save before Slurm's kill ...
         assert before["exit_reason"] in ("preempted", "deadline"), describe(run)
