@@ -25,7 +25,7 @@ os.environ["HPCTRAIN_TEST_HOOKS"] = "1"
 # the same time (from a whole run's --durations). A file not listed runs on cluster 1.
 def _extra_clusters() -> dict[int, tuple[str, str]]:
     found = {}
-    for n in (2, 3, 4):
+    for n in (2, 3, 4, 5):
         conf = os.environ.get(f"HPCTRAIN_TEST_SLURM_CONF_{n}")
         if conf:
             found[n] = (conf, os.environ.get(f"HPCTRAIN_TEST_DEV_CLUSTER_DIR_{n}", ""))
@@ -41,13 +41,13 @@ CLUSTER_OF_FILE = {
     "tests/ops/test_cancel_resume.py": 3,
     "tests/ops/test_real_training.py": 3,
     "tests/ops/test_requeue_and_follow.py": 3,
-    "tests/ops/test_checkpoint_ownership.py": 3,
     "tests/ops/test_gpu_hours.py": 3,
-    "tests/ops/test_chain.py": 3,
-    "tests/ops/test_preempted_run.py": 3,
     "tests/resilience/test_requeue_limits.py": 4,
     "tests/api/test_python_api.py": 4,
     "tests/bench/test_bench_scaling.py": 4,
+    # the drills that wait for Slurm's own timeouts (KillWait, SlurmdTimeout): tools/test starts
+    # this cluster with a shorter SlurmdTimeout
+    "tests/resilience/test_spare_drills.py": 5,
 }
 
 
@@ -97,7 +97,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             # the Slurm groups are the longest chains: each starts first, on a worker of its own
-            for scope in ("slurm-4", "slurm-3", "slurm-2", "slurm"):
+            for scope in ("slurm-5", "slurm-4", "slurm-3", "slurm-2", "slurm"):
                 if scope in self.workqueue:
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
