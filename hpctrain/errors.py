@@ -55,6 +55,13 @@ class RunNotFoundError(UsageError):
     """A run name, folder or job id that matches no run folder."""
 
 
+class NotRegularFileError(OSError):
+    """Something other than a regular file (a FIFO, a device, a socket, a folder, a symbolic
+    link) is where a file is to be written (``outputs.write_atomic``). An ``OSError``, so
+    every door that says filesystem errors in one line says it; ``strerror`` is what is there
+    and the fix, ``filename`` the path."""
+
+
 # errno -> (what it means for the path, exit code). Paths a user gave that cannot be used are
 # usage errors (2); the system failing (disk full, I/O error) is a failure (1).
 _OS_ERRORS = {
@@ -88,6 +95,8 @@ def from_os_error(e: OSError) -> HpcTrainError:
 
     name = errno_names.errorcode.get(e.errno or 0, "")
     what, code = _OS_ERRORS.get(name, (e.strerror or str(e), exit_codes.FAILED))
+    if isinstance(e, NotRegularFileError):
+        what = e.strerror
     paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
     where = " -> ".join(_short_path(p) for p in paths) if paths else "a file"
     fix = _OS_FIXES.get(name)

@@ -1,18 +1,51 @@
-"""Where hpctrain writes a file a user named (``report -o``, ``data prepare --output``): only a
-regular file, which is replaced, or a new path. Anything else (a device such as /dev/null, a
-FIFO, a socket, a folder) is refused by name before a byte is written, so a temporary file is
-never renamed over it (as root that would replace the device)."""
+"""Where and how hpctrain writes a file: the one write door.
+
+* :func:`write_atomic` replaces (or, ``exclusive``, creates) a file so a reader sees the old
+  content or the new, never a part, even after a crash: run-folder files, checkpoint
+  manifests, ``latest``, ``owner.json``, reports. The temporary file is created exclusively
+  under a unique name (``mkstemp``: ``O_CREAT|O_EXCL|O_NOFOLLOW``), so a symbolic link or a
+  FIFO planted at a would-be temporary name is never written through or opened; the rename
+  never follows the target either. An existing target that is not a regular file (a FIFO, a
+  device, a socket, a folder, a symbolic link) is refused by name (:class:`NotRegularFileError`,
+  an ``OSError`` so the storage-fault doors that already say ``OSError``\\ s in one line say it
+  too), never replaced: as root, renaming over ``/dev/null`` would replace the device.
+* :func:`probe_file` is a scratch file for measuring or testing a folder (the preflight
+  storage probe): created the same way, removed afterwards.
+* :func:`check_output_file` checks a path a user named (``report -o``, ``data prepare
+  --output``) before any work is done, with the option's name in the error.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
-from .errors import UsageError
+from .errors import NotRegularFileError, UsageError
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISLNK, "a symbolic link"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def refuse_special(path: Path) -> None:
+    """Raise :class:`NotRegularFileError` when ``path`` exists (as itself, a link not
+    followed) and is not a regular file; nothing when it is one or is absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(errno.EEXIST, f"is {_kind(st.st_mode)}, not a regular file; "
+                                                f"move it away", str(path))
 
 
 def check_output_file(path: str | os.PathLike, option: str) -> Path:
@@ -26,5 +59,110 @@ def check_output_file(path: str | os.PathLike, option: str) -> Path:
         return p
     if stat.S_ISREG(st.st_mode):
         return p
-    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-    raise UsageError(f"{option} {p}: is {kind}; give the path of a regular file or a new one")
+    raise UsageError(f"{option} {p}: is {_kind(st.st_mode)}; give the path of a regular file "
+                     f"or a new one")
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """``e`` naming ``path`` when it names no file (a write's or fsync's ENOSPC, EDQUOT, EIO),
+    so the one line that reports it says where (errors.from_os_error, save_faults)."""
+    if e.filename is None and e.errno is not None:
+        return type(e)(e.errno, e.strerror, str(path))
+    return e
+
+
+@contextlib.contextmanager
+def _temporary(folder: Path, prefix: str, mode: int) -> Iterator[tuple[BinaryIO, Path]]:
+    """A new file in ``folder`` (``mkstemp``: exclusive, unique, never through a link) with
+    ``mode``, open for writing; closed and its name removed on the way out (a name already
+    renamed away is gone: nothing to remove)."""
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+    tmp = Path(name)
+    f = os.fdopen(fd, "wb")
+    try:
+        os.fchmod(fd, mode)
+        yield f, tmp
+    finally:
+        with contextlib.suppress(OSError):
+            f.close()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def fsync_folder(path: Path) -> None:
+    """fsync a folder, so a rename or creation in it survives a crash; best effort (some file
+    systems refuse to open or fsync a folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, durable: bool = True,
+                 exclusive: bool = False) -> None:
+    """Write ``data`` to ``path``: temporary file, fsync, rename over the target, fsync of the
+    folder. The file gets the mode an ordinary write would (the umask's), not mkstemp's 0600.
+    ``durable=False`` skips the fsyncs (still never a part: the rename is atomic) for files
+    that can be rebuilt, such as heartbeats. ``exclusive=True`` publishes with ``link`` instead
+    of ``rename``: an existing file is never replaced (``FileExistsError``), so of two writers
+    one wins (claiming a folder). Raises :class:`NotRegularFileError` for a special file at
+    ``path``, and an ``OSError`` naming ``path`` for the storage's faults; a failed write
+    leaves the old file and no temporary one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    refuse_special(p)
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        with _temporary(p.parent, f".{p.name}.", 0o666 & ~_umask()) as (f, tmp):
+            f.write(raw)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+            f.close()       # before the rename: a network file system sends the data on close
+            if exclusive:
+                os.link(tmp, p)
+            else:
+                os.replace(tmp, p)
+    except OSError as e:
+        named = _named(e, p)
+        if named is e:
+            raise
+        raise named from e
+    if durable:
+        fsync_folder(p.parent)
+
+
+@contextlib.contextmanager
+def probe_file(folder: str | os.PathLike, prefix: str) -> Iterator[tuple[BinaryIO, Path]]:
+    """A scratch file in ``folder`` to write into (open, and its path): created
+    exclusively under a unique name (a planted link or FIFO is never opened), removed when
+    the block ends, whatever happens in it. An error that names no file (a write's ENOSPC)
+    is raised naming ``folder``."""
+    folder = Path(folder)
+    try:
+        with _temporary(folder, prefix, 0o600) as (f, tmp):
+            yield f, tmp
+    except OSError as e:
+        named = _named(e, folder)
+        if named is e:
+            raise
+        raise named from e
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

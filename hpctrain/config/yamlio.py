@@ -14,13 +14,13 @@ import math
 import os
 import re
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..errors import ConfigError, UsageError
+from ..outputs import write_atomic  # noqa: F401 (the write door; run-folder writers call it here)
 
 
 MAX_CONFIG_BYTES = 1 << 20   # profiles and jobs are a few KB; 1 MiB leaves room for comments
@@ -382,57 +382,3 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
 def _show_value(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 80 else text[:70] + "..."
-
-
-def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = True) -> None:
-    """Write ``text`` to ``path`` so readers see the old content or the new, never a part, even
-    after a crash: temporary file, fsync, rename, fsync of the folder. The file gets the mode
-    an ordinary write would (the umask's), not mkstemp's 0600. ``durable=False`` skips the
-    fsyncs (still never a part: the rename is atomic) for files that can be rebuilt, such as
-    the runs listing's kept rows, where 10,000 fsyncs would cost more than the rows."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.filename is None and e.errno is not None:
-            # a write's or fsync's error names no file (ENOSPC, EDQUOT, EIO): name the one
-            # being written, so the one line says where (errors.from_os_error)
-            raise type(e)(e.errno, e.strerror, str(p)) from e
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if not durable:
-        return
-    try:
-        dfd = os.open(p.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
-def _umask() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

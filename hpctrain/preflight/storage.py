@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import fault_injection
+from ..outputs import probe_file
 from .results import FAIL, PASS, WARN, Check
 
 LOCAL_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "ramfs", "f2fs",
@@ -72,21 +73,28 @@ def fs_kind(fstype: str) -> str:
     return "unknown"
 
 
+PROBE_PREFIX = ".hpctrain-preflight-"
+
+
 def measure_write_bandwidth(folder: Path, size_mb: int, block_mb: int = 4) -> float:
-    """Write ``size_mb`` MB in one file with fsync, then delete it; returns MB/s."""
-    path = folder / f".hpctrain-preflight-{os.getpid()}.tmp"
+    """Write ``size_mb`` MB in one probe file with fsync, then delete it; returns MB/s."""
     block = os.urandom(block_mb << 20)
     t0 = time.perf_counter()
-    try:
-        with open(path, "wb") as f:
-            for _ in range(max(1, size_mb // block_mb)):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
+    with probe_file(folder, PROBE_PREFIX) as (f, _):
+        for _ in range(max(1, size_mb // block_mb)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
         dt = time.perf_counter() - t0
-    finally:
-        path.unlink(missing_ok=True)
     return max(1, size_mb // block_mb) * block_mb / max(dt, 1e-9)
+
+
+def probe_fault(folder: Path, e: OSError) -> str:
+    """One line for a probe write that failed: the folder and what the storage said."""
+    import errno
+    what = e.strerror or str(e)
+    name = errno.errorcode.get(e.errno or 0)
+    return f"{folder}: {what}" + (f" ({name})" if name else "")
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -108,13 +116,13 @@ def check_storage(folder: str, profile, nodes: int, node: str, *, probe_mb: int,
                       "mounted here)", "an existing shared folder",
                       "mount the shared filesystem on this node or fix storage.checkpoint_root")]
     try:
-        probe = base / f".hpctrain-write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        with probe_file(base, PROBE_PREFIX) as (f, _):
+            f.write(b"ok")
+            f.flush()
         note = "" if base == path else f" (not created yet; {base} is writable)"
         out.append(Check(node, "storage.writable", PASS, f"{path}{note}", "writable"))
     except OSError as e:
-        return [Check(node, "storage.writable", FAIL, f"{base}: {e.strerror or e}", "writable",
+        return [Check(node, "storage.writable", FAIL, probe_fault(base, e), "writable",
                       "fix permissions or point storage.checkpoint_root at a writable shared folder")]
     if mounts_text is None:
         try:
@@ -168,7 +176,8 @@ def _bandwidth(path: Path, profile, nodes: int, node: str, probe_mb: int,
     try:
         mbs = measure_write_bandwidth(_existing_ancestor(path), probe_mb)
     except OSError as e:
-        return [Check(node, "storage.write_bw", FAIL, f"write failed: {e.strerror or e}",
+        return [Check(node, "storage.write_bw", FAIL,
+                      f"write failed: {probe_fault(_existing_ancestor(path), e)}",
                       f"{probe_mb} MB written", "free space or fix the filesystem")]
     rows = [Check(node, "storage.write_bw", PASS, f"{mbs:.0f} MB/s ({probe_mb} MB, fsync)",
                   "measured", detail={"mb_per_s": mbs})]

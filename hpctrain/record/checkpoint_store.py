@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import HpcTrainError, UsageError
+from ..outputs import fsync_folder as fsync_dir, write_atomic
 
 
 class CheckpointError(HpcTrainError):
@@ -46,6 +47,7 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 QUARANTINE = "quarantine"
 OWNER = "owner.json"
+QUARANTINE_NOTE = "QUARANTINED.txt"
 OWNER_FORMAT = "hpctrain-checkpoint-owner"
 FORMAT = "hpctrain-checkpoint"
 FORMAT_VERSION = 2     # 2: CRC32C per file and per item (1: zlib CRC32 per file)
@@ -60,19 +62,6 @@ def step_name(step: int) -> str:
 
 def partial_dir(root: Path, step: int, attempt: int) -> Path:
     return root / f"{PARTIAL_PREFIX}{step_name(step)}-a{attempt}"
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 CHECKSUMS = ("crc32c", "crc32")   # manifests of format 2 use CRC32C; format 1's zlib CRC32
@@ -141,13 +130,9 @@ def build_manifest(step: int, files: dict[str, dict], **info) -> dict:
             "total_bytes": sum(f["size"] for f in files.values()), "files": files}
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=1, sort_keys=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_json_atomic(path: Path, data: dict, *, durable: bool = True) -> None:
+    """``data`` as JSON through the write door (``outputs.write_atomic``)."""
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n", durable=durable)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -234,8 +219,8 @@ def quarantine(root: Path, folder: Path, reason: str) -> Path:
         n += 1
         target = qdir / f"{base}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
     os.rename(folder, target)
-    (target / "QUARANTINED.txt").write_text(f"moved here {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                                            f"{reason}\n")
+    write_atomic(target / QUARANTINE_NOTE,
+                 f"moved here {time.strftime('%Y-%m-%d %H:%M:%S')}: {reason}\n")
     fsync_dir(root)
     return target
 
@@ -256,13 +241,7 @@ def publish(partial: Path, root: Path, step: int, manifest: dict) -> Path:
 
 
 def set_latest(root: Path, name: str) -> None:
-    tmp = root / f".{LATEST}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / LATEST)
-    fsync_dir(root)
+    write_atomic(root / LATEST, name + "\n")
 
 
 def read_latest(root: Path) -> str | None:
@@ -419,19 +398,11 @@ def claim(root: Path, run_id: str, run_dir: str | os.PathLike | None = None,
     record = {"format": OWNER_FORMAT, "run": run_id,
               "run_dir": str(run_dir) if run_dir is not None else None,
               "claimed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    tmp = root / f".{OWNER}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(record, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
     try:
-        os.link(tmp, root / OWNER)
+        write_atomic(root / OWNER, json.dumps(record, indent=1) + "\n", exclusive=True)
         created = True
     except FileExistsError:
         created = False
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(root)
     check_owner(root, run_id)   # lost a race: the other run's record is there now
     return created
 

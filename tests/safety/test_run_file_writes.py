@@ -1,5 +1,5 @@
 """Writers of run-folder files go through the record layer's door (``hpctrain.record.files``,
-``yamlio.write_atomic``): a FIFO, a device, a folder or a symbolic link where a rank log, the
+``outputs.write_atomic``, also reached as ``yamlio.write_atomic``): a FIFO, a device, a folder or a symbolic link where a rank log, the
 ledger or a heartbeat goes is an error naming the file (never a hang, never a write through
 the link), and nothing but the file meant is changed."""
 
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
+from hpctrain.errors import NotRegularFileError, from_os_error
+from hpctrain.outputs import write_atomic
 from hpctrain.record.files import RunFileError, append_jsonl, open_for_append
 
 KINDS = ["absent", "regular", "fifo", "socket", "folder", "link-to-file", "dangling-link",
@@ -45,9 +47,10 @@ def _make(path: Path, kind: str, outside: Path) -> None:
         path.symlink_to("/dev/null")
 
 
-@given(kind=st.sampled_from(KINDS), truncate=st.booleans(), jsonl=st.booleans())
+@given(kind=st.sampled_from(KINDS), truncate=st.booleans(),
+       door=st.sampled_from(["append", "open", "replace"]))
 def test_a_run_file_is_written_only_if_it_is_a_regular_file(tmp_path_factory, kind, truncate,
-                                                            jsonl):
+                                                            door):
     base = tmp_path_factory.mktemp("w")
     (base / "run").mkdir()
     outside = base / "outside.txt"
@@ -55,18 +58,27 @@ def test_a_run_file_is_written_only_if_it_is_a_regular_file(tmp_path_factory, ki
     path = base / "run" / "rank-0.log"
     _make(path, kind, outside)
     try:
-        if jsonl:
+        if door == "append":
             append_jsonl(path, {"a": 1})
-        else:
+        elif door == "open":
             os.close(open_for_append(path, truncate=truncate))
+        else:
+            write_atomic(path, "new\n", durable=truncate)
     except RunFileError as e:
-        assert kind not in ("absent", "regular"), e
-        assert str(e).startswith(f"cannot {'append to' if jsonl else 'write'} {path}: ")
+        assert kind not in ("absent", "regular") and door != "replace", e
+        assert str(e).startswith(f"cannot {'append to' if door == 'append' else 'write'} {path}: ")
         assert "\n" not in str(e)
+    except NotRegularFileError as e:       # what the CLI's door makes of it: one line, exit 2
+        assert kind not in ("absent", "regular") and door == "replace", e
+        line = str(from_os_error(e))
+        assert line.startswith(f"{path}: is ") and line.endswith(", not a regular file; move "
+                                                                  "it away"), line
     else:
         assert kind in ("absent", "regular"), kind
         assert path.is_file() and not path.is_symlink()
+        assert door != "replace" or path.read_bytes() == b"new\n"
     assert outside.read_bytes() == b"not the run's\n"          # never written through a link
+    assert os.listdir(base / "run") == ["rank-0.log"]          # no temporary file left
     assert sorted(p.name for p in base.iterdir()) == sorted(
         ["run", "outside.txt"] + (["fifo"] if kind == "link-to-fifo" else []))
 

@@ -24,7 +24,7 @@ import re
 import traceback
 from typing import Callable, Iterator
 
-from ...errors import HpcTrainError
+from ...errors import HpcTrainError, NotRegularFileError
 
 FAULTS = {
     errno.ENOSPC: "no space left on the device",
@@ -116,6 +116,8 @@ def fault_of(exc: BaseException) -> str | None:
     failure is not a storage fault (a bug keeps its own message; a lost peer is
     :func:`peer_lost`'s)."""
     for e in _causes(exc):
+        if isinstance(e, NotRegularFileError):      # the write door's refusal says what is there
+            return f"{e.filename} {e.strerror}"
         if isinstance(e, OSError) and e.errno in FAULTS:
             where = f": {e.filename}" if e.filename else ""
             return f"{FAULTS[e.errno]} ({errno.errorcode[e.errno]}{where})"

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import crc32c
 
+from ...outputs import write_atomic
+
 CHECKSUM = "crc32c"
 
 
@@ -192,8 +194,9 @@ def write_buckets(transform_list, rank: int, buckets: list, results_queue, *, fo
         outcome = errors[0] if isinstance(errors[0], Exception) else RuntimeError(str(errors[0]))
     else:
         record = {"files": sums, "write_seconds": round(time.monotonic() - started, 3)}
-        tmp = Path(folder) / f".{sidecar}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, Path(folder) / sidecar)
+        try:    # read by rank 0 before the manifest is written; the manifest is what is fsynced
+            write_atomic(Path(folder) / sidecar, json.dumps(record), durable=False)
+        except OSError as e:    # megatron's finalize raises it (else it would wait for it)
+            outcome = e
     if results_queue is not None:
         results_queue.put(outcome)
