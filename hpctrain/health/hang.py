@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .heartbeat import Beat
+from .heartbeat import EXITING, Beat
 
 VERDICT_FILE = "hang.json"
 STACKS_PATTERN = "stacks-rank-*.txt"
@@ -124,16 +124,19 @@ class HangMonitor:
         return out
 
     def check(self, now: float, decided_by: str = "") -> Verdict | None:
-        """The verdict when no rank made progress for the limit; else None."""
+        """The verdict when no rank made progress for the limit; else None. A rank whose last
+        beat says it is exiting (its attempt ended as every rank agreed: ``heartbeat.EXITING``)
+        is not hung, however long its process takes to go; only the others are judged."""
         limit = self.limit_s(now)
-        if not self.beats or limit is None:
+        working = {r: b for r, b in self.beats.items() if b.phase != EXITING}
+        if not working or limit is None:
             return None
-        idle = {r: self.idle_s(r, now) for r in self.beats}
+        idle = {r: self.idle_s(r, now) for r in working}
         if min(idle.values()) <= limit:
             return None
-        silent = {r: self.silent_s(r, now) for r in self.beats}
+        silent = {r: self.silent_s(r, now) for r in working}
         behind = self.behind()
-        steps = [b.step for b in self.beats.values() if b.step is not None]
+        steps = [b.step for b in working.values() if b.step is not None]
 
         def blame(rank: int):
             beat, quiet = self.beats[rank], silent[rank] > self.silent_after_s
@@ -141,7 +144,7 @@ class HangMonitor:
                     beat.step if beat.step is not None else -1,
                     0 if rank in behind else 1, -idle[rank], rank)
 
-        rank = min(self.beats, key=blame)
+        rank = min(working, key=blame)
         beat = self.beats[rank]
         if silent[rank] > self.silent_after_s:
             why = (f"its heartbeat stopped {silent[rank]:.0f} s ago: the process is stopped, dead "
@@ -156,7 +159,7 @@ class HangMonitor:
             why = "it has gone longest without progress"
         if beat.where:
             why += f"; its main thread: {beat.where}"
-        starts = [b.start_step for b in self.beats.values() if b.start_step is not None]
+        starts = [b.start_step for b in working.values() if b.start_step is not None]
         return Verdict(
             rank=rank, node=beat.node, pid=beat.pid, step=beat.step, phase=beat.phase,
             idle_s=round(idle[rank], 1), limit_s=limit, why=why,
@@ -166,7 +169,7 @@ class HangMonitor:
             ranks={str(r): {"node": b.node, "step": b.step, "phase": b.phase,
                             "idle_s": round(idle[r], 1), "silent_s": round(silent[r], 1),
                             "where": b.where, "behind": list(behind[r]) if r in behind else None}
-                   for r, b in sorted(self.beats.items())})
+                   for r, b in sorted(working.items())})
 
 
 def verdict_path(attempt_dir: Path) -> Path:

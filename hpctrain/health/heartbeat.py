@@ -23,6 +23,10 @@ from pathlib import Path
 from ..record import reader
 
 FOLDER = "heartbeat"
+# the phase of a rank's last beat once its attempt has ended the way every rank agreed on
+# (finished, preempted, out of time): its process is on its way out, and however long the
+# interpreter takes to exit on a loaded node, it is not hung (health.hang leaves it out)
+EXITING = "exiting"
 
 
 @dataclass

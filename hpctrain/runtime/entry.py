@@ -115,7 +115,7 @@ def train_main(run_dir: str | None = None) -> dict:
     code = _finish(run, renv, jenv, result, outcome.exit_reason, outcome.exit_code,
                    outcome.message, collective=True)
     _teardown()
-    _cleanup()
+    _cleanup(exiting=True)
     if code != exit_codes.FINISHED:
         raise SystemExit(code)
     return summary
@@ -389,10 +389,12 @@ def _straggler_watch(ctx, feeder, hooks):
     return StragglerWatch(ctx, feeder.timer, may_exclude, before, flops)
 
 
-def _cleanup() -> None:
+def _cleanup(exiting: bool = False) -> None:
+    """Stop the watchdog (``exiting``: the attempt ended as every rank agreed; see
+    ``Watchdog.stop``) and the checkpoint writer's results queue."""
     import sys
     while _WATCHDOG:
-        _WATCHDOG.pop().stop()
+        _WATCHDOG.pop().stop(exiting=exiting)
     if "hpctrain.runtime.checkpoint.results_queue" in sys.modules:
         sys.modules["hpctrain.runtime.checkpoint.results_queue"].remove_results_queue()
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .. import exit_codes, limits
 from ..health import hang as hangs
-from ..health.heartbeat import Beat, write_beat
+from ..health.heartbeat import EXITING, Beat, write_beat
 from ..record import reader
 
 BEAT_S = 5.0
@@ -157,10 +157,21 @@ class Watchdog:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, exiting: bool = False) -> None:
+        """Stop beating. ``exiting``: the attempt ended as every rank agreed (finished,
+        preempted, out of time), so the last beat says the process is on its way out
+        (``heartbeat.EXITING``): an interpreter slow to exit on a loaded node is then not
+        taken for a hung rank. A rank that failed stops without it: if its exit hangs, it is
+        still the one to blame."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if exiting:
+            self.progress(phase=EXITING)
+            try:
+                self._beat()
+            except OSError:
+                pass            # no last beat: the watcher judges this rank as before
         if self._stacks is not None:
             faulthandler.unregister(DUMP_SIGNAL)
             path = Path(self._stacks.name)

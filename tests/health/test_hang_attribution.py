@@ -7,7 +7,7 @@ import json
 
 from hpctrain.health.hang import (STACKS_PATTERN, HangMonitor, claim_verdict, read_verdict,
                                   stacks_path)
-from hpctrain.health.heartbeat import Beat, read_beats, write_beat
+from hpctrain.health.heartbeat import EXITING, Beat, read_beats, write_beat
 from hpctrain.runtime.watchdog import hang_limit
 
 
@@ -204,3 +204,42 @@ def test_a_verdict_recorded_without_its_time_does_not_claim_one(tmp_path):
     (tmp_path / "hang.json").write_text(json.dumps(old))
     recorded = read_verdict(tmp_path)
     assert recorded.rank == 1 and not recorded.detected_at
+
+
+def exiting(b: Beat) -> Beat:
+    b.phase = EXITING
+    return b
+
+
+def test_ranks_that_ended_their_attempt_together_are_not_hung_however_slowly_they_exit():
+    """Both ranks finished and said so in their last beat; on a loaded node their interpreters
+    take minutes to exit, so their beats stop: that is not a hang (a hang verdict would exclude
+    the node and requeue a finished run)."""
+    m = HangMonitor(beat_s=5)
+    m.update({r: exiting(beat(r, 30, 100.0, 100.0)) for r in range(2)}, now=1000.0)
+    assert m.check(1000.0 + 600) is None
+
+
+def test_a_rank_stuck_while_its_peer_exits_is_still_blamed():
+    """Rank 0 ended the attempt and exits; rank 1 never got there (stopped after step 29): the
+    verdict names rank 1, and only the ranks still working are judged."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: exiting(beat(0, 30, 100.0, 100.0)), 1: beat(1, 29, 90.0, 100.0)}, now=1000.0)
+    verdict = m.check(1060.0)
+    assert verdict is not None and verdict.rank == 1 and verdict.step == 29
+    assert set(verdict.ranks) == {"1"} and "heartbeat stopped 60 s ago" in verdict.why
+
+
+def test_the_watchdog_of_a_rank_that_ended_its_attempt_beats_exiting_last(tmp_path):
+    from hpctrain.runtime.watchdog import Watchdog
+    finished = Watchdog(tmp_path / "a", 0, "n1", hang_timeout_s=60, dump_stacks=False,
+                        device="cpu", init_timeout_s=600, watcher=True, beat_s=3600).start(0)
+    finished.step_done(30, 0.5)
+    finished.stop(exiting=True)
+    failed = Watchdog(tmp_path / "b", 1, "n1", hang_timeout_s=60, dump_stacks=False,
+                      device="cpu", init_timeout_s=600, watcher=True, beat_s=3600).start(0)
+    failed.step_done(12, 0.5)
+    failed.stop()                   # a rank that failed: its last beat is where it was
+    assert (read_beats(tmp_path / "a")[0].phase, read_beats(tmp_path / "a")[0].step) == \
+        (EXITING, 30)
+    assert read_beats(tmp_path / "b")[1].phase != EXITING
