@@ -142,7 +142,7 @@ def test_preflight_gate_excludes_a_slow_node_and_requeues(slurm_cluster, tmp_pat
     job = short_tiny(tmp_path, steps=6)
     profile = profile_variant(tmp_path, "dev-slurm-gate",
                               env={"HPCTRAIN_TEST_HOOKS": "1",
-                                   "HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.1"},
+                                   "HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.3"},
                               preflight={"gate": True, "sizes_mb": [0.25, 1], "timeout_s": 60})
     proc = hpctrain("submit", str(job), "-p", profile, "--json",
                     env={"HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")}, check=True)

@@ -24,7 +24,7 @@ def test_preflight_job_on_dev_cluster_passes(slurm_cluster, tmp_path):
 @pytest.mark.slurm
 def test_preflight_job_on_dev_cluster_locates_a_slow_node(slurm_cluster, tmp_path):
     out = hpctrain("preflight", "--profile", "dev-slurm", "--runs-dir", str(tmp_path), "--wait", "240",
-                   env={"HPCTRAIN_TEST_HOOKS": "1", "HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.1"},
+                   env={"HPCTRAIN_TEST_HOOKS": "1", "HPCTRAIN_TEST_PREFLIGHT_DELAY": "n2:0.3"},
                    timeout=300)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "FAIL  collective.intra_node" in out.stdout
