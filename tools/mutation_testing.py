@@ -32,6 +32,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+# the preflight checks' unit tests (captured tool output, no Slurm), and the runners' tests
+# that drive fake nvidia-smi/ibstat scripts (the CLI's own tests start processes: left out)
+_PREFLIGHT_UNIT = ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py"]
+_PREFLIGHT_RUNNERS = [f"tests/preflight/test_runners_and_cli.py::test_{name}" for name in (
+    "healthy_node_through_fake_tools", "degraded_node_through_fake_tools",
+    "missing_tools_give_rows_not_tracebacks", "query_retries_without_a_field_the_driver_rejects",
+    "topology_runner_reports_a_broken_nvidia_smi")]
+
 # key -> (module, the fast tests that cover it: files or pytest node ids)
 MODULES: dict[str, tuple[str, list[str]]] = {
     "requeue": ("hpctrain/record/requeue_policy.py", ["tests/runs/test_requeue_policy.py"]),
@@ -99,6 +107,25 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "rendered_script_matches_golden_file", "render_is_pure",
             "directives_follow_the_profile", "hostile_values_are_inert",
             "render_cli_refuses_local_profile", "step_script_of_a_job_that_trains_nothing")]),
+    "gpu_check": ("hpctrain/preflight/gpu.py", _PREFLIGHT_UNIT + _PREFLIGHT_RUNNERS),
+    "nccl_env": ("hpctrain/preflight/nccl_env.py", _PREFLIGHT_UNIT),
+    "topology": ("hpctrain/preflight/topology.py", _PREFLIGHT_UNIT + _PREFLIGHT_RUNNERS),
+    "storage": ("hpctrain/preflight/storage.py", _PREFLIGHT_UNIT),
+    # the step model's tests against a real megatron-core step (a probe process, 15 s): left out
+    "planner_timing": ("hpctrain/planner/timing.py", [
+        f"tests/plan/test_plan_step_model.py::test_{name}" for name in (
+            "a_grid_point_is_exact_and_a_power_law_rate_is_interpolated_exactly",
+            "the_step_is_priced_kernel_by_kernel_from_the_table",
+            "the_plan_follows_from_the_step_time",
+            "tensor_parallel_communication_is_charged_where_megatron_core_exposes_it",
+            "a_table_that_is_not_a_full_grid_is_refused_by_name",
+            "a_profile_names_its_table_and_the_plan_uses_it")] + [
+        "tests/plan/test_plan_cost.py", "tests/plan/test_flops_megatron.py",
+        "tests/plan/test_plan_optimizer_step.py::"
+        "test_the_plan_counts_the_larger_of_the_activations_and_the_step_copy"]),
+    "planner_activations": ("hpctrain/planner/activations.py", [
+        "tests/plan/test_plan_activation_formulas.py", "tests/plan/test_plan_memory_tables.py",
+        "tests/plan/test_plan_memory_ranks.py"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py",
                                                       "tests/plan/test_plan_memory_ranks.py"]),
     # the value checks in process; test_bad_files.py and test_script_injection.py run the CLI
