@@ -73,9 +73,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                        ["tests/scheduler/test_node_exclusion.py"]),
     "nccl_transport": ("hpctrain/preflight/nccl_log.py",
                        ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py"]),
+    # test_collective.py runs the measurement across processes (minutes): left out
     "bandwidth": ("hpctrain/preflight/bandwidth.py",
-                  ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py",
-                   "tests/preflight/test_collective.py"]),
+                  _PREFLIGHT_UNIT + ["tests/preflight/test_bandwidth_rows.py"]),
     "infiniband": ("hpctrain/preflight/infiniband.py",
                    ["tests/preflight/test_checks.py", "tests/preflight/test_parsers.py"]),
     "bandwidth_rows": ("hpctrain/preflight/bandwidth_rows.py",
