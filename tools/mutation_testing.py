@@ -163,7 +163,14 @@ _RD = "hpctrain/scheduler/slurm/render.py"
 _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other), and "
           "`preflight` sorts before `train`: `>=` holds for `train` alone")
 _PM = "hpctrain/planner/memory.py"
+_BW = "hpctrain/preflight/bandwidth.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_BW, "core/NumberReplacer", "return size_bytes / seconds / 1e9"):
+        "GB of 1e9 ± 1 bytes: a relative change of 1e-9, far below the two decimals a row prints "
+        "and the resolution of any timed all-reduce",
+    (_BW, "core/ReplaceBinaryOperator_Div_FloorDiv", "return size_bytes / seconds / 1e9"):
+        "`size_bytes // seconds` (the first `/`; the second, GB/s floored to a whole number, is "
+        "killed): bytes per second lose less than one byte, 1e-9 GB/s",
     ("hpctrain/preflight/infiniband.py", "core/ReplaceComparisonOperator_Eq_GtE",
      'if key == "state":'):
         "of the keys of ibstat's port section (State, Physical state, Rate, Base lid, LMC, SM "

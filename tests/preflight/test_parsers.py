@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
 
-from hpctrain.preflight.bandwidth import algbw, busbw
+from hpctrain.preflight.bandwidth import algbw, busbw, default_sizes_mb
 from hpctrain.preflight.gpu import parse_gpu_query, throttle_reasons
 from hpctrain.preflight.infiniband import parse_ibstat, read_sysfs
 from hpctrain.preflight.nccl_env import parse_spec
@@ -15,6 +16,7 @@ from hpctrain.preflight.nccl_tests import parse_all_reduce_perf
 from hpctrain.preflight.storage import fs_kind, mount_for, parse_proc_mounts
 from hpctrain.preflight.topology import parse_topo_matrix
 
+from tests.conftest import REPO
 from tests.preflight.helpers import FIXTURES, fixture_text
 
 
@@ -125,6 +127,24 @@ def test_busbw_factor_is_two_n_minus_one_over_n():
     assert busbw(10.0, 16) == pytest.approx(18.75)
     assert busbw(10.0, 2) == pytest.approx(10.0)
     assert busbw(10.0, 1) == 0.0
+
+
+def test_the_default_sweeps_span_what_the_docs_say_four_times_per_step_to_the_plateau():
+    """Without ``preflight.sizes_mb`` a GPU node sweeps 1 MB to 1 GB and a CPU rehearsal 0.25 to
+    16 MB (docs/health.md), each size four times the one before (nccl-tests' ``-f 4``: rows
+    evenly spaced on a log scale). The GPU sweep's last size, the one the gate judges, lies on
+    the plateau of a real sweep between two nodes (gh200: within 3% of its peak)."""
+    m = re.search(r"(\S+) MB-(\S+) GB on GPUs, (\S+)-(\S+) MB on CPU",
+                  (REPO / "docs" / "health.md").read_text())
+    gpu, cpu = default_sizes_mb("cuda"), default_sizes_mb("cpu")
+    assert (gpu[0], gpu[-1]) == (float(m[1]), float(m[2]) * 1024)
+    assert (cpu[0], cpu[-1]) == (float(m[3]), float(m[4]))
+    for sweep in (gpu, cpu):
+        assert [b / a for a, b in zip(sweep, sweep[1:])] == [4] * (len(sweep) - 1)
+    real = parse_all_reduce_perf(fixture_text("nccl_tests/gh200x2-sweep.txt"))["rows"]
+    peak = max(r["busbw"] for r in real)
+    plateau = min(r["size"] for r in real if r["busbw"] >= 0.97 * peak)
+    assert gpu[-1] * 2**20 >= plateau
 
 
 def test_nccl_spec_prefixes_and_ports():
