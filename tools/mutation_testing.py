@@ -165,6 +165,12 @@ _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other),
 _PM = "hpctrain/planner/memory.py"
 _BW = "hpctrain/preflight/bandwidth.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/preflight/gpu.py", "core/ReplaceComparisonOperator_NotEq_Lt",
+     "if len(row) != len(header):"):
+        "nvidia-smi's CSV quotes nothing and none of the queried fields' values holds a comma, "
+        "so no row is longer than the header: a row that differs is shorter (an error line in "
+        "place of a lost GPU's row, which `>` keeps and the story of a GPU lost during the query "
+        "kills), and `<` skips it as `!=` does",
     (_BW, "core/NumberReplacer", "return size_bytes / seconds / 1e9"):
         "GB of 1e9 ± 1 bytes: a relative change of 1e-9, far below the two decimals a row prints "
         "and the resolution of any timed all-reduce",

@@ -100,6 +100,39 @@ def test_gpu_health_fields():
     assert bad["gpu.persistence"].status == "warn" and "GPU 2" in bad["gpu.persistence"].measured
 
 
+def test_a_gpu_lost_during_the_query_leaves_the_others_read():
+    """A GPU that falls off the bus (Xid 79) while nvidia-smi runs: it prints its error in
+    place of that GPU's row and goes on with the others. The seven healthy GPUs are read, the
+    count fails at 7 and GPU 5's pending row remap is still found."""
+    lines = fixture_text("query_gpu/h100x8-health-degraded.csv").splitlines()
+    lines[1 + 4] = "Unable to determine the device handle for GPU0000:9A:00.0: Unknown Error"
+    rows = parse_gpu_query("\n".join(lines))
+    assert [r["index"] for r in rows] == ["0", "1", "2", "3", "5", "6", "7"]
+    checks = by_check(check_gpus(rows, "", h100_profile(), "n1"))
+    assert checks["gpu.count"].status == "fail" and checks["gpu.count"].measured == "7 GPUs"
+    assert checks["gpu.memory_pages"].status == "fail" and "GPU 5" in checks["gpu.memory_pages"].measured
+
+
+def test_a_gpu_that_retires_pages_instead_of_remapping_rows():
+    """GPUs before the A100 (V100, T4) retire bad memory pages and know no row remapping
+    (``[N/A]``): a page retirement pending on GPU 3 fails the node with the reset to apply it;
+    nothing pending passes."""
+    lines = fixture_text("query_gpu/h100x8-health.csv").splitlines()
+    cells = [[c.strip() for c in line.split(",")] for line in lines]
+    head = cells[0]
+    retired, remap = head.index("retired_pages.pending"), head.index("remapped_rows.pending")
+    for row in cells[1:]:
+        row[retired] = "No"
+        row[remap] = row[remap + 1] = "[N/A]"
+    healthy = by_check(check_gpus(parse_gpu_query("\n".join(", ".join(r) for r in cells)), "",
+                                  h100_profile(), "n1"))
+    assert healthy["gpu.memory_pages"].status == "pass"
+    cells[1 + 3][retired] = "Yes"
+    row = by_check(check_gpus(parse_gpu_query("\n".join(", ".join(r) for r in cells)), "",
+                              h100_profile(), "n1"))["gpu.memory_pages"]
+    assert row.status == "fail" and row.measured.endswith("GPU 3") and "reset" in row.fix
+
+
 def test_nvidia_smi_missing_on_gpu_profile_is_a_failing_row():
     rows = check_gpus(None, "`nvidia-smi` is not on PATH", h100_profile(), "n1")
     assert rows[0].status == "fail" and "nvidia-smi" in rows[0].measured and rows[0].fix

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 from hpctrain.cli import cli
 from hpctrain.preflight import gpu, topology
 from hpctrain.preflight.node import run_node_checks
-from tests.preflight.helpers import FIXTURES, h100_profile
+from tests.preflight.helpers import FIXTURES, h100_profile, write_executable
 
 HCAS = ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]
 
@@ -67,6 +68,33 @@ def test_query_retries_without_a_field_the_driver_rejects(fake_tools):
     fake_tools(query="query_gpu/a100x8.csv", reject_field="remapped_rows.pending")
     rows, problem = gpu.query_gpus()
     assert problem == "" and len(rows) == 8
+
+
+def test_a_driver_that_knows_the_clock_reasons_only_by_their_new_name(tmp_path, monkeypatch):
+    """A driver that refuses ``clocks_throttle_reasons.active`` (nvidia-smi's own words) but
+    answers ``clocks_event_reasons.active``: the runner asks again under the new name, so the
+    GPU's clock slowdown is still read, not dropped with the old name."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    # the fake answers the asked fields only, from the real capture (which has the new name)
+    write_executable(bindir / "nvidia-smi", f"""#!{sys.executable}
+import csv, sys
+asked = sys.argv[1].split("=", 1)[1].split(",")
+if "clocks_throttle_reasons.active" in asked:
+    print('Field "clocks_throttle_reasons.active" is not a valid field to query.')
+    sys.exit(2)
+rows = list(csv.reader(open({str(FIXTURES / "query_gpu" / "h100x1-real.csv")!r}), skipinitialspace=True))
+names = [h.split(" [")[0] for h in rows[0]]
+for row in rows:
+    print(", ".join(row[names.index(f)] for f in asked))
+""")
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}/usr/bin:/bin")
+    rows, problem = gpu.query_gpus()
+    assert problem == "" and rows[0]["clocks_event_reasons.active"] == "0x0000000000000001"
+    assert "persistence_mode" in rows[0]   # the fields after it are asked too
+    checks = {c.check: c for c in gpu.check_gpus(rows, problem, h100_profile(
+        slurm={"gpus_per_node": 1}, node={"gpus": 1}), "n1")}
+    assert checks["gpu.clocks"].status == "pass"
 
 
 def test_topology_runner_reports_a_broken_nvidia_smi(fake_tools):
