@@ -164,7 +164,14 @@ _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other),
           "`preflight` sorts before `train`: `>=` holds for `train` alone")
 _PM = "hpctrain/planner/memory.py"
 _BW = "hpctrain/preflight/bandwidth.py"
+_YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
+           "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/preflight/gpu.py", "core/ReplaceComparisonOperator_Eq_GtE",
+     'or (r.get("remapped_rows.pending") or "").lower() == "yes"]'): _YES_NO,
+    ("hpctrain/preflight/gpu.py", "core/ReplaceComparisonOperator_Eq_GtE",
+     'pending = [r.get("index") for r in rows if (r.get("retired_pages.pending") or "").lower() == "yes"'):
+        _YES_NO,
     ("hpctrain/preflight/gpu.py", "core/ReplaceComparisonOperator_NotEq_Lt",
      "if len(row) != len(header):"):
         "nvidia-smi's CSV quotes nothing and none of the queried fields' values holds a comma, "

@@ -100,6 +100,22 @@ def test_gpu_health_fields():
     assert bad["gpu.persistence"].status == "warn" and "GPU 2" in bad["gpu.persistence"].measured
 
 
+def test_each_failing_or_warning_gpu_row_says_what_to_do_and_a_passing_one_says_nothing():
+    """The report prints a `fix:` line under a row that has one: a healthy node shows none, and
+    each GPU problem (ECC errors, a pending remap, a slowdown, persistence off, a missing GPU)
+    says what to do."""
+    profile = h100_profile()
+    for name in ("h100x8-health.csv", "h100x8-health-degraded.csv", "a100x8-gpu7-missing.csv"):
+        rows = check_gpus(parse_gpu_query(fixture_text(f"query_gpu/{name}")), "", profile, "n1")
+        for row in rows:
+            assert bool(row.fix) == (row.status != "pass"), (name, row)
+    degraded = by_check(check_gpus(parse_gpu_query(fixture_text(
+        "query_gpu/h100x8-health-degraded.csv")), "", profile, "n1"))
+    assert "nvidia-smi -r" in degraded["gpu.ecc"].fix
+    assert "PERFORMANCE" in degraded["gpu.clocks"].fix
+    assert "nvidia-persistenced" in degraded["gpu.persistence"].fix
+
+
 def test_a_gpu_lost_during_the_query_leaves_the_others_read():
     """A GPU that falls off the bus (Xid 79) while nvidia-smi runs: it prints its error in
     place of that GPU's row and goes on with the others. The seven healthy GPUs are read, the
