@@ -164,9 +164,27 @@ _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other),
           "`preflight` sorts before `train`: `>=` holds for `train` alone")
 _PM = "hpctrain/planner/memory.py"
 _BW = "hpctrain/preflight/bandwidth.py"
+_TP = "hpctrain/preflight/topology.py"
+_NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which nvidia-smi fills "
+              "with PIX, PXB, PHB, NODE or SYS: X (a device with itself) and NV never")
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_TP, "core/NumberReplacer", '"X": 0,         # a device with itself'): _NIC_CELLS,
+    (_TP, "core/NumberReplacer", '"NV": 1,        # NVLink'): _NIC_CELLS,
+    (_TP, "core/NumberReplacer", '"PIX": 2,       # one PCIe switch'):
+        "PIX at 1 or 3: it stays at or below PXB's 3, so a GPU whose nearest HCA is PIX passes "
+        "as before (a tie with a PXB HCA passes too; 1 ties NV, never a GPU-to-NIC cell)",
+    (_TP, "core/NumberReplacer", '"PXB": 3,       # several PCIe switches, not the host bridge'):
+        "PXB 3 -> 2 (3 -> 4 is killed: an HCA behind the host bridge then passes): the threshold "
+        "is PXB's own rank, so PIX and PXB still pass and PHB, NODE, SYS still warn",
+    (_TP, "core/NumberReplacer", '"SYS": 6,       # across the CPUs\' interconnect'):
+        "SYS 6 -> 7 (6 -> 5 is killed): SYS stays the farthest kind, below the 9 of a cell "
+        "nvidia-smi's legend does not name",
+    (_TP, "core/NumberReplacer",
+     "want_nvlink = (profile.interconnect.intra_node_busbw_gbs or 0) > PCIE_BUSBW_CEILING_GBS"):
+        "an unset intra-node bandwidth counts as 0: 1 or -1 is as far below the 60 GB/s PCIe "
+        "ceiling",
     ("hpctrain/preflight/gpu.py", "core/ReplaceComparisonOperator_Eq_GtE",
      'or (r.get("remapped_rows.pending") or "").lower() == "yes"]'): _YES_NO,
     ("hpctrain/preflight/gpu.py", "core/ReplaceComparisonOperator_Eq_GtE",

@@ -15,7 +15,15 @@ from .results import FAIL, PASS, SKIP, WARN, Check
 from .tools import run_tool
 
 # closeness of a connection, best first (nvidia-smi's legend)
-RANK = {"X": 0, "NV": 1, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
+RANK = {
+    "X": 0,         # a device with itself
+    "NV": 1,        # NVLink
+    "PIX": 2,       # one PCIe switch
+    "PXB": 3,       # several PCIe switches, not the host bridge
+    "PHB": 4,       # the host bridge (the CPU)
+    "NODE": 5,      # between host bridges of one NUMA node
+    "SYS": 6,       # across the CPUs' interconnect
+}
 _DEVICE = re.compile(r"^(GPU\d+|NIC\d+|mlx\w+|[a-z]+\d*_\w+)$")
 # More than PCIe Gen5 x16 can carry: a profile expecting this inside a node expects NVLink.
 PCIE_BUSBW_CEILING_GBS = 60.0

@@ -180,6 +180,42 @@ def test_topology_nic_far_from_gpus():
     assert row.status == "warn" and "GPU4: nearest mlx5_0 via SYS" in row.measured
 
 
+def test_an_hca_behind_the_host_bridge_warns_and_one_behind_several_pcie_switches_passes():
+    """A server whose PCIe layout differs per GPU: GPU1's HCA hangs off the host bridge (PHB),
+    so its GPUDirect RDMA crosses the CPU, and the preflight names it (not GPU0's HCA, as far on
+    another bridge of the socket); GPU0's sits behind two PCIe switches (PXB), still a direct
+    path, and passes like the PIX ones."""
+    text = fixture_text("topo/h100-8gpu-8nic.txt")
+    lines = text.splitlines()
+
+    def set_cell(row: str, col: int, value: str) -> None:
+        i = next(k for k, ln in enumerate(lines) if ln.startswith(row + " "))
+        cells = lines[i].split()
+        cells[1 + col] = value
+        lines[i] = "    ".join(cells)
+    for gpu, nic, link in ((0, 0, "PXB"), (1, 1, "PHB")):
+        set_cell(f"GPU{gpu}", 8 + nic, link)
+        set_cell(f"NIC{nic}", gpu, link)
+    topo = parse_topo_matrix("\n".join(lines))
+    assert topo.links[("GPU0", "NIC0")] == "PXB" and topo.links[("GPU1", "NIC1")] == "PHB"
+    row = by_check(check_topology(topo, "", TOPO_NODE, "n1"))["topology.nic_affinity"]
+    assert row.status == "warn" and row.measured == "GPU1: nearest mlx5_1 via PHB"
+
+
+def test_a_gpu_without_its_own_hca_is_pointed_to_the_nearest_one_on_its_socket():
+    """A profile that lists two of the node's HCAs, one per socket (mlx5_0, mlx5_5): each GPU
+    of socket 1 without its own HCA is told of mlx5_5 on its socket (NODE), not of mlx5_0
+    across the CPUs (SYS), though mlx5_0 comes first in the matrix."""
+    profile = h100_profile(interconnect={"hcas": ["mlx5_0", "mlx5_5"]})
+    row = by_check(check_topology(parse_topo_matrix(fixture_text("topo/h100-8gpu-8nic.txt")), "",
+                                  profile, "n1"))["topology.nic_affinity"]
+    assert row.status == "warn"
+    assert row.measured.split("; ") == [
+        "GPU1: nearest mlx5_0 via NODE", "GPU2: nearest mlx5_0 via NODE",
+        "GPU3: nearest mlx5_0 via NODE", "GPU4: nearest mlx5_5 via NODE",
+        "GPU6: nearest mlx5_5 via NODE", "GPU7: nearest mlx5_5 via NODE"]
+
+
 def test_nccl_env_hca_names_ports_and_prefixes():
     devices = {p.device: {p.port} for p in
                infiniband.parse_ibstat(fixture_text("ibstat/h100-all-active.txt"))}
