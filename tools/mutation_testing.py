@@ -170,6 +170,21 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_TP, "core/ReplaceComparisonOperator_NotEq_Gt", 'if profile.node.device != "cuda":'):
+        "the one caller (preflight.node.run_node_checks) reads the topology of a cuda profile "
+        "only",
+    (_TP, "core/ReplaceComparisonOperator_NotEq_Lt", 'if profile.node.device != "cuda":'):
+        "node.device is cuda or cpu (the profile refuses any other), and only cpu sorts before "
+        "cuda: `<` and `!=` agree",
+    (_TP, "core/ReplaceBreakWithContinue", "if not _DEVICE.match(tok):\nbreak"):
+        "the header's words after the devices are nvidia-smi's column titles (CPU Affinity, "
+        "NUMA Affinity, GPU NUMA ID), none of which reads as a device: skipping them one by one "
+        "collects the same devices",
+    (_TP, "core/NumberReplacer",
+     "if not parts or parts[0] not in devices or ln[:1].isspace():"):
+        "`ln[:0]` (never a space) or `ln[:2]` (the header starts with eight): the only line that starts with a space and whose first word "
+        "is a device is the header (the legend's words and the `NIC0:` lines are not devices), "
+        "and the GPU0 row after it overwrites every cell it would set",
     (_TP, "core/NumberReplacer", '"X": 0,         # a device with itself'): _NIC_CELLS,
     (_TP, "core/NumberReplacer", '"NV": 1,        # NVLink'): _NIC_CELLS,
     (_TP, "core/NumberReplacer", '"PIX": 2,       # one PCIe switch'):

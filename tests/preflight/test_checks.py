@@ -180,6 +180,31 @@ def test_topology_nic_far_from_gpus():
     assert row.status == "warn" and "GPU4: nearest mlx5_0 via SYS" in row.measured
 
 
+def test_a_pcie_only_node_passes_unless_its_profile_expects_nvlink_bandwidth():
+    """A node of PCIe GPUs (no NVLink: GPUs two by two on a PCIe switch, the other pairs of a
+    socket meet at a host bridge of its NUMA node, the rest across the CPUs). With a profile expecting PCIe bandwidth inside the node
+    it passes; with one expecting more than PCIe can carry it fails, naming the first pair's
+    link and the fabric to check."""
+    lines = fixture_text("topo/h100-8gpu-8nic.txt").splitlines()
+    for i, ln in enumerate(lines):
+        if ln.startswith("GPU"):
+            g = int(ln.split()[0][3:])
+            cells = ln.split()
+            for j in range(8):
+                if cells[1 + j].startswith("NV"):
+                    cells[1 + j] = ("PIX" if g // 2 == j // 2 else "NODE" if g // 4 == j // 4
+                                    else "SYS")
+            lines[i] = "    ".join(cells)
+    topo = parse_topo_matrix("\n".join(lines))
+    pcie = h100_profile(interconnect={"intra_node_busbw_gbs": 25})
+    ok = by_check(check_topology(topo, "", pcie, "n1"))["topology.nvlink"]
+    assert ok.status == "pass" and ok.measured == "PCIe only (no NVLink)"
+    bad = by_check(check_topology(topo, "", h100_profile(), "n1"))["topology.nvlink"]
+    assert bad.status == "fail"
+    assert bad.measured == "no NVLink between any GPU pair (PIX between GPU0 and GPU1)"
+    assert "intra_node_busbw_gbs 360" in bad.expected and "fabricmanager" in bad.fix
+
+
 def test_an_hca_behind_the_host_bridge_warns_and_one_behind_several_pcie_switches_passes():
     """A server whose PCIe layout differs per GPU: GPU1's HCA hangs off the host bridge (PHB),
     so its GPUDirect RDMA crosses the CPU, and the preflight names it (not GPU0's HCA, as far on
@@ -203,10 +228,10 @@ def test_an_hca_behind_the_host_bridge_warns_and_one_behind_several_pcie_switche
 
 
 def test_a_gpu_without_its_own_hca_is_pointed_to_the_nearest_one_on_its_socket():
-    """A profile that lists two of the node's HCAs, one per socket (mlx5_0, mlx5_5): each GPU
+    """A profile that lists two of the node's HCAs, one per socket (mlx5_0:1, mlx5_5:1): each GPU
     of socket 1 without its own HCA is told of mlx5_5 on its socket (NODE), not of mlx5_0
     across the CPUs (SYS), though mlx5_0 comes first in the matrix."""
-    profile = h100_profile(interconnect={"hcas": ["mlx5_0", "mlx5_5"]})
+    profile = h100_profile(interconnect={"hcas": ["mlx5_0:1", "mlx5_5:1"]})  # with their ports
     row = by_check(check_topology(parse_topo_matrix(fixture_text("topo/h100-8gpu-8nic.txt")), "",
                                   profile, "n1"))["topology.nic_affinity"]
     assert row.status == "warn"
