@@ -170,6 +170,13 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/preflight/storage.py", "core/ReplaceComparisonOperator_Eq_GtE",
+     'return params_estimate(job.model) * (12 if job.train.precision == "fp32" else 14)'):
+        "train.precision is bf16, fp16 or fp32 (the job refuses any other), and only fp32 sorts "
+        "at or after fp32",
+    ("hpctrain/preflight/storage.py", "core/ReplaceComparisonOperator_Gt_NotEq",
+     "if sizes and max(sizes) > 0:"):
+        "the sizes are sums of file sizes, never negative: `!= 0` and `> 0` agree",
     (_TP, "core/ReplaceComparisonOperator_NotEq_Gt", 'if profile.node.device != "cuda":'):
         "the one caller (preflight.node.run_node_checks) reads the topology of a cuda profile "
         "only",

@@ -77,7 +77,8 @@ PROBE_PREFIX = ".hpctrain-preflight-"
 
 
 def measure_write_bandwidth(folder: Path, size_mb: int, block_mb: int = 4) -> float:
-    """Write ``size_mb`` MB in one probe file with fsync, then delete it; returns MB/s."""
+    """Write ``size_mb`` MB in one probe file with fsync, then delete it; returns MB/s (MB of
+    2**20 bytes, of what the file holds when synced)."""
     block = os.urandom(block_mb << 20)
     t0 = time.perf_counter()
     with probe_file(folder, PROBE_PREFIX) as (f, _):
@@ -85,8 +86,9 @@ def measure_write_bandwidth(folder: Path, size_mb: int, block_mb: int = 4) -> fl
             f.write(block)
         f.flush()
         os.fsync(f.fileno())
+        written = f.tell()
         dt = time.perf_counter() - t0
-    return max(1, size_mb // block_mb) * block_mb / max(dt, 1e-9)
+    return written / 2**20 / max(dt, 1e-9)
 
 
 def probe_fault(folder: Path, e: OSError) -> str:
@@ -179,24 +181,29 @@ def _bandwidth(path: Path, profile, nodes: int, node: str, probe_mb: int,
         return [Check(node, "storage.write_bw", FAIL,
                       f"write failed: {probe_fault(_existing_ancestor(path), e)}",
                       f"{probe_mb} MB written", "free space or fix the filesystem")]
-    rows = [Check(node, "storage.write_bw", PASS, f"{mbs:.0f} MB/s ({probe_mb} MB, fsync)",
-                  "measured", detail={"mb_per_s": mbs})]
-    lead = profile.preemption.lead_time_s
+    return [Check(node, "storage.write_bw", PASS, f"{mbs:.0f} MB/s ({probe_mb} MB, fsync)",
+                  "measured", detail={"mb_per_s": mbs}),
+            emergency_checkpoint_row(node, mbs, checkpoint_bytes, nodes,
+                                     profile.preemption.lead_time_s)]
+
+
+def emergency_checkpoint_row(node: str, mbs: float, checkpoint_bytes: int | None, nodes: int,
+                             lead: float) -> Check:
+    """Whether each node's share of a checkpoint is written within the preemption lead time
+    at ``mbs`` MB/s (every node writing at once); more than half of it warns."""
     if not checkpoint_bytes:
-        rows.append(Check(node, "storage.emergency_ckpt", WARN, "checkpoint size unknown",
-                          f"fits in {lead} s", "run preflight from a run folder (job.yaml or an "
-                          "existing checkpoint gives the size)"))
-        return rows
+        return Check(node, "storage.emergency_ckpt", WARN, "checkpoint size unknown",
+                     f"fits in {lead} s", "run preflight from a run folder (job.yaml or an "
+                     "existing checkpoint gives the size)")
     share_mb = checkpoint_bytes / 1e6 / max(nodes, 1)
     secs = share_mb / mbs
     level = FAIL if secs > lead else WARN if secs > 0.5 * lead else PASS
-    rows.append(Check(node, "storage.emergency_ckpt", level,
-                      f"~{secs:.0f} s for {share_mb / 1e3:.1f} GB per node at {mbs:.0f} MB/s",
-                      f"< {lead} s (preemption.lead_time_s)",
-                      "" if level == PASS else "raise preemption.lead_time_s or use faster "
-                      "storage; the estimate assumes every node writes at this rate at once",
-                      detail={"seconds": secs, "checkpoint_bytes": checkpoint_bytes}))
-    return rows
+    return Check(node, "storage.emergency_ckpt", level,
+                 f"~{secs:.0f} s for {share_mb / 1e3:.1f} GB per node at {mbs:.0f} MB/s",
+                 f"< {lead} s (preemption.lead_time_s)",
+                 "" if level == PASS else "raise preemption.lead_time_s or use faster "
+                 "storage; the estimate assumes every node writes at this rate at once",
+                 detail={"seconds": secs, "checkpoint_bytes": checkpoint_bytes})
 
 
 def estimate_checkpoint_bytes(run_dir: str | None) -> int | None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+
+import pytest
+import yaml
 
 from hpctrain.preflight import infiniband
 from hpctrain.preflight.gpu import check_gpus, parse_gpu_query
@@ -11,8 +15,12 @@ from hpctrain.preflight.nccl_env import check_nccl_env
 from hpctrain.preflight.nccl_log import check_transport, parse_nccl_transport
 from hpctrain.preflight.results import bad_nodes, passed, summary
 from hpctrain.preflight.software import compare_versions
-from hpctrain.preflight.storage import check_storage
+from hpctrain.preflight.storage import (check_storage, emergency_checkpoint_row,
+                                        estimate_checkpoint_bytes, params_estimate)
 from hpctrain.preflight.topology import check_topology, parse_topo_matrix
+from hpctrain.config import job_from_mapping
+from hpctrain.record.folder import RunFolder
+from tests.plan.plan_jobs import GPT2_SMALL, LLAMA2_7B, job_mapping
 from tests.preflight.helpers import FIXTURES, fixture_text, h100_profile, make_profile
 
 
@@ -343,6 +351,69 @@ def test_storage_unmounted_root_is_reported_not_created(tmp_path):
     rows = check_storage("/hpctrain-no-such-mount/ckpt", make_profile(), 2, "n1", probe_mb=0,
                          checkpoint_bytes=None, mounts_text="")
     assert rows[0].status == "fail" and "does not exist" in rows[0].measured
+
+
+def test_local_disk_is_enough_for_one_node_or_nodes_that_share_one_host(tmp_path):
+    """A one-node job, or a job whose nodes all run on one host (a dev cluster), may checkpoint
+    to a local disk: the row passes and says why."""
+    mounts = MOUNTS.format(dev="/dev/nvme0n1", point=tmp_path, fs="ext4")
+    one = by_check(check_storage(str(tmp_path / "ck"), make_profile(), 1, "n1", probe_mb=0,
+                                 checkpoint_bytes=None, mounts_text=mounts))["storage.shared"]
+    assert one.status == "pass" and one.measured == f"ext4 at {tmp_path} (single node)"
+    host = by_check(check_storage(str(tmp_path / "ck"), make_profile(), 4, "n1", probe_mb=0,
+                                  checkpoint_bytes=None, mounts_text=mounts,
+                                  one_host=True))["storage.shared"]
+    assert host.status == "pass" and host.measured == f"ext4 at {tmp_path} (all nodes on one host)"
+
+
+def test_room_for_one_checkpoint_but_not_two_warns(tmp_path):
+    """A new checkpoint is written before the old one goes: a disk that holds 2.5 checkpoints
+    passes, one that holds 1.5 warns with the room two need."""
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize      # other writers move it by far less than the margins
+
+    def row(checkpoints_that_fit: float):
+        ck = int(free / checkpoints_that_fit)
+        r = by_check(check_storage(str(tmp_path), make_profile(storage={"min_free_gb": 0.001}), 1,
+                                   "n1", probe_mb=0, checkpoint_bytes=ck, mounts_text=""))
+        return r["storage.free"], ck
+    roomy, _ = row(2.5)
+    assert roomy.status == "pass"
+    tight, ck = row(1.5)
+    assert tight.status == "warn" and tight.expected.startswith(f">= {2 * ck / 1e9:.1f} GB ")
+
+
+def test_a_slow_filesystem_fails_the_emergency_checkpoint_and_more_nodes_share_it():
+    """A 150 GB checkpoint written at 1000 MB/s by every node at once, with 60 s between the
+    preemption signal and the kill: on 2 nodes each writes 75 GB in 75 s (fail), on 4 nodes
+    37.5 GB in 37.5 s (more than half the lead time: warn), on 8 nodes 18.75 GB (pass)."""
+    rows = {n: emergency_checkpoint_row("n1", 1000.0, int(150e9), n, 60) for n in (2, 4, 8)}
+    assert [rows[n].status for n in (2, 4, 8)] == ["fail", "warn", "pass"]
+    assert rows[4].measured == "~38 s for 37.5 GB per node at 1000 MB/s"
+    assert rows[4].detail["seconds"] == pytest.approx(37.5)
+    assert "lead_time_s" in rows[2].fix and "lead_time_s" in rows[4].fix and rows[8].fix == ""
+    unknown = emergency_checkpoint_row("n1", 1000.0, None, 2, 60)
+    assert unknown.status == "warn" and "run folder" in unknown.fix
+
+
+@pytest.mark.parametrize("model, published", [(GPT2_SMALL, 124_439_808),
+                                              (LLAMA2_7B, 6_738_415_616)])
+def test_a_run_that_has_not_saved_yet_is_sized_from_its_model(tmp_path, model, published):
+    """Before the first checkpoint, the emergency save's size is the job's model in Adam's
+    state: parameters within 0.2% of the published counts (GPT-2 small, learned positions and
+    tied embeddings; Llama-2 7B, SwiGLU and untied), 14 bytes each in bf16 (weights, fp32
+    main copy, two moments), 12 in fp32. Once a checkpoint exists, its size is used."""
+    params = params_estimate(job_from_mapping(job_mapping(model), "t").model)
+    assert params == pytest.approx(published, rel=0.002)
+    for precision, per_param in (("bf16", 14), ("fp32", 12)):
+        run = tmp_path / precision
+        run.mkdir()
+        (run / "job.yaml").write_text(yaml.safe_dump(job_mapping(model, precision=precision)))
+        assert estimate_checkpoint_bytes(str(run)) == params * per_param
+    saved = RunFolder(tmp_path / "bf16").checkpoint_dir() / "iter_0000010"
+    saved.mkdir(parents=True)
+    (saved / "shard").write_bytes(b"x" * 1000)
+    assert estimate_checkpoint_bytes(str(tmp_path / "bf16")) == 1000
 
 
 def test_versions_mismatch_blames_the_minority():
