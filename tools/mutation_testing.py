@@ -170,6 +170,12 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/preflight/nccl_env.py", "core/ReplaceComparisonOperator_NotEq_IsNot",
+     "chosen = [d for d in devices if any(spec.matches(d, n) for n, _ in spec.entries) != spec.exclude]"):
+        "both sides are bools (any() and startswith()), and True and False are singletons",
+    ("hpctrain/preflight/nccl_env.py", "core/NumberReplacer",
+     "elif g not in GDR_LEVELS and not (g.isdigit() and 0 <= int(g) <= 5):"):
+        "0 -> -1 (0 -> 1 and the mutants of 5 are killed): a string of digits is never negative",
     ("hpctrain/preflight/storage.py", "core/ReplaceComparisonOperator_Eq_GtE",
      'return params_estimate(job.model) * (12 if job.train.precision == "fp32" else 14)'):
         "train.precision is bf16, fp16 or fp32 (the job refuses any other), and only fp32 sorts "

@@ -11,7 +11,8 @@ import yaml
 from hpctrain.preflight import infiniband
 from hpctrain.preflight.gpu import check_gpus, parse_gpu_query
 from hpctrain.preflight.locate import Locator, pair_up
-from hpctrain.preflight.nccl_env import check_nccl_env
+from hpctrain.preflight.nccl_env import (check_disable, check_ib_hca, check_nccl_env,
+                                         check_socket_ifname, effective_env, footguns)
 from hpctrain.preflight.nccl_log import check_transport, parse_nccl_transport
 from hpctrain.preflight.results import bad_nodes, passed, summary
 from hpctrain.preflight.software import compare_versions
@@ -270,6 +271,59 @@ def test_nccl_env_hca_names_ports_and_prefixes():
     typo = by_check(check_nccl_env({"NCCL_SOCKET_IFNAME": "bond0"}, profile, devices,
                                    ["eth0", "lo"], 2, "n1"))["nccl.socket_ifname"]
     assert typo.status == "fail" and "no interface bond0" in typo.measured
+
+
+def test_an_exact_hca_list_selects_those_hcas_and_a_prefix_catches_the_ethernet_bond_too():
+    """On the H100 node (mlx5_0 ... mlx5_9 and an Ethernet bond, mlx5_bond_0), `mlx5` is a
+    prefix that also selects the bond; `=mlx5_0,mlx5_1` selects exactly those two, and
+    `^=mlx5_bond_0` every HCA but the bond."""
+    devices = {p.device: {p.port} for p in
+               infiniband.parse_ibstat(fixture_text("ibstat/h100-all-active.txt"))}
+    profile = h100_profile()
+    prefix = check_ib_hca("mlx5", devices, profile, "n1")
+    assert prefix.status == "pass" and "mlx5_bond_0" in prefix.measured
+    exact = check_ib_hca("=mlx5_0,mlx5_1", devices, profile, "n1")
+    assert exact.status == "pass" and exact.measured == "selects mlx5_0, mlx5_1"
+    but_bond = check_ib_hca("^=mlx5_bond_0", devices, profile, "n1")
+    assert but_bond.measured == "selects " + ", ".join(
+        f"mlx5_{i}" for i in (0, 1, 4, 5, 6, 7, 8, 9))
+
+
+def test_the_profiles_nccl_settings_are_exported_over_the_jobs_environment():
+    """What a rank sees: the job's environment with the profile's ``env`` over it (the
+    profile's NCCL_IB_HCA wins over the shell's; the shell's other variables stay); without
+    an environment given, this process's."""
+    profile = h100_profile(env={"NCCL_IB_HCA": "=mlx5_0", "NCCL_DEBUG": "WARN"})
+    env = effective_env(profile, {"NCCL_IB_HCA": "mlx5_9", "SLURM_JOB_ID": "42"})
+    assert env == {"NCCL_IB_HCA": "=mlx5_0", "NCCL_DEBUG": "WARN", "SLURM_JOB_ID": "42"}
+    here = effective_env(profile)
+    assert here["PATH"] == os.environ["PATH"] and here["NCCL_IB_HCA"] == "=mlx5_0"
+
+
+def test_settings_that_force_sockets_fail_on_infiniband_and_lo_is_fine_on_one_node():
+    """`NCCL_NET=Socket` on an InfiniBand profile forces TCP: fail; on an Ethernet profile there
+    is no IB to lose. `lo` as the socket interface cannot reach another node: fail on two nodes,
+    pass on one."""
+    ib, eth = h100_profile(), h100_profile(interconnect={"kind": "ethernet"})
+    net = check_disable({"NCCL_NET": "Socket"}, ib, "n1")
+    assert net.status == "fail" and net.measured == "NCCL_NET=Socket"
+    assert check_disable({"NCCL_NET": "Socket"}, eth, "n1").status == "skip"
+    assert check_disable({}, ib, "n1").status == "pass"
+    assert check_socket_ifname("lo", ["eth0", "lo"], ib, 2, "n1").status == "fail"
+    assert check_socket_ifname("lo", ["eth0", "lo"], ib, 1, "n1").status == "pass"
+
+
+def test_the_recommended_debug_level_and_named_gdr_levels_are_no_foot_guns():
+    """NCCL_DEBUG=WARN or INFO (what the docs recommend) and a named GPUDirect level (PXB) raise
+    nothing; TRACE does, a numeric level (2) is deprecated, and LOC or 0 turns GDR off."""
+    assert footguns({"NCCL_DEBUG": "WARN", "NCCL_NET_GDR_LEVEL": "PXB"}, 2) == []
+    assert footguns({"NCCL_DEBUG": "INFO"}, 2) == []
+    assert footguns({"NCCL_DEBUG": "trace"}, 2)[0].startswith("NCCL_DEBUG=TRACE slows")
+    assert footguns({"NCCL_NET_GDR_LEVEL": "2"}, 2) == [
+        "NCCL_NET_GDR_LEVEL=2: numeric levels are deprecated, use LOC/PIX/PXB/PHB/SYS"]
+    assert "disables GPUDirect RDMA" in footguns({"NCCL_NET_GDR_LEVEL": "0"}, 2)[0]
+    assert "deprecated" in footguns({"NCCL_NET_GDR_LEVEL": "5"}, 2)[0]     # SYS, the last
+    assert "is not one of" in footguns({"NCCL_NET_GDR_LEVEL": "6"}, 2)[0]
 
 
 def test_nccl_env_footguns_warn():
