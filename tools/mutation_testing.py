@@ -175,7 +175,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "both sides are bools (any() and startswith()), and True and False are singletons",
     ("hpctrain/preflight/nccl_env.py", "core/NumberReplacer",
      "elif g not in GDR_LEVELS and not (g.isdigit() and 0 <= int(g) <= 5):"):
-        "0 -> -1 (0 -> 1 and the mutants of 5 are killed): a string of digits is never negative",
+        "the lower bound 0 -> 1 or -1 (the mutants of 5 are killed): a string of digits is "
+        "never negative, and `0` is answered by the branch before (GPUDirect RDMA off)",
     ("hpctrain/preflight/storage.py", "core/ReplaceComparisonOperator_Eq_GtE",
      'return params_estimate(job.model) * (12 if job.train.precision == "fp32" else 14)'):
         "train.precision is bf16, fp16 or fp32 (the job refuses any other), and only fp32 sorts "
