@@ -164,12 +164,23 @@ _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other),
           "`preflight` sorts before `train`: `>=` holds for `train` alone")
 _PM = "hpctrain/planner/memory.py"
 _BW = "hpctrain/preflight/bandwidth.py"
+_TM = "hpctrain/planner/timing.py"
 _TP = "hpctrain/preflight/topology.py"
 _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which nvidia-smi fills "
               "with PIX, PXB, PHB, NODE or SYS: X (a device with itself) and NV never")
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_TM, "core/ReplaceBinaryOperator_Mod_FloorDiv", "return n // tp if n % tp == 0 else n / tp"):
+        "n // tp and n / tp are the same number when tp divides n, and `n // tp == 0` takes the "
+        "floor only when n < tp, a dimension smaller than the TP size, which megatron-core "
+        "refuses",
+    (_TM, "core/NumberReplacer", "if tp > 1 and hw.intra_node_busbw_gbs:"):
+        "1 -> 0 (1 -> 2 is killed): with one TP rank the all-reduce, all-gather and "
+        "reduce-scatter take 0 s (their own `n > 1`), so the stage adds nothing either way",
+    (_TM, "core/NumberReplacer", "return nbytes * (n - 1) / n / (busbw_gbs * 1e9) if n > 1 else 0.0"):
+        "else 0.0 -> ±1 (the mutants of `n > 1` are killed): every caller passes n > 1 (TP "
+        "communication is priced for tp > 1, DP for dp > 1)",
     ("hpctrain/preflight/nccl_env.py", "core/ReplaceComparisonOperator_NotEq_IsNot",
      "chosen = [d for d in devices if any(spec.matches(d, n) for n, _ in spec.entries) != spec.exclude]"):
         "both sides are bools (any() and startswith()), and True and False are singletons",

@@ -63,3 +63,22 @@ def test_overlapped_dp_communication_is_exposed_beyond_the_backward_and_by_its_l
                                                + max(gather / 10, gather - mb.forward_s))
         assert both.compute_s == plain.compute_s and both.dp_comm_s <= plain.dp_comm_s
         assert step(grad_bytes, **overlaps).dp_comm_s == pytest.approx(plain.dp_comm_s)
+
+
+def test_pipeline_stages_on_one_node_send_over_nvlink_and_across_nodes_over_the_network():
+    """Micro-batch 1, two pipeline stages, 8-GPU nodes: TP 2 × PP 2 × DP 2 fills one node, so
+    each stage sends its activations (s·b·h 16-bit values, forward and backward, per
+    microbatch) at the intra-node bandwidth; TP 4 × PP 2 × DP 2 spans two nodes, and the same
+    sends cross the network at its bandwidth."""
+    from hpctrain.planner.timing import Hardware, estimate_step_time
+    hw = Hardware(peak_tflops=100.0, intra_node_busbw_gbs=100.0, inter_node_busbw_gbs=10.0,
+                  gpus_per_node=8)
+
+    def pp_comm(tp):
+        return estimate_step_time(SHAPE, hw, tp=tp, pp=2, vpp=None, dp=2, micro_batch_size=1,
+                                  num_microbatches=4, sequence_parallel=False, recompute=None,
+                                  act_bytes=2, grad_buffer_bytes=10**6, weight_bytes=10**6 // 2,
+                                  distributed_optimizer=True).pp_comm_s
+    sends = 2 * 4 * SHAPE.seq_length * 1 * SHAPE.hidden_size * 2
+    assert pp_comm(2) == pytest.approx(sends / 100e9)
+    assert pp_comm(4) == pytest.approx(sends / 10e9)
