@@ -82,3 +82,49 @@ def test_pipeline_stages_on_one_node_send_over_nvlink_and_across_nodes_over_the_
     sends = 2 * 4 * SHAPE.seq_length * 1 * SHAPE.hidden_size * 2
     assert pp_comm(2) == pytest.approx(sends / 100e9)
     assert pp_comm(4) == pytest.approx(sends / 10e9)
+
+
+def test_interleaved_stages_with_overlapped_sends_expose_only_filling_and_draining():
+    """Four stages of two chunks each with overlap_p2p_comm: the sends of the steady state hide
+    behind compute, and only filling and draining the pipeline, 2 (p - 1) sends, are exposed;
+    without the overlap every microbatch's sends to and from every chunk are."""
+    from hpctrain.planner.timing import Hardware, estimate_step_time
+    hw = Hardware(peak_tflops=100.0, intra_node_busbw_gbs=100.0, inter_node_busbw_gbs=10.0,
+                  gpus_per_node=8)
+
+    def pp_comm(overlap):
+        return estimate_step_time(SHAPE, hw, tp=1, pp=4, vpp=2, dp=2, micro_batch_size=1,
+                                  num_microbatches=8, sequence_parallel=False, recompute=None,
+                                  act_bytes=2, grad_buffer_bytes=10**6, weight_bytes=10**6 // 2,
+                                  distributed_optimizer=True, overlap_p2p=overlap).pp_comm_s
+    one_send = SHAPE.seq_length * SHAPE.hidden_size * 2 / 100e9
+    assert pp_comm(True) == pytest.approx(2 * (4 - 1) * one_send)
+    assert pp_comm(False) == pytest.approx(2 * 8 * 2 * one_send)
+
+
+def test_without_a_kernel_table_attention_grows_with_the_micro_batch():
+    """Priced from the peak FLOP/s, attention of micro-batch 2 takes twice micro-batch 1's
+    time, forward and backward (the backward twice the forward), and half on each of 2 TP
+    ranks."""
+    from hpctrain.planner.timing import Rates
+    rates = Rates(None, 100e12, "flash")
+    f1, b1, measured = rates.attention_s(SHAPE, 1, 1)
+    f2, b2, _ = rates.attention_s(SHAPE, 2, 1)
+    half, _, _ = rates.attention_s(SHAPE, 2, 2)
+    assert measured is False and f1 > 0
+    assert (f2, b2, b1) == (pytest.approx(2 * f1), pytest.approx(4 * f1), pytest.approx(2 * f1))
+    assert half == pytest.approx(f1)
+
+
+def test_a_rank_that_updates_twice_the_elements_moves_twice_the_optimizer_bytes():
+    """The optimizer step's memory traffic: the gradient buffer's scaling and zeroing, plus a
+    fixed number of bytes per element the rank updates (Adam's reads and writes): twice the
+    elements (half the DP ranks under the distributed optimizer) add as much again."""
+    from hpctrain.planner.timing import optimizer_traffic
+    buffer = 10**9
+
+    def traffic(elements):
+        return optimizer_traffic(elements, buffer, 2, 2)
+    per_update = traffic(10**6) - traffic(0)
+    assert traffic(0) == 3 * buffer and per_update > 28 * 10**6   # Adam alone: 28 B/element
+    assert traffic(2 * 10**6) - traffic(0) == 2 * per_update
