@@ -125,7 +125,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "test_the_plan_counts_the_larger_of_the_activations_and_the_step_copy"]),
     "planner_activations": ("hpctrain/planner/activations.py", [
         "tests/plan/test_plan_activation_formulas.py", "tests/plan/test_plan_memory_tables.py",
-        "tests/plan/test_plan_memory_ranks.py"]),
+        "tests/plan/test_plan_memory_ranks.py", "tests/plan/test_plan_published_layouts.py",
+        "tests/plan/test_plan_save_memory.py"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py",
                                                       "tests/plan/test_plan_memory_ranks.py"]),
     # the value checks in process; test_bad_files.py and test_script_injection.py run the CLI
@@ -171,6 +172,9 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/planner/activations.py", "core/ReplaceComparisonOperator_Eq_Lt", "if pp == 1:"):
+        "with one stage there are no virtual stages (the layout refuses VPP without "
+        "pipeline_model_parallel_size > 1), and min(pp - pp_rank, m) is then 1 as well",
     (_TM, "core/ReplaceBinaryOperator_Mod_FloorDiv", "return n // tp if n % tp == 0 else n / tp"):
         "n // tp and n / tp are the same number when tp divides n, and `n // tp == 0` takes the "
         "floor only when n < tp, a dimension smaller than the TP size, which megatron-core "

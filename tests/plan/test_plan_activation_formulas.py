@@ -87,3 +87,21 @@ def test_later_stages_and_few_microbatches_hold_less():
     assert in_flight_microbatches(4, None, 0, 2) == 2          # only 2 microbatches exist
     assert in_flight_microbatches(4, 2, 0, 1) == 2             # everything is warmup
     assert in_flight_microbatches(1, None, 0, 64) == 1         # no pipeline: one at a time
+
+
+def test_every_per_microbatch_buffer_doubles_from_micro_batch_1_to_2():
+    """The 7B example trains micro-batch 1; what a rank keeps per microbatch is linear in it:
+    the first stage's dropout mask and, with TP, the vocabulary-parallel lookup's token ids
+    and mask; the last stage's norm, output-layer input, fp32 softmax and per-token targets;
+    and megatron-core's local attention buffer of b·a/t × s × s scores, 16-bit. (Not the
+    loss's backward: the weight gradient it adds is one per step.)"""
+    from hpctrain.planner.activations import (GPU_LOCAL_SPEC_KERNELS, attention_buffer_bytes,
+                                              embedding_bytes, output_layer_bytes)
+    m = paper_shape()
+    k = GPU_LOCAL_SPEC_KERNELS
+    for tp, sp in ((1, False), (2, False), (4, True)):
+        one, two = ((embedding_bytes(m, b, tp, sp, 2, k), output_layer_bytes(m, b, tp, sp, 2, k),
+                     attention_buffer_bytes(m, b, tp, 2, k)) for b in (1, 2))
+        assert min(one) > 0 and two == tuple(2 * x for x in one)
+        s, a = m.seq_length, m.num_attention_heads
+        assert attention_buffer_bytes(m, 2, tp, 2, k) == 2 * a // tp * s * s * 2
