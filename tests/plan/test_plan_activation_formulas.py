@@ -105,3 +105,51 @@ def test_every_per_microbatch_buffer_doubles_from_micro_batch_1_to_2():
         assert min(one) > 0 and two == tuple(2 * x for x in one)
         s, a = m.seq_length, m.num_attention_heads
         assert attention_buffer_bytes(m, 2, tp, 2, k) == 2 * a // tp * s * s * 2
+
+
+def llama_like(**overrides) -> ModelShape:
+    """Llama-3-8B-like: RoPE, 8 KV groups of d = 128, SwiGLU, no dropout, flash attention."""
+    return ModelShape.from_job(make_job(dict(
+        GPT3_175B, num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+        ffn_hidden_size=14336, activation="swiglu", position_embedding_type="rope",
+        hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash", **overrides)))
+
+
+def test_two_tensor_parallel_ranks_each_keep_half_of_the_rotated_keys_and_queries():
+    """Llama on 2 TP ranks: each rank rotates its own heads, so it keeps half the keys and
+    queries after RoPE that one rank keeps (the cos/sin table is whole on each)."""
+    m = llama_like()
+    one, two = (dict(activation_terms(m, 1, tp, False, False, 2)) for tp in (1, 2))
+    assert one["key after RoPE"] == 2 * m.seq_length * 1024 == 2 * two["key after RoPE"]
+    assert one["query after RoPE"] == 2 * two["query after RoPE"]
+    assert one["RoPE cos/sin for Q and K"] == two["RoPE cos/sin for Q and K"]
+
+
+def test_an_unfused_swiglu_also_keeps_its_silu_output_and_linear_half():
+    """Where the SwiGLU kernel is not fused (the CPU, a container without it), the layer keeps
+    silu(x1) and the shifted x2 besides fc1's output: 2 · s·b·f/t more per layer."""
+    from hpctrain.planner.activations import GPU_KERNELS, Kernels
+    m = llama_like()
+    fused = activation_bytes_per_layer(m, 1, 2, False, None, 2, GPU_KERNELS)
+    unfused = activation_bytes_per_layer(m, 1, 2, False, None, 2, Kernels(fused_swiglu=False))
+    assert unfused - fused == 2 * m.seq_length * 14336 // 2 * 2
+
+
+@pytest.mark.parametrize("method", ["uniform", "block"])
+def test_full_recompute_keeps_what_its_method_checkpoints(method):
+    """Full recomputation of 8 layers per stage, recompute_num_layers 2 (megatron-core's
+    meaning): `uniform` checkpoints the input of each group of 2 layers (4 inputs) and rebuilds
+    one group at a time (2 layers); `block` checkpoints the first 2 layers' inputs, keeps the
+    other 6 layers whole and rebuilds one layer. Both keep the RoPE frequency table (fp32)."""
+    m = llama_like()
+    act = stage_activations(m, tp=1, pp=4, vpp=None, pp_rank=0, micro_batch_size=1,
+                            num_microbatches=8, sequence_parallel=False, recompute="full",
+                            recompute_method=method, recompute_num_layers=2)
+    layer_input = 2 * m.seq_length * m.hidden_size
+    whole = activation_bytes_per_layer(m, 1)
+    rope_table = m.seq_length * m.kv_channels * 4
+    assert act.per_layer == layer_input and act.layers_per_chunk == 8
+    if method == "uniform":
+        assert act.chunk_microbatch == 4 * layer_input + rope_table
+    else:
+        assert act.chunk_microbatch == 2 * layer_input + 6 * whole + rope_table
