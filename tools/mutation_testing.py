@@ -172,6 +172,10 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("hpctrain/planner/activations.py", "core/ReplaceBinaryOperator_FloorDiv_Div",
+     "scores = b * a * s * s // tp"):
+        "megatron-core requires the heads to divide over the TP ranks, so b·a·s²/t is a whole "
+        "number, and far below 2**53, where a float holds it exactly: the same bytes",
     ("hpctrain/planner/activations.py", "core/ReplaceComparisonOperator_Eq_Lt", "if pp == 1:"):
         "with one stage there are no virtual stages (the layout refuses VPP without "
         "pipeline_model_parallel_size > 1), and min(pp - pp_rank, m) is then 1 as well",

@@ -109,10 +109,11 @@ def test_every_per_microbatch_buffer_doubles_from_micro_batch_1_to_2():
 
 def llama_like(**overrides) -> ModelShape:
     """Llama-3-8B-like: RoPE, 8 KV groups of d = 128, SwiGLU, no dropout, flash attention."""
-    return ModelShape.from_job(make_job(dict(
-        GPT3_175B, num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
-        ffn_hidden_size=14336, activation="swiglu", position_embedding_type="rope",
-        hidden_dropout=0.0, attention_dropout=0.0, attention_backend="flash", **overrides)))
+    return ModelShape.from_job(make_job({
+        **GPT3_175B, "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_query_groups": 8, "ffn_hidden_size": 14336, "activation": "swiglu",
+        "position_embedding_type": "rope", "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "attention_backend": "flash", **overrides}))
 
 
 def test_two_tensor_parallel_ranks_each_keep_half_of_the_rotated_keys_and_queries():
@@ -153,3 +154,43 @@ def test_full_recompute_keeps_what_its_method_checkpoints(method):
         assert act.chunk_microbatch == 4 * layer_input + rope_table
     else:
         assert act.chunk_microbatch == 2 * layer_input + 6 * whole + rope_table
+
+
+def test_layernorm_keeps_a_mean_and_1_over_std_per_token_of_its_rank():
+    """GPT-3's LayerNorms keep each token's mean and 1/std in fp32 on CUDA (the paper's terms
+    leave them out); under sequence parallelism a rank normalizes s·b/t tokens, so it keeps
+    1/t of them."""
+    m = paper_shape()
+    s = m.seq_length
+    for tp, sp, tokens in ((1, False, s), (4, False, s), (4, True, s // 4)):
+        terms = dict(activation_terms(m, 1, tp, sp, False, 2))
+        assert terms["input_layernorm statistics (mean, 1/std, 32-bit)"] == 2 * tokens * 4
+        assert terms["pre_mlp_layernorm statistics (mean, 1/std, 32-bit)"] == 2 * tokens * 4
+
+
+def test_gqa_under_the_local_attention_repeats_keys_and_values_to_every_head():
+    """megatron-core's own (unfused) attention repeats GQA's 8 key and value groups to all 32
+    heads before the scores: each layer keeps both at the query's width, and no rotated key
+    of its own; with as many groups as heads nothing is repeated."""
+    m = llama_like(attention_backend="local")
+    sb, ad = m.seq_length, m.query_width
+    terms = dict(activation_terms(m, 1, 1, False, False, 2))
+    assert terms["key repeated to all heads"] == terms["value repeated to all heads"] == sb * ad * 2
+    assert "key after RoPE" not in terms
+    mha = dict(activation_terms(llama_like(attention_backend="local", num_query_groups=32),
+                                1, 1, False, False, 2))
+    assert "key repeated to all heads" not in mha and "key after RoPE" in mha
+
+
+def test_in_fp32_the_losss_backward_adds_the_output_layers_gradients():
+    """In fp32 the logits' gradient stays in the softmax's storage, and the output layer's
+    backward adds its input gradient (s·b·h) beside the loss's per-token operands; without
+    gradient-accumulation fusion (the local spec) also its weight gradient, V/t × h."""
+    from hpctrain.planner.activations import (GPU_KERNELS, LOSS_BACKWARD_BYTES_PER_TOKEN,
+                                              Kernels, logits_backward_bytes)
+    m = paper_shape()
+    sb, h, tp = m.seq_length, m.hidden_size, 2
+    fused = logits_backward_bytes(m, 1, tp, 4, GPU_KERNELS)
+    assert fused == sb * h * 4 + sb * LOSS_BACKWARD_BYTES_PER_TOKEN
+    unfused = logits_backward_bytes(m, 1, tp, 4, Kernels(fused_wgrad_accumulation=False))
+    assert unfused - fused == m.padded_vocab(tp) // tp * h * 4
