@@ -166,12 +166,22 @@ _KINDS = ("a script's kind is `train` or `preflight` (hpctrain writes no other),
 _PM = "hpctrain/planner/memory.py"
 _BW = "hpctrain/preflight/bandwidth.py"
 _TM = "hpctrain/planner/timing.py"
+_SG = "hpctrain/preflight/storage.py"
+_ANCESTOR = ("a path and its ancestors: an ancestor's parts are a prefix of the path's, so it "
+             "sorts before it, and `>` or `>=` holds exactly where `!=` or `==` does")
 _TP = "hpctrain/preflight/topology.py"
 _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which nvidia-smi fills "
               "with PIX, PXB, PHB, NODE or SYS: X (a device with itself) and NV never")
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_SG, "core/ReplaceComparisonOperator_Eq_GtE",
+     'note = "" if base == path else f" (not created yet; {base} is writable)"'): _ANCESTOR,
+    (_SG, "core/ReplaceComparisonOperator_NotEq_Gt", "while not p.exists() and p != p.parent:"):
+        _ANCESTOR,
+    (_SG, "core/NumberReplacer", "ck_gb = checkpoint_bytes / 1e9 if checkpoint_bytes else None"):
+        "GB of 1e9 ± 1 bytes: a relative change of 1e-9 against a free space measured in whole "
+        "blocks, far below the one decimal printed",
     ("hpctrain/planner/activations.py", "core/ReplaceBinaryOperator_FloorDiv_Div",
      "scores = b * a * s * s // tp"):
         "megatron-core requires the heads to divide over the TP ranks, so b·a·s²/t is a whole "

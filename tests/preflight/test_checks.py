@@ -459,6 +459,7 @@ def test_a_run_that_has_not_saved_yet_is_sized_from_its_model(tmp_path, model, p
     main copy, two moments), 12 in fp32. Once a checkpoint exists, its size is used."""
     params = params_estimate(job_from_mapping(job_mapping(model), "t").model)
     assert params == pytest.approx(published, rel=0.002)
+    assert isinstance(params, int)       # a count, printed as such in the JSON report
     for precision, per_param in (("bf16", 14), ("fp32", 12)):
         run = tmp_path / precision
         run.mkdir()
