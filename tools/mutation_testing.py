@@ -175,6 +175,9 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_SG, "core/ReplaceComparisonOperator_GtE_Gt", "if len(parts) >= 3:"):
+        "every line of /proc/mounts has six fields (device, mount point, type, options, dump, "
+        "pass): `> 3` keeps the same lines as `>= 3`",
     (_SG, "core/ReplaceComparisonOperator_Eq_GtE",
      'note = "" if base == path else f" (not created yet; {base} is writable)"'): _ANCESTOR,
     (_SG, "core/ReplaceComparisonOperator_NotEq_Gt", "while not p.exists() and p != p.parent:"):
