@@ -38,6 +38,7 @@ _PREFLIGHT_UNIT = ["tests/preflight/test_checks.py", "tests/preflight/test_parse
 _PREFLIGHT_RUNNERS = [f"tests/preflight/test_runners_and_cli.py::test_{name}" for name in (
     "healthy_node_through_fake_tools", "degraded_node_through_fake_tools",
     "missing_tools_give_rows_not_tracebacks", "query_retries_without_a_field_the_driver_rejects",
+    "a_driver_that_knows_the_clock_reasons_only_by_their_new_name",
     "topology_runner_reports_a_broken_nvidia_smi")]
 
 # key -> (module, the fast tests that cover it: files or pytest node ids)
