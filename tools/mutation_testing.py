@@ -176,6 +176,9 @@ _NIC_CELLS = ("RANK is read only for the cells between a GPU and an HCA, which n
 _YES_NO = ("nvidia-smi prints these fields as Yes or No, or an unset value the parser makes None "
            "(read as \"\"): of yes, no and \"\" only yes sorts at or after yes")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (_TM, "core/ReplaceComparisonOperator_Eq_Lt", "return n // tp if n % tp == 0 else n / tp"):
+        "`n % tp < 0` never holds, so n / tp always: the same number as n // tp where tp "
+        "divides n, and what a non-divisible n took already",
     (_SG, "core/ReplaceComparisonOperator_GtE_Gt", "if len(parts) >= 3:"):
         "every line of /proc/mounts has six fields (device, mount point, type, options, dump, "
         "pass): `> 3` keeps the same lines as `>= 3`",

@@ -128,3 +128,13 @@ def test_a_rank_that_updates_twice_the_elements_moves_twice_the_optimizer_bytes(
     per_update = traffic(10**6) - traffic(0)
     assert traffic(0) == 3 * buffer and per_update > 28 * 10**6   # Adam alone: 28 B/element
     assert traffic(2 * 10**6) - traffic(0) == 2 * per_update
+
+
+def test_fp32_training_makes_no_16_bit_copies_in_the_optimizer_step():
+    """Per element the rank updates: fp32 training reads the gradient for its norm (4) and runs
+    Adam (28); bf16 training first makes the fp32 main gradient from its 16-bit buffer (read 2,
+    write 4) and afterwards copies the updated fp32 parameter into the 16-bit one (read 4,
+    write 2): 44 bytes."""
+    from hpctrain.planner.timing import optimizer_traffic
+    assert optimizer_traffic(10**6, 0, 4, 4) == 32 * 10**6
+    assert optimizer_traffic(10**6, 0, 2, 2) == 44 * 10**6
