@@ -138,3 +138,25 @@ def test_fp32_training_makes_no_16_bit_copies_in_the_optimizer_step():
     from hpctrain.planner.timing import optimizer_traffic
     assert optimizer_traffic(10**6, 0, 4, 4) == 32 * 10**6
     assert optimizer_traffic(10**6, 0, 2, 2) == 44 * 10**6
+
+
+def test_the_first_stage_also_moves_its_embedding_and_the_embeddings_gradient():
+    """Against a kernel table that measured 2000 GB/s: the first pipeline stage's memory-bound
+    time exceeds a middle stage's by the embedding's work, on TP 2: the lookup writes s·b·h
+    16-bit values forward, and backward reads them and scatters them into the gradient, and
+    the rank's V/t × h embedding gradient is written and read in 16 bits and accumulated into
+    its fp32 main_grad (read and write)."""
+    from test_plan_step_model import synthetic_table
+
+    from hpctrain.gpu_table import table_from_json
+    from hpctrain.planner.timing import Hardware, Rates, microbatch_time
+    table = table_from_json(synthetic_table())
+    rates, hw = Rates(table, None, "flash"), Hardware(None, None, None, 8, table)
+
+    def memory_s(first):
+        return microbatch_time(SHAPE, rates, hw, tp=2, layers=4, micro_batch_size=1,
+                               sequence_parallel=False, recompute=None, act_bytes=2,
+                               first=first, last=False).memory_s
+    lookup = SHAPE.seq_length * SHAPE.hidden_size * 2
+    gradient = SHAPE.padded_vocab(2) // 2 * SHAPE.hidden_size * (2 * 2 + 2 * 4)
+    assert memory_s(True) - memory_s(False) == pytest.approx((3 * lookup + gradient) / 2000e9)
