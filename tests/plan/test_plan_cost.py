@@ -160,3 +160,15 @@ def test_the_first_stage_also_moves_its_embedding_and_the_embeddings_gradient():
     lookup = SHAPE.seq_length * SHAPE.hidden_size * 2
     gradient = SHAPE.padded_vocab(2) // 2 * SHAPE.hidden_size * (2 * 2 + 2 * 4)
     assert memory_s(True) - memory_s(False) == pytest.approx((3 * lookup + gradient) / 2000e9)
+
+
+def test_accumulating_weight_gradients_costs_the_same_whatever_the_micro_batch():
+    """A layer's memory-bound work grows with the tokens of its microbatch, but accumulating
+    its weight gradients into the fp32 main_grad reads and writes 4 bytes per weight element
+    whatever the micro-batch (plus the 16-bit gradient written and read, without the fused
+    kernel): twice micro-batch 1's traffic less micro-batch 2's leaves exactly that."""
+    from hpctrain.planner.timing import layer_linears, memory_traffic
+    weights = sum(n_in * n_out for _, n_in, n_out, _ in layer_linears(SHAPE, 2))
+    for fused, per_weight in ((True, 8), (False, 8 + 2 * 2)):
+        (_, one), (_, two) = (memory_traffic(SHAPE, b, 2, True, 2, fused) for b in (1, 2))
+        assert 2 * one - two == weights * per_weight
