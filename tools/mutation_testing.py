@@ -111,7 +111,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "gpu_check": ("hpctrain/preflight/gpu.py", _PREFLIGHT_UNIT + _PREFLIGHT_RUNNERS),
     "nccl_env": ("hpctrain/preflight/nccl_env.py", _PREFLIGHT_UNIT),
     "topology": ("hpctrain/preflight/topology.py", _PREFLIGHT_UNIT + _PREFLIGHT_RUNNERS),
-    "storage": ("hpctrain/preflight/storage.py", _PREFLIGHT_UNIT),
+    "storage": ("hpctrain/preflight/storage.py",
+                _PREFLIGHT_UNIT + ["tests/preflight/test_storage_probe.py"]),
     # the step model's tests against a real megatron-core step (a probe process, 15 s): left out
     "planner_timing": ("hpctrain/planner/timing.py", [
         f"tests/plan/test_plan_step_model.py::test_{name}" for name in (
