@@ -2,7 +2,9 @@
 
 * :func:`write_atomic` replaces (or, ``exclusive``, creates) a file so a reader sees the old
   content or the new, never a part, even after a crash: run-folder files, checkpoint
-  manifests, ``latest``, ``owner.json``, reports. The temporary file is created exclusively
+  manifests, ``latest``, ``owner.json``, reports, data-prepare metadata, benchmark tables.
+  :class:`AtomicFile` is the same door for a writer that streams (a dataset's ``.bin`` and
+  ``.idx``, a PNG matplotlib saves). The temporary file is created exclusively
   under a unique name (``mkstemp``: ``O_CREAT|O_EXCL|O_NOFOLLOW``), so a symbolic link or a
   FIFO planted at a would-be temporary name is never written through or opened; the rename
   never follows the target either. An existing target that is not a regular file (a FIFO, a
@@ -12,7 +14,8 @@
 * :func:`probe_file` is a scratch file for measuring or testing a folder (the preflight
   storage probe): created the same way, removed afterwards.
 * :func:`check_output_file` checks a path a user named (``report -o``, ``data prepare
-  --output``) before any work is done, with the option's name in the error.
+  --output``) before any work is done, with the option's name in the error. It refuses
+  what the door would refuse (a symbolic link too), so the command stops before the work.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ def refuse_special(path: Path) -> None:
 
 def check_output_file(path: str | os.PathLike, option: str) -> Path:
     """``path`` if it is a regular file or does not exist yet; UsageError naming ``option``
-    and what is there otherwise. Filesystem errors (a parent that is a file, a symlink loop,
-    a name too long) propagate as OSError, which the CLI reports with the path."""
+    and what is there otherwise, a symbolic link included (not followed: the write would
+    replace the link, never write where it points, so it is refused up front as the write
+    door refuses it). Filesystem errors (a parent that is a file, a name too long) propagate
+    as OSError, which the CLI reports with the path."""
     p = Path(path)
     try:
-        st = os.stat(p)
+        st = os.lstat(p)
     except FileNotFoundError:
         return p
     if stat.S_ISREG(st.st_mode):
@@ -71,22 +76,36 @@ def _named(e: OSError, path: Path) -> OSError:
     return e
 
 
-@contextlib.contextmanager
-def _temporary(folder: Path, prefix: str, mode: int) -> Iterator[tuple[BinaryIO, Path]]:
+def _create(folder: Path, prefix: str, mode: int) -> tuple[BinaryIO, Path]:
     """A new file in ``folder`` (``mkstemp``: exclusive, unique, never through a link) with
-    ``mode``, open for writing; closed and its name removed on the way out (a name already
-    renamed away is gone: nothing to remove)."""
+    ``mode``, open for writing, and its path."""
     fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
-    tmp = Path(name)
     f = os.fdopen(fd, "wb")
     try:
         os.fchmod(fd, mode)
+    except BaseException:
+        f.close()
+        os.unlink(name)
+        raise
+    return f, Path(name)
+
+
+def _remove(f: BinaryIO, tmp: Path) -> None:
+    """Close ``f`` and remove its name (a name already renamed away is gone: nothing to do)."""
+    with contextlib.suppress(OSError):
+        f.close()
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+
+
+@contextlib.contextmanager
+def _temporary(folder: Path, prefix: str, mode: int) -> Iterator[tuple[BinaryIO, Path]]:
+    """:func:`_create`'s file, closed and its name removed on the way out."""
+    f, tmp = _create(folder, prefix, mode)
+    try:
         yield f, tmp
     finally:
-        with contextlib.suppress(OSError):
-            f.close()
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        _remove(f, tmp)
 
 
 def fsync_folder(path: Path) -> None:
@@ -104,38 +123,87 @@ def fsync_folder(path: Path) -> None:
         os.close(fd)
 
 
+class AtomicFile:
+    """A file written in pieces that appears at ``path`` whole or not at all: the door
+    :func:`write_atomic` is built on, for writers that stream (the dataset writer's ``.bin``,
+    a figure saved by matplotlib). Write to :attr:`file`, then :meth:`commit` (fsync, rename
+    over ``path`` or, ``exclusive``, link; fsync of the folder) or :meth:`discard` (the
+    temporary file removed, ``path`` as it was). As a context manager it yields :attr:`file`,
+    commits when the block ends and discards when it raises. The arguments, the refusals and
+    the errors are :func:`write_atomic`'s."""
+
+    def __init__(self, path: str | os.PathLike, *, durable: bool = True,
+                 exclusive: bool = False) -> None:
+        self.path = Path(path)
+        self.durable, self.exclusive = durable, exclusive
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_special(self.path)
+        with self._naming():
+            self.file, self.tmp = _create(self.path.parent, f".{self.path.name}.",
+                                          0o666 & ~_umask())
+        self.done = False
+
+    @contextlib.contextmanager
+    def _naming(self) -> Iterator[None]:
+        """An ``OSError`` that names no file (a write's ENOSPC) raised naming ``path``."""
+        try:
+            yield
+        except OSError as e:
+            named = _named(e, self.path)
+            if named is e:
+                raise
+            raise named from e
+
+    def commit(self) -> None:
+        """Publish what was written (once; later calls do nothing)."""
+        if self.done:
+            return
+        self.done = True
+        try:
+            with self._naming():
+                self.file.flush()
+                if self.durable:
+                    os.fsync(self.file.fileno())
+                self.file.close()  # before the rename: a network file system sends data on close
+                if self.exclusive:
+                    os.link(self.tmp, self.path)
+                else:
+                    os.replace(self.tmp, self.path)
+        finally:
+            _remove(self.file, self.tmp)
+        if self.durable:
+            fsync_folder(self.path.parent)
+
+    def discard(self) -> None:
+        """Drop what was written; ``path`` stays as it was (after a commit: nothing to do)."""
+        self.done = True
+        _remove(self.file, self.tmp)
+
+    def __enter__(self) -> BinaryIO:
+        return self.file
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is not None:
+            self.discard()
+            if isinstance(error, OSError) and _named(error, self.path) is not error:
+                raise _named(error, self.path) from error
+            return
+        self.commit()
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, durable: bool = True,
                  exclusive: bool = False) -> None:
-    """Write ``data`` to ``path``: temporary file, fsync, rename over the target, fsync of the
-    folder. The file gets the mode an ordinary write would (the umask's), not mkstemp's 0600.
-    ``durable=False`` skips the fsyncs (still never a part: the rename is atomic) for files
-    that can be rebuilt, such as heartbeats. ``exclusive=True`` publishes with ``link`` instead
-    of ``rename``: an existing file is never replaced (``FileExistsError``), so of two writers
-    one wins (claiming a folder). Raises :class:`NotRegularFileError` for a special file at
-    ``path``, and an ``OSError`` naming ``path`` for the storage's faults; a failed write
-    leaves the old file and no temporary one."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    refuse_special(p)
-    raw = data.encode() if isinstance(data, str) else data
-    try:
-        with _temporary(p.parent, f".{p.name}.", 0o666 & ~_umask()) as (f, tmp):
-            f.write(raw)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-            f.close()       # before the rename: a network file system sends the data on close
-            if exclusive:
-                os.link(tmp, p)
-            else:
-                os.replace(tmp, p)
-    except OSError as e:
-        named = _named(e, p)
-        if named is e:
-            raise
-        raise named from e
-    if durable:
-        fsync_folder(p.parent)
+    """Write ``data`` (text is UTF-8 encoded) to ``path``: temporary file, fsync, rename over
+    the target, fsync of the folder. The file gets the mode an ordinary write would (the
+    umask's), not mkstemp's 0600. ``durable=False`` skips the fsyncs (still never a part: the
+    rename is atomic) for files that can be rebuilt, such as heartbeats. ``exclusive=True``
+    publishes with ``link`` instead of ``rename``: an existing file is never replaced
+    (``FileExistsError``), so of two writers one wins (claiming a folder). Raises
+    :class:`NotRegularFileError` for a special file at ``path``, and an ``OSError`` naming
+    ``path`` for the storage's faults; a failed write leaves the old file and no temporary
+    one."""
+    with AtomicFile(path, durable=durable, exclusive=exclusive) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 @contextlib.contextmanager

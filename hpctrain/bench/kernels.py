@@ -305,16 +305,11 @@ def measure_table(*, device: str = "cuda", dtype: str = "bfloat16", grid=GPU_GRI
 
 
 def write_table(table: dict, path) -> None:
-    """Write a table where nothing else is: a temporary name, then a link that fails if the
-    file appeared meanwhile (an existing table is never replaced)."""
-    from pathlib import Path
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    try:
-        os.link(tmp, path)
-    finally:
-        tmp.unlink()
+    """Write a table where nothing else is, through the write door: a unique temporary name,
+    then a link that fails if the file appeared meanwhile (an existing table is never
+    replaced: ``FileExistsError``)."""
+    from ..outputs import write_atomic
+    write_atomic(path, json.dumps(table, indent=1) + "\n", exclusive=True)
 
 
 def main(argv: list[str]) -> int:

@@ -103,10 +103,9 @@ def write_png(result: ScalingResult, path: Path) -> bool:
     except ImportError:
         result.notes.append("no PNG: matplotlib is not installed (pip install 'hpctrain[report]')")
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=fig.dpi)
-    tmp.replace(path)
+    from ..outputs import AtomicFile
+    with AtomicFile(path) as f:
+        fig.savefig(f, format="png", dpi=fig.dpi)
     result.png = path
     return True
 
@@ -121,6 +120,5 @@ def save(result: ScalingResult, folder: Path) -> None:
     """``scaling.png`` (when matplotlib is there) and ``scaling.json`` into ``folder``."""
     result.folder = folder
     write_png(result, folder / "scaling.png")
-    tmp = folder / ".scaling.json.tmp"
-    tmp.write_text(json.dumps(result.to_json(), indent=1) + "\n")
-    tmp.replace(folder / "scaling.json")
+    from ..outputs import write_atomic
+    write_atomic(folder / "scaling.json", json.dumps(result.to_json(), indent=1) + "\n")

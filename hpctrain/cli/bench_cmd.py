@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..config import DEFAULT_PROFILE
@@ -89,7 +91,7 @@ def kernels(output, dtype, budget_s):
 
     from ..errors import UsageError
     path = Path(output)
-    if path.exists():
+    if os.path.lexists(path):      # a link, even one pointing nowhere, is there too
         raise UsageError(f"--output: {output} exists; give a new file name (nothing was "
                          "measured or overwritten)")
     if not path.parent.is_dir():

@@ -78,11 +78,12 @@ def _compare(runs, sweep_id, root: Path, output, width: int, height: int, as_jso
     from ..ops.compare import build_comparison, collect_series, comparison_summary
     from ..ops.report import write_png
     from ..submission.sweep_values import SWEEP_DIR
-    series = collect_series(runs)
+    from ..outputs import check_output_file
     if output is None:
         output = (root / SWEEP_DIR / sweep_id / "compare.png" if sweep_id else
                   root / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.png")
-    path = Path(output).resolve()
+    path = check_output_file(Path(output).absolute(), "--output")   # a link is refused, not followed
+    series = collect_series(runs)
     title = f"sweep {sweep_id}: {len(runs)} runs" if sweep_id else f"{len(runs)} runs"
     write_png(build_comparison(series, width, height, title=title), path)
     rows = comparison_summary(series)

@@ -55,17 +55,22 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class IndexedDatasetWriter:
-    """Writes a dataset; files appear under their final names only when ``finalize`` succeeds."""
+    """Writes a dataset; files appear under their final names only when ``finalize`` succeeds.
+
+    Both files go through the write door (``outputs.AtomicFile``): unique temporary names
+    created exclusively (a link planted next to the output is never written through), fsynced,
+    renamed over ``PREFIX.bin`` and ``PREFIX.idx``; ``abort`` removes them and leaves a dataset
+    already there as it was."""
 
     def __init__(self, prefix: str | os.PathLike, dtype) -> None:
+        from ..outputs import AtomicFile
         self.prefix = str(prefix)
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODES:
             raise ValueError(f"unsupported token dtype {self.dtype}")
-        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
-        self._tmp_bin = Path(f"{self.prefix}.bin.tmp-{os.getpid()}")
-        self._tmp_idx = Path(f"{self.prefix}.idx.tmp-{os.getpid()}")
-        self._bin = open(self._tmp_bin, "wb")
+        self._bin_file = AtomicFile(bin_path(self.prefix))
+        self._bin = self._bin_file.file
+        self._idx_file: AtomicFile | None = None
         self._lengths: list[int] = []
         self._doc_starts: list[int] = [0]
         self.num_tokens = 0
@@ -93,32 +98,28 @@ class IndexedDatasetWriter:
         return len(self._lengths)
 
     def finalize(self) -> None:
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
+        from ..outputs import AtomicFile
         lengths = np.asarray(self._lengths, dtype=np.int32)
         pointers = np.zeros(len(lengths), dtype=np.int64)
         if len(lengths):
             np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
-        with open(self._tmp_idx, "wb") as f:
-            f.write(HEADER)
-            f.write(struct.pack("<Q", VERSION))
-            f.write(struct.pack("<B", CODES[self.dtype]))
-            f.write(struct.pack("<Q", len(lengths)))
-            f.write(struct.pack("<Q", len(self._doc_starts)))
-            f.write(lengths.tobytes(order="C"))
-            f.write(pointers.tobytes(order="C"))
-            f.write(np.asarray(self._doc_starts, dtype=np.int64).tobytes(order="C"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(self._tmp_bin, bin_path(self.prefix))
-        os.replace(self._tmp_idx, idx_path(self.prefix))
+        self._idx_file = AtomicFile(idx_path(self.prefix))
+        f = self._idx_file.file
+        f.write(HEADER)
+        f.write(struct.pack("<Q", VERSION))
+        f.write(struct.pack("<B", CODES[self.dtype]))
+        f.write(struct.pack("<Q", len(lengths)))
+        f.write(struct.pack("<Q", len(self._doc_starts)))
+        f.write(lengths.tobytes(order="C"))
+        f.write(pointers.tobytes(order="C"))
+        f.write(np.asarray(self._doc_starts, dtype=np.int64).tobytes(order="C"))
+        self._bin_file.commit()    # both written in full before either is published
+        self._idx_file.commit()
 
     def abort(self) -> None:
-        if not self._bin.closed:
-            self._bin.close()
-        self._tmp_bin.unlink(missing_ok=True)
-        self._tmp_idx.unlink(missing_ok=True)
+        self._bin_file.discard()
+        if self._idx_file is not None:
+            self._idx_file.discard()
 
     def __enter__(self) -> "IndexedDatasetWriter":
         return self

@@ -100,7 +100,8 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
                          tokens=writer.num_tokens, input_bytes=total,
                          seconds=round(time.time() - started, 2))
     record = {**asdict(stats), "sources": [str(p.resolve()) for p in paths]}
-    meta_path(out).write_text(json.dumps(record, indent=1) + "\n")
+    from ..outputs import write_atomic
+    write_atomic(meta_path(out), json.dumps(record, indent=1) + "\n")
     return stats
 
 

@@ -27,8 +27,6 @@ other reader acts on that one verdict.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -178,19 +176,16 @@ def verdict_path(attempt_dir: Path) -> Path:
 
 def claim_verdict(attempt_dir: Path, verdict: Verdict) -> Verdict:
     """Record ``verdict`` unless one is already there; return the one that stands. Written
-    to a temporary file and linked into place: the link fails when a verdict exists, and a
-    reader never sees a half-written one."""
-    path = verdict_path(attempt_dir)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # never a planted link
-    tmp = Path(name)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(verdict.to_dict(), indent=1))
+    through the write door and linked into place (``exclusive``): the link fails when a
+    verdict exists (or something else is where it goes), and a reader never sees a
+    half-written one."""
+    from ..errors import NotRegularFileError
+    from ..outputs import write_atomic
     try:
-        os.link(tmp, path)
-    except FileExistsError:
+        write_atomic(verdict_path(attempt_dir), json.dumps(verdict.to_dict(), indent=1),
+                     exclusive=True)
+    except (FileExistsError, NotRegularFileError):
         return read_verdict(attempt_dir) or verdict
-    finally:
-        tmp.unlink(missing_ok=True)
     return verdict
 
 

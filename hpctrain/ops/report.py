@@ -173,10 +173,13 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
 
 
 def write_png(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=fig.dpi)  # no bbox_inches="tight": the PNG keeps the asked-for size
-    tmp.replace(path)
+    """Save ``fig`` as a PNG at ``path`` through the write door (``outputs.AtomicFile``): a
+    reader sees the old picture or the new one, and a link planted at ``path`` or at a
+    temporary name is never written through."""
+    from ..outputs import AtomicFile
+    with AtomicFile(path) as f:
+        # no bbox_inches="tight": the PNG keeps the asked-for size
+        fig.savefig(f, format="png", dpi=fig.dpi)
 
 
 def summarize(data: ReportData) -> dict:

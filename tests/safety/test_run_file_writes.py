@@ -1,5 +1,5 @@
 """Writers of run-folder files go through the record layer's door (``hpctrain.record.files``,
-``outputs.write_atomic``, also reached as ``yamlio.write_atomic``): a FIFO, a device, a folder or a symbolic link where a rank log, the
+``outputs.write_atomic`` and ``outputs.AtomicFile``, also reached as ``yamlio.write_atomic``): a FIFO, a device, a folder or a symbolic link where a rank log, the
 ledger or a heartbeat goes is an error naming the file (never a hang, never a write through
 the link), and nothing but the file meant is changed."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hpctrain.errors import NotRegularFileError, from_os_error
-from hpctrain.outputs import write_atomic
+from hpctrain.outputs import AtomicFile, write_atomic
 from hpctrain.record.files import RunFileError, append_jsonl, open_for_append
 
 KINDS = ["absent", "regular", "fifo", "socket", "folder", "link-to-file", "dangling-link",
@@ -48,7 +48,7 @@ def _make(path: Path, kind: str, outside: Path) -> None:
 
 
 @given(kind=st.sampled_from(KINDS), truncate=st.booleans(),
-       door=st.sampled_from(["append", "open", "replace"]))
+       door=st.sampled_from(["append", "open", "replace", "stream"]))
 def test_a_run_file_is_written_only_if_it_is_a_regular_file(tmp_path_factory, kind, truncate,
                                                             door):
     base = tmp_path_factory.mktemp("w")
@@ -62,21 +62,25 @@ def test_a_run_file_is_written_only_if_it_is_a_regular_file(tmp_path_factory, ki
             append_jsonl(path, {"a": 1})
         elif door == "open":
             os.close(open_for_append(path, truncate=truncate))
-        else:
+        elif door == "replace":
             write_atomic(path, "new\n", durable=truncate)
+        else:                              # a writer that streams (a dataset, a PNG)
+            with AtomicFile(path, durable=truncate) as f:
+                f.write(b"ne")
+                f.write(b"w\n")
     except RunFileError as e:
-        assert kind not in ("absent", "regular") and door != "replace", e
+        assert kind not in ("absent", "regular") and door in ("append", "open"), e
         assert str(e).startswith(f"cannot {'append to' if door == 'append' else 'write'} {path}: ")
         assert "\n" not in str(e)
     except NotRegularFileError as e:       # what the CLI's door makes of it: one line, exit 2
-        assert kind not in ("absent", "regular") and door == "replace", e
+        assert kind not in ("absent", "regular") and door in ("replace", "stream"), e
         line = str(from_os_error(e))
         assert line.startswith(f"{path}: is ") and line.endswith(", not a regular file; move "
                                                                   "it away"), line
     else:
         assert kind in ("absent", "regular"), kind
         assert path.is_file() and not path.is_symlink()
-        assert door != "replace" or path.read_bytes() == b"new\n"
+        assert door in ("append", "open") or path.read_bytes() == b"new\n"
     assert outside.read_bytes() == b"not the run's\n"          # never written through a link
     assert os.listdir(base / "run") == ["rank-0.log"]          # no temporary file left
     assert sorted(p.name for p in base.iterdir()) == sorted(
