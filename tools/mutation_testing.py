@@ -330,8 +330,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_HG, "core/ReplaceComparisonOperator_Lt_NotEq", "if seq < top and rank not in out:"):
         "top is the largest of the group's counts and seq one of them, so seq <= top: it "
         "differs from top exactly when it is smaller",
-    (_HG, "core/NumberReplacer", "f.write(json.dumps(verdict.to_dict(), indent=1))"):
-        "the verdict file's JSON indentation: readers parse it",
     (_HG, "core/NumberReplacer", "return (0 if quiet else 1, -silent[rank] if quiet else 0.0,"):
         "the blame key's first number puts silent ranks first whatever the constants moved by "
         "one, and a silent rank's second (minus its silence, below -15) sorts before 0, 1 or -1",
@@ -342,9 +340,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_CS, "core/AddNot", "if removed:"):
         "whether the folder's entry is flushed to disk after a prune: only a power loss right "
         "after it can tell, and then the pruned folders are merely back",
-    (_CS, "core/NumberReplacer", 'with open(path, "rb", buffering=0) as f:'):
-        "the buffering of a file read in large chunks changes how it is read, not the bytes "
-        "(nor the checksum)",
     (_HG, "core/ReplaceBinaryOperator_Mul_Add",
      "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
         _BEAT5,
@@ -357,11 +352,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_HG, "core/NumberReplacer",
      "self.silent_after_s = silent_after_s if silent_after_s is not None else max(15.0, 3 * beat_s)"):
         "15 -> 14 (the mutants to 16, 2 and 4 are killed): " + _BEAT5,
-    (_HG, "core/NumberReplacer", "tmp.write_text(json.dumps(verdict.to_dict(), indent=1))"):
+    (_HG, "core/NumberReplacer",
+     "write_atomic(verdict_path(attempt_dir), json.dumps(verdict.to_dict(), indent=1),"):
         "the indentation of the verdict file: any JSON reader reads 0, 1 or 2 the same",
-    (_HG, "core/ReplaceOrWithAnd", "if not self.beats or limit is None:"):
+    (_HG, "core/ReplaceOrWithAnd", "if not working or limit is None:"):
         "every heartbeat carries its rank's limit (runtime.watchdog.hang_limit always returns "
-        "a number), so with beats there is a limit: `and` and `or` agree",
+        "a number), so with ranks still working there is a limit: `and` and `or` agree",
     (_CU, "core/NumberReplacer", "c.rank if c.rank is not None else 1 << 30))"): _NO_RANK,
     (_CU, "core/ReplaceContinueWithBreak",
      "if not isinstance(f.time, (int, float)):\ncontinue"):
