@@ -79,3 +79,21 @@ def test_a_deferred_compile_is_torch_compile_with_the_same_options_at_the_first_
     assert torch.equal(plain(x), x + 1) and len(graphs) == 2          # the undecorated form
     module = deferred_compile(torch.nn.Linear(8, 2), backend=recording_backend)
     assert isinstance(module, torch.nn.Module) and not hasattr(module, "compiled_on_first_call")
+
+
+EXIT_PROBE = """
+import atexit, gc, sys
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))  # runs last
+from hpctrain.runtime.entry import exit_without_collecting
+exit_without_collecting()
+print("frozen before exit:", gc.get_freeze_count() > 0)
+"""
+
+
+def test_a_rank_freezes_the_garbage_collector_only_when_its_interpreter_exits():
+    """The interpreter's final collections are skipped (see ``exit_without_collecting``):
+    frozen at exit, not while the rank trains."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_PROBE], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["frozen before exit: False", "frozen at exit: True"]
