@@ -40,9 +40,9 @@ CLUSTER_OF_FILE = {
     "tests/ops/test_sweep_array.py": 3,
     "tests/ops/test_cancel_resume.py": 3,
     "tests/ops/test_real_training.py": 3,
-    "tests/ops/test_requeue_and_follow.py": 3,
-    "tests/ops/test_gpu_hours.py": 3,
     "tests/resilience/test_requeue_limits.py": 4,
+    "tests/ops/test_requeue_and_follow.py": 4,
+    "tests/ops/test_gpu_hours.py": 4,
     "tests/api/test_python_api.py": 4,
     "tests/bench/test_bench_scaling.py": 4,
     # the drills that wait for Slurm's own timeouts (KillWait, SlurmdTimeout): tools/test starts
