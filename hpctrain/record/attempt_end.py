@@ -26,7 +26,7 @@ from . import reader
 from .attempt_records import AttemptRecord, AttemptResult, Decision, FailureRecord
 from .culprit import culprit
 from .files import now_iso
-from .folder import RunFolder
+from .folder import REOPEN_EVENTS, RunFolder
 from .requeue_policy import decide
 
 RESULT_FILE = "result.json"
@@ -273,6 +273,22 @@ LOST_NOTE = ("recorded when attempt {next} began: the batch shell that would hav
              "or the batch host lost)")
 
 
+def _cancelled_during(events: list[dict], attempt: int) -> bool:
+    """A person cancelled the run while ``attempt`` ran: a ``cancel`` event after its start and
+    before the run was reopened (the cancel's SIGTERM made the ranks save as for a preemption,
+    so result.json alone says preempted; by the time a resumed job records the attempt, the
+    run is no longer cancelled)."""
+    started = False
+    for e in events:
+        if e.get("event") == "attempt_start" and e.get("attempt") == attempt:
+            started = True
+        elif started and e.get("event") == "cancel":
+            return True
+        elif started and e.get("event") in REOPEN_EVENTS:
+            return False
+    return False
+
+
 def record_lost_attempts(run: RunFolder, next_attempt: int, *, scheduler: str) -> list[int]:
     """Ledger records for the attempts before ``next_attempt`` that started but have none.
 
@@ -284,12 +300,14 @@ def record_lost_attempts(run: RunFolder, next_attempt: int, *, scheduler: str) -
     so and the time of its last file as its end. Returns the attempts it recorded."""
     recorded = {r.get("attempt") for r in run.ledger() if isinstance(r, dict)}
     lost = [n for n in run.attempts_started() if n < next_attempt and n not in recorded]
-    starts = {e.get("attempt"): e for e in run.events()
-              if isinstance(e, dict) and e.get("event") == "attempt_start"}
+    events = [e for e in run.events() if isinstance(e, dict)]
+    starts = {e.get("attempt"): e for e in events if e.get("event") == "attempt_start"}
     for n in lost:
         start = starts.get(n, {})
         result_file = result_path(run, n)
         reason = None if result_file.is_file() else ExitReason.UNKNOWN
+        if _cancelled_during(events, n):
+            reason = ExitReason.CANCELLED
         record, _ = finish_attempt(run, n, None, scheduler=scheduler,
                                    job_id=start.get("job_id"),
                                    restart_count=int(start.get("restart_count") or 0),

@@ -113,3 +113,34 @@ def test_an_attempt_whose_batch_shell_was_killed_is_recorded_when_the_next_begin
         [(1, "preempted", 0), (2, "unknown", 1)]
     assert run.ledger()[0] == first                       # the earlier record is kept as it was
     assert run.attempts_started() == [1, 2, 3]
+
+
+def test_a_cancelled_attempt_whose_batch_shell_was_killed_is_recorded_as_cancelled(run,
+                                                                                  monkeypatch):
+    """`hpctrain cancel`: the ranks save on the SIGTERM (result.json says preempted), Slurm's
+    KillWait ends the batch shell before it records the attempt, and the person resumes the
+    run. The resumed job's begin records the lost attempt as cancelled (what ended it), not
+    requeued, though the run is no longer cancelled when it does."""
+    from hpctrain.record.attempt_end import write_result
+    from hpctrain.record.attempt_records import AttemptResult
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_JOB_ID", "")
+    cmd_begin(run)
+    run.event("attempt_start", attempt=1, job_id="31", restart_count=0, nodes="n1")
+    run.event("cancel", jobs=["31"], by="someone")
+    write_result(run, 1, AttemptResult(attempt=1, start_step=0, end_step=7,
+                                       exit_reason="preempted", start_time=100.0,
+                                       checkpoint_saved=str(run.path / "ck" / "step-00000007")))
+    run.event("resume", job_id="32", by="someone")
+    assert not run.cancelled()
+    cmd_begin(run)                                             # the resumed job begins
+    (first,) = run.ledger()
+    assert (first["attempt"], first["exit_reason"], first["end_step"]) == (1, "cancelled", 7)
+    assert first["decision"]["requeue"] is False
+    # a preemption that only happened to come after an earlier, reopened cancel stays one
+    run.event("attempt_start", attempt=2, job_id="32", restart_count=0, nodes="n1")
+    write_result(run, 2, AttemptResult(attempt=2, start_step=7, end_step=9,
+                                       exit_reason="preempted", start_time=200.0))
+    cmd_begin(run)
+    assert run.ledger()[1]["exit_reason"] == "preempted"
