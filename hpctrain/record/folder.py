@@ -418,10 +418,16 @@ def iter_runs(root: Path) -> Iterator[RunFolder]:
             yield RunFolder(d)
 
 
+# a run folder being removed is renamed to this prefix first (ops.cleanup.remove_run_folder)
+REMOVING_PREFIX = ".removing-"
+
+
 def is_run_folder(path: Path) -> bool:
     """A folder holding a ``run.yaml``, whatever that is (a damaged one makes a damaged run,
-    listed as such, not a folder that is not a run); nothing is opened."""
-    return os.path.isdir(path) and os.path.lexists(os.path.join(path, RUN_FILE))
+    listed as such, not a folder that is not a run), and not one being removed; nothing is
+    opened."""
+    return (not os.path.basename(path).startswith(REMOVING_PREFIX) and os.path.isdir(path)
+            and os.path.lexists(os.path.join(path, RUN_FILE)))
 
 
 def _job_ids_or_none(run: RunFolder) -> list[str]:
