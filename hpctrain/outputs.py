@@ -99,6 +99,19 @@ def _remove(f: BinaryIO, tmp: Path) -> None:
 
 
 @contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` raised in the block that names no file (a write's ENOSPC) raised again
+    naming ``path``."""
+    try:
+        yield
+    except OSError as e:
+        named = _named(e, path)
+        if named is e:
+            raise
+        raise named from e
+
+
+@contextlib.contextmanager
 def _temporary(folder: Path, prefix: str, mode: int) -> Iterator[tuple[BinaryIO, Path]]:
     """:func:`_create`'s file, closed and its name removed on the way out."""
     f, tmp = _create(folder, prefix, mode)
@@ -138,21 +151,10 @@ class AtomicFile:
         self.durable, self.exclusive = durable, exclusive
         self.path.parent.mkdir(parents=True, exist_ok=True)
         refuse_special(self.path)
-        with self._naming():
+        with _naming(self.path):
             self.file, self.tmp = _create(self.path.parent, f".{self.path.name}.",
                                           0o666 & ~_umask())
         self.done = False
-
-    @contextlib.contextmanager
-    def _naming(self) -> Iterator[None]:
-        """An ``OSError`` that names no file (a write's ENOSPC) raised naming ``path``."""
-        try:
-            yield
-        except OSError as e:
-            named = _named(e, self.path)
-            if named is e:
-                raise
-            raise named from e
 
     def commit(self) -> None:
         """Publish what was written (once; later calls do nothing)."""
@@ -160,7 +162,7 @@ class AtomicFile:
             return
         self.done = True
         try:
-            with self._naming():
+            with _naming(self.path):
                 self.file.flush()
                 if self.durable:
                     os.fsync(self.file.fileno())
@@ -213,14 +215,8 @@ def probe_file(folder: str | os.PathLike, prefix: str) -> Iterator[tuple[BinaryI
     the block ends, whatever happens in it. An error that names no file (a write's ENOSPC)
     is raised naming ``folder``."""
     folder = Path(folder)
-    try:
-        with _temporary(folder, prefix, 0o600) as (f, tmp):
-            yield f, tmp
-    except OSError as e:
-        named = _named(e, folder)
-        if named is e:
-            raise
-        raise named from e
+    with _naming(folder), _temporary(folder, prefix, 0o600) as (f, tmp):
+        yield f, tmp
 
 
 def _umask() -> int:
