@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import math
 import typing
@@ -273,6 +274,13 @@ def _number_or_word_value(value: Any, path: str, problems: Problems, meta: dict)
     return number
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    """``cls``'s resolved field types, once per class: ``typing.get_type_hints`` evaluates every
+    annotation string again on each call, and was most of a profile's load time."""
+    return typing.get_type_hints(cls)
+
+
 def build(cls, data: dict, path: str, problems: Problems):
     """Build dataclass ``cls`` from ``data``; every problem goes to ``problems``.
 
@@ -280,7 +288,7 @@ def build(cls, data: dict, path: str, problems: Problems):
     did-you-mean. On problems the returned object may hold ``None`` in the broken fields: callers
     must raise before using it.
     """
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
         if key not in fields:
@@ -315,7 +323,7 @@ def to_dict(obj) -> Any:
 
 def describe_fields(cls, prefix: str = ""):
     """Yield ``(path, type name, default, doc)`` for every field: the README reference tables."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         path = _join(prefix, f.name)
         tp, _ = _unwrap_optional(hints[f.name])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -13,6 +14,24 @@ from tests.conftest import REPO
 from tests.ops.helpers import cli, ops_profile, ops_resolved, start_run, wait_ledger, wait_step
 
 pytestmark = [pytest.mark.slurm, pytest.mark.megatron]
+
+
+def _read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:
+    """``proc``'s stdout up to and including the first line holding ``text`` (all of it if
+    the process ends first); AssertionError after ``timeout`` seconds."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                break
+        found.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert found.wait(timeout), f"no {text!r} from the follower in {timeout} s: {''.join(lines)}"
+    return "".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +43,18 @@ def requeued(slurm_cluster, tmp_path_factory):
     run, sub = start_run(root, resolved)
     wait_step(run, 4)
     follower = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", run.id, "--follow"],
-                                cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)},
+                                cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root),
+                                               "PYTHONUNBUFFERED": "1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # requeue only once the follower is following: it has shown the log so far (step 4),
+        # and what it shows next is what came after (a follower started after the requeue
+        # would rightly skip attempt 1's end, already written before it started)
+        shown = _read_until(follower, "rank 0: step 4/", timeout=300)
         requeue = cli(root, "requeue", run.id, check=False)
         ledger = wait_ledger(run, 2, timeout=300) if requeue.returncode == 0 else []
         stdout, stderr = follower.communicate(timeout=120)
+        stdout = shown + stdout
     finally:
         follower.kill()
     return {"run": run, "job_id": sub.job_id, "requeue": requeue, "ledger": ledger,
