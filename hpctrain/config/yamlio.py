@@ -10,10 +10,12 @@ folder never holds half a file.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +100,34 @@ def parse_mapping(text: str, source: str) -> dict:
     return data
 
 
+# Documents already read by this process, by their text: a command reads the same profile and
+# job several times (loading, resolving, checking), the Python API and the test suite hundreds
+# of times, and the strict loader is pure Python (about 30 ms for a profile). Each caller gets a
+# copy of its own to change; only texts that read without error, and small ones, are kept.
+_PARSED: dict[str, Any] = {}
+_PARSED_KEEP = 64
+_PARSED_MAX_CHARS = 64 * 1024
+_parsed_lock = threading.Lock()
+
+
 def parse(text: str, source: str) -> Any:
     """Any YAML document (a mapping, a list or a scalar such as a ``--sweep`` value), read the
     strict way: duplicate keys refused, YAML 1.2 core types only, numbers keeping their text."""
+    with _parsed_lock:
+        known = _PARSED.get(text, _PARSED)
+    if known is not _PARSED:
+        return copy.deepcopy(known)
+    data = _parse(text, source)
+    if len(text) <= _PARSED_MAX_CHARS:
+        kept = copy.deepcopy(data)
+        with _parsed_lock:
+            if len(_PARSED) >= _PARSED_KEEP:
+                _PARSED.pop(next(iter(_PARSED)))   # the oldest
+            _PARSED[text] = kept
+    return data
+
+
+def _parse(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:

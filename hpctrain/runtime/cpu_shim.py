@@ -12,7 +12,9 @@ module makes CUDA requests land on the CPU:
   ``default_generators`` and ``_lazy_call`` (the RNG tracker) use the CPU generator;
 * the tensor factories (``torch.ones`` ...) and ``Tensor.cuda`` are also redirected globally,
   because function modes are thread-local and inactive inside autograd's backward, where
-  activation recomputation runs megatron's forward again.
+  activation recomputation runs megatron's forward again;
+* every gloo process group shares one gloo device (:mod:`hpctrain.runtime.gloo_groups`): one
+  event loop per rank instead of one per group, each waking every 10 ms.
 
 ``install()`` must run before megatron is imported (``megatron.core.tensor_parallel.random``
 binds ``torch.cuda._lazy_call`` at import). It changes nothing on a machine that trains on GPUs:
@@ -99,3 +101,5 @@ def install() -> None:
     logging.getLogger("megatron.core.tensor_parallel.random").setLevel(logging.ERROR)
     _mode = CudaToCpuMode()
     _mode.__enter__()
+    from .gloo_groups import share_one_device
+    share_one_device()   # every process group here is gloo: one event loop, not one per group
