@@ -215,3 +215,23 @@ def test_a_runs_root_whose_path_is_not_utf8_is_refused_before_anything_is_create
                           cwd=folder, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("Error:") and "not UTF-8" in proc.stderr
     assert list(folder.iterdir()) == []
+
+
+def test_a_text_read_again_comes_back_equal_and_unshared():
+    """parse() keeps what it read, by text: a second read is equal, numbers keep their text,
+    and what one caller changes never reaches the next (each gets a copy of its own)."""
+    from hpctrain.config import yamlio
+    text = "name: 0x10\nnodes: 2\nenv: {A: '1'}\nlist: [1e3, two]\n"
+    first = yamlio.parse(text, "first")
+    assert text in yamlio._PARSED
+    first["env"]["A"] = "changed"
+    first["list"].append("three")
+    second = yamlio.parse(text, "second")
+    assert second == {"name": 16, "nodes": 2, "env": {"A": "1"}, "list": [1000.0, "two"]}
+    assert second["name"].source == "0x10" and second["list"][0].source == "1e3"
+    assert second["env"] is not yamlio.parse(text, "third")["env"]
+    # a text that fails is refused each time, never kept
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="given twice"):
+            yamlio.parse("a: 1\na: 2\n", "dup")
+    assert "a: 1\na: 2\n" not in yamlio._PARSED
