@@ -131,6 +131,18 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/plan/test_plan_save_memory.py"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py",
                                                       "tests/plan/test_plan_memory_ranks.py"]),
+    # the layout search and the checkpoint save's memory and time: the planner's unit tests
+    # and its CLI in process (the real-megatron probes, minutes each, are left out)
+    "planner_layouts": ("hpctrain/planner/layouts.py", [
+        "tests/plan/test_plan_layout_search.py", "tests/plan/test_plan_published_layouts.py", "tests/plan/test_plan_save_memory.py",
+        "tests/plan/test_plan_checkpoint_interval.py", "tests/plan/test_plan_cli.py",
+        "tests/plan/test_training_cost.py",
+        "tests/plan/test_plan_optimizer_step.py::"
+        "test_the_plan_counts_the_larger_of_the_activations_and_the_step_copy"]),
+    "save_memory": ("hpctrain/planner/save_memory.py", [
+        "tests/plan/test_plan_save_memory.py", "tests/plan/test_plan_checkpoint_interval.py"]),
+    "save_time": ("hpctrain/planner/save_time.py", [
+        "tests/plan/test_plan_checkpoint_interval.py", "tests/plan/test_plan_save_memory.py"]),
     # the value checks in process; test_bad_files.py and test_script_injection.py run the CLI
     # (a process per case, minutes per mutant) and kill more
     "safety": ("hpctrain/config/safety.py", ["tests/safety/test_value_checks.py"]),
@@ -190,6 +202,20 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_SG, "core/NumberReplacer", "ck_gb = checkpoint_bytes / 1e9 if checkpoint_bytes else None"):
         "GB of 1e9 ± 1 bytes: a relative change of 1e-9 against a free space measured in whole "
         "blocks, far below the one decimal printed",
+    ("hpctrain/planner/layouts.py", "core/ReplaceComparisonOperator_Gt_NotEq",
+     'for sp in ([False, True] if t > 1 and target.device != "cpu" else [False]):'):
+        "a TP size is at least 1 (a divisor of the node size), so `t != 1` and `t > 1` agree",
+    ("hpctrain/planner/save_memory.py", "core/ReplaceComparisonOperator_Eq_LtE",
+     'if fmt == "dp_reshardable":'):
+        "the formats are dp_reshardable, fully_reshardable and replicated: none sorts before "
+        "dp_reshardable, so `<=` holds for it alone, as `==` does",
+    ("hpctrain/planner/save_memory.py", "core/NumberReplacer",
+     "bucket_size: int | None = None, runtime_buffers: int = 0) -> SaveMemory:"):
+        "a default no caller uses: the planner (the only caller) always passes the target's "
+        "runtime buffers",
+    ("hpctrain/planner/save_time.py", "core/ReplaceComparisonOperator_Gt_NotEq",
+     "not (gathered and dp > 1) or bool(dp_link_gbs),"):
+        "the DP size is at least 1 (the layout refuses less), so `dp != 1` and `dp > 1` agree",
     ("hpctrain/planner/activations.py", "core/ReplaceBinaryOperator_FloorDiv_Div",
      "scores = b * a * s * s // tp"):
         "megatron-core requires the heads to divide over the TP ranks, so b·a·s²/t is a whole "

@@ -20,8 +20,8 @@ from hpctrain.config.profile import host_memory_bytes
 from hpctrain.model_shape import ModelShape
 from hpctrain.planner import check_fits
 from hpctrain.planner.layouts import Target, explain_layout, resolve_optimizer_format
-from hpctrain.planner.save_memory import (HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES, buffer_shapes,
-                                       gather_replay)
+from hpctrain.planner.save_memory import (HOST_SAVE_FRACTION, UNKNOWN_HOST_BYTES, BufferShape,
+                                       async_copy_bytes, buffer_shapes, gather_replay)
 from hpctrain.submission import prepare_run
 from hpctrain.submission import resolve_job as resolve   # checked, and auto decided
 from tests.conftest import REPO
@@ -199,3 +199,41 @@ def test_without_the_distributed_optimizer_nothing_is_gathered(fmt):
         llama(fmt, tp=8).parallel, use_distributed_optimizer=False))
     sv = plan_of(job).save
     assert sv.gpu_transient == 0 and sv.gathered_per_rank == 0
+
+
+def test_a_two_bucket_gather_on_the_cpu_rehearsal_to_the_byte():
+    """Adam's state of one buffer (1000 elements, padded to 1024, two buckets of 512) gathered
+    over 2 DP ranks on the CPU rehearsal. The gather's peak comes as the second bucket starts:
+    the three world tensors, that bucket's three new shards, and still the first bucket's
+    shards and its last state key's receive list and concatenation. Everything but the world
+    tensors goes at the end, and re-padding them to 1024 elements keeps the unpadded and the
+    padded copies side by side for a moment: that is the peak of the whole save here."""
+    buf = BufferShape(numel=1024, numel_unpadded=1000, buckets=((512, 512), (512, 488)),
+                      params=1000, largest_param=600)
+    world, shards, one_key = 3 * 4 * 1000, 3 * 4 * 256, 4 * 512
+    host, gpu, held = gather_replay((buf,), 2, "cpu", realign=False)
+    assert (host, gpu, held) == (world + 2 * shards + 2 * one_key, 0, world)
+    host, gpu, held = gather_replay((buf,), 2, "cpu")
+    assert (host, gpu, held) == (world + 3 * 4 * 1024, 0, 3 * 4 * 1024)
+
+
+def test_the_async_copy_is_the_ranks_share_of_what_the_format_saves():
+    """bf16 weights of 1000 elements over 4 DP ranks, the largest tensor 600: every rank hands
+    the writer a quarter of the weights plus one tensor at worst; dp_reshardable adds the
+    rank's own Adam slice (260 elements: the most loaded rank, padding included),
+    fully_reshardable a quarter of all of Adam's state instead."""
+    buf = BufferShape(numel=1040, numel_unpadded=1000, buckets=((1040, 1000),), params=1000,
+                      largest_param=600)
+    weights, one_tensor = 2 * 1000 // 4, 4 * 600
+    assert async_copy_bytes((buf,), 4, 2, 260, "dp_reshardable") == \
+        weights + one_tensor + 3 * 4 * 260
+    assert async_copy_bytes((buf,), 4, 2, 260, "fully_reshardable") == \
+        (2 * 1000 + 3 * 4 * 1000) // 4 + one_tensor
+
+
+def test_a_dp_reshardable_save_on_gpus_holds_only_its_copy_on_the_host():
+    """Megatron-LM's default format gathers nothing: each rank's host memory during the save is
+    what it hands the background writer, and the GPU gets nothing more."""
+    sv = plan_of(llama("dp_reshardable", tp=8)).save
+    assert sv.gathered_per_rank == 0 and sv.gpu_transient == 0
+    assert sv.host_per_rank == sv.async_copy_per_rank > 0
