@@ -46,6 +46,8 @@ GPU_FLOOR_S = 300.0                 # derived limits: never below 5 minutes on G
 CPU_FLOOR_S = 60.0                  # a minute on the CPU rehearsal
 STEPS_OF_SLACK = 20                 # derived limit: 20 × the slowest step so far
 WATCHER_GRACE_S = 60.0
+PY_SPY_TRIES = 3                    # native unwinding fails now and then; the next try works
+PY_SPY_TIMEOUT_S = 120.0            # all tries of one dump together
 PEERS_WAIT_S = 20.0                 # on a hang: wait this long at most for the others' stacks
 END_OF_STACKS = "-- end of the stacks of rank"
 WATCHER_ENV = "HPCTRAIN_HEALTH_WATCHER"   # "batch": the batch shell watches, excludes nodes
@@ -272,19 +274,47 @@ class Watchdog:
                 time.sleep(0.5)
 
     def _py_spy(self) -> None:
-        """Native frames too (C++, CUDA, NCCL), when py-spy is installed."""
+        """Native frames too (C++, CUDA, NCCL), when py-spy is installed.
+
+        Native unwinding samples threads that may be moving (a rank freeing tensors, a
+        communication thread): py-spy then fails now and then with a libunwind error
+        (``UNW_EINVAL``) where the next try succeeds. So up to ``PY_SPY_TRIES`` tries within
+        ``PY_SPY_TIMEOUT_S``; the file gets the first good dump, or the last failure."""
         exe = shutil.which("py-spy")
         if exe is None:
             return
         _allow_tracing_by_children()
         self._stacks.write(f"\nrank {self.rank}: py-spy dump --native\n")
         self._stacks.flush()
+        self._stacks.write(native_dump(exe, os.getpid()))
+        self._stacks.flush()
+
+
+def native_dump(exe: str, pid: int, tries: int | None = None,
+                timeout_s: float | None = None) -> str:
+    """``py-spy dump --native`` of ``pid``: the first successful output, else the last
+    failure (with how many tries it took)."""
+    tries = tries or PY_SPY_TRIES
+    deadline = time.monotonic() + (timeout_s or PY_SPY_TIMEOUT_S)
+    out = ""
+    for attempt in range(1, tries + 1):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
         try:
-            subprocess.run([exe, "dump", "--native", "--pid", str(os.getpid())],
-                           stdout=self._stacks, stderr=subprocess.STDOUT, timeout=120,
-                           check=False)
+            done = subprocess.run([exe, "dump", "--native", "--pid", str(pid)],
+                                  capture_output=True, text=True, errors="replace",
+                                  timeout=left, check=False)
         except (OSError, subprocess.SubprocessError) as e:
-            self._stacks.write(f"py-spy failed: {e}\n")
+            out = f"py-spy failed: {e}\n"
+            continue
+        out = done.stdout + done.stderr
+        if done.returncode == 0:
+            return out
+        out += f"py-spy failed (exit {done.returncode}, try {attempt} of {tries})\n"
+        if attempt < tries:
+            time.sleep(0.2)
+    return out
 
 
 def _allow_tracing_by_children() -> None:
