@@ -134,7 +134,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the layout search and the checkpoint save's memory and time: the planner's unit tests
     # and its CLI in process (the real-megatron probes, minutes each, are left out)
     "planner_layouts": ("hpctrain/planner/layouts.py", [
-        "tests/plan/test_plan_layout_search.py", "tests/plan/test_plan_published_layouts.py", "tests/plan/test_plan_save_memory.py",
+        "tests/plan/test_plan_layout_search.py", "tests/plan/test_plan_published_layouts.py",
+        "tests/plan/test_plan_save_memory.py",
         "tests/plan/test_plan_checkpoint_interval.py", "tests/plan/test_plan_cli.py",
         "tests/plan/test_training_cost.py",
         "tests/plan/test_plan_optimizer_step.py::"

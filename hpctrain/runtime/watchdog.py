@@ -290,12 +290,11 @@ class Watchdog:
         self._stacks.flush()
 
 
-def native_dump(exe: str, pid: int, tries: int | None = None,
-                timeout_s: float | None = None) -> str:
+def native_dump(exe: str, pid: int, tries: int = PY_SPY_TRIES,
+                timeout_s: float = PY_SPY_TIMEOUT_S) -> str:
     """``py-spy dump --native`` of ``pid``: the first successful output, else the last
     failure (with how many tries it took)."""
-    tries = tries or PY_SPY_TRIES
-    deadline = time.monotonic() + (timeout_s or PY_SPY_TIMEOUT_S)
+    deadline = time.monotonic() + timeout_s
     out = ""
     for attempt in range(1, tries + 1):
         left = deadline - time.monotonic()
