@@ -86,6 +86,19 @@ def first_failure(run: RunFolder, attempt: int, *, task_exits: list[dict] | None
     return found.failure() if found else None
 
 
+def published_during(run: RunFolder, attempt: int) -> str | None:
+    """The newest checkpoint ``attempt`` published, from its ``checkpoint_saved`` events: for
+    an attempt whose rank 0 wrote no result (a hang), so its record still says how far it got
+    for good (the requeue policy's progress check)."""
+    saved = [e for e in run.events() if isinstance(e, dict) and e.get("event") == "checkpoint_saved"
+             and e.get("attempt") == attempt and isinstance(e.get("step"), int)]
+    if not saved:
+        return None
+    newest = max(saved, key=lambda e: e["step"])
+    path = newest.get("path")
+    return path if isinstance(path, str) and path else None
+
+
 def _saved_at_end(result: AttemptResult) -> bool:
     """The attempt's newest published checkpoint is of its last step."""
     from .checkpoint_store import step_name
@@ -241,6 +254,8 @@ def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sche
         restart_count=restart_count, scheduler=scheduler, nodes=nodes or [],
         started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         duration_s=round(ended - started, 1), note=note, **details)
+    if not record.checkpoint_saved:
+        record.checkpoint_saved = published_during(run, attempt)
     _recovery(run, attempt, record, result)
     failure = first_failure(run, attempt, **evidence) \
         if record.exit_reason == ExitReason.FAILED else None
@@ -268,9 +283,12 @@ def _finish_attempt(run: RunFolder, attempt: int, exit_code: int | None, *, sche
     return record, decision
 
 
-LOST_NOTE = ("recorded when attempt {next} began: the batch shell that would have written this "
-             "record was killed first (Slurm's kill at the end of a preemption's grace time, "
-             "or the batch host lost)")
+LOST_NOTE = {
+    "slurm": ("recorded when attempt {next} began: the batch shell that would have written this "
+              "record was killed first (Slurm's kill at the end of a preemption's grace time, "
+              "or the batch host lost)"),
+    "local": ("recorded when attempt {next} began: rank 0, which would have written this record, "
+              "was killed first (out of memory, or a kill by hand)")}
 
 
 def _cancelled_during(events: list[dict], attempt: int) -> bool:
@@ -292,8 +310,8 @@ def _cancelled_during(events: list[dict], attempt: int) -> bool:
 def record_lost_attempts(run: RunFolder, next_attempt: int, *, scheduler: str) -> list[int]:
     """Ledger records for the attempts before ``next_attempt`` that started but have none.
 
-    The batch shell writes an attempt's record after its ranks exit; when Slurm kills the
-    whole job first (a preemption's grace time spent by a slow exit, a lost batch host) the
+    The batch shell (rank 0 under the local executor) writes an attempt's record after its
+    ranks exit; when Slurm kills the whole job first (a preemption's grace time spent by a slow exit, a lost batch host) the
     record never comes, and the ledger — which the requeue budget, the progress check,
     ``status`` and the trackers read — would skip an attempt. The next attempt writes it from
     what the lost one left (``result.json``, its ``attempt_start`` event), with a note saying
@@ -313,7 +331,7 @@ def record_lost_attempts(run: RunFolder, next_attempt: int, *, scheduler: str) -
                                    restart_count=int(start.get("restart_count") or 0),
                                    reason=reason)
         ended = _last_write(run.attempt_dir(n))
-        changes = {"note": LOST_NOTE.format(next=next_attempt)}
+        changes = {"note": LOST_NOTE[scheduler].format(next=next_attempt)}
         if ended is not None and ended >= record.start_time:
             changes["end_time"] = ended
             changes["duration_s"] = round(ended - record.start_time, 1)

@@ -74,8 +74,11 @@ def _crc_function(algorithm: str):
     return crc32c.crc32c
 
 
-def file_checksum(path: Path, algorithm: str = "crc32c") -> tuple[int, str]:
-    """(size, checksum as 8 hex digits) of a file, read in large chunks."""
+def file_checksum(path: Path, algorithm: str = "crc32c", *,
+                  durable: bool = False) -> tuple[int, str]:
+    """(size, checksum as 8 hex digits) of a file, read in large chunks; ``durable``: and on
+    stable storage (``fsync``) once read, for a file its writer did not sync (megatron-core's
+    ``common.pt`` and ``metadata.json`` are plain writes) before a manifest vouches for it."""
     from . import reader
     update = _crc_function(algorithm)
     crc = 0
@@ -89,6 +92,8 @@ def file_checksum(path: Path, algorithm: str = "crc32c") -> tuple[int, str]:
                 break
             crc = update(block, crc)
             size += len(block)
+        if durable:
+            os.fsync(fd)
     return size, f"{crc & 0xFFFFFFFF:08x}"
 
 
@@ -116,10 +121,11 @@ def share(names: list[str], rank: int, world: int) -> list[str]:
     return names[rank::world]
 
 
-def checksum_files(folder: Path, names: list[str], algorithm: str = "crc32c") -> dict[str, dict]:
+def checksum_files(folder: Path, names: list[str], algorithm: str = "crc32c", *,
+                   durable: bool = False) -> dict[str, dict]:
     out = {}
     for n in names:
-        size, crc = file_checksum(folder / n, algorithm)
+        size, crc = file_checksum(folder / n, algorithm, durable=durable)
         out[n] = {"size": size, algorithm: crc}
     return out
 

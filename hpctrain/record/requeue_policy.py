@@ -5,15 +5,33 @@ Requeue loops that never make progress burn allocations, so a requeue needs all 
     nodes, a hung rank or a straggler node (excluded), or a crash when the profile asks for
     ``requeue_on_failure``;
   * budget: fewer requeues so far than ``preemption.max_requeues``;
-  * progress: the step advanced in this attempt (end step > the previous attempt's end step).
+  * progress: this attempt got further than the one before it. How far an attempt got is the
+    step of the checkpoint it published, or its end step if it published none: an attempt that
+    hung or crashed after its last checkpoint lost the steps after it, and the next attempt,
+    resuming from that checkpoint, advances when it saves past it even if it stops short of
+    where the lost steps ended. An attempt that saved nothing is measured by its end step, so
+    a crash that retrains the same steps gets one more try, and the next identical one stops.
     A preflight-gate requeue is exempt (no training ran) but still spends budget.
 The batch shell (Slurm) and rank 0 (local executor) both call this, so the two behave alike.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePath
+
 from ..exit_codes import EXCLUDING_REASONS, REQUEUE_REASONS, ExitReason
 from .attempt_records import AttemptRecord, Decision
+
+_CHECKPOINT = re.compile(r"step-(\d+)")
+
+
+def reached(record: AttemptRecord) -> int | None:
+    """How far an attempt got for good: the step of the checkpoint it published (a path or
+    name ``step-N``), else its end step."""
+    saved = record.checkpoint_saved
+    m = _CHECKPOINT.fullmatch(PurePath(saved).name) if isinstance(saved, str) and saved else None
+    return int(m.group(1)) if m else record.end_step
 
 
 def requeues_so_far(ledger: list[AttemptRecord]) -> int:
@@ -40,10 +58,9 @@ def decide(ledger: list[AttemptRecord], current: AttemptRecord, max_requeues: in
         return Decision(False, f"requeue budget spent ({used} of preemption.max_requeues="
                                f"{max_requeues}); resubmit with `hpctrain resume` after checking why")
     if why != ExitReason.PREFLIGHT_FAILED:
-        start = current.start_step
-        end = current.end_step
-        previous_end = next((r.end_step for r in reversed(ledger) if r.end_step is not None), None)
-        baseline = previous_end if previous_end is not None else start
+        end = reached(current) if current.end_step is not None else None
+        previous = next((reached(r) for r in reversed(ledger) if reached(r) is not None), None)
+        baseline = previous if previous is not None else current.start_step
         if end is None or (baseline is not None and end <= baseline):
             return Decision(False, f"no progress: step {end} did not advance past {baseline} in this "
                                    "attempt; stopping instead of looping")

@@ -36,6 +36,33 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def on_rank0(work, is_rank0: bool):
+    """``work()`` on rank 0 alone; every rank returns its result, or raises the error it raised.
+
+    What rank 0 does alone on the way to a collective (list a checkpoint folder that another
+    run may be changing, move a damaged checkpoint aside, write the run's events on a full
+    disk) must end the same way on every rank: a rank that raises alone leaves the others
+    waiting in the next collective until a timeout. The error travels pickled; one that does
+    not survive pickling arrives as a RuntimeError with its type and message."""
+    import pickle
+    outcome = error = None
+    if is_rank0:
+        try:
+            outcome = (True, work())
+        except Exception as e:  # noqa: BLE001 - every rank must hear it
+            error = e
+            try:
+                outcome = (False, pickle.loads(pickle.dumps(e)))  # as the others will see it
+            except Exception:  # noqa: BLE001
+                outcome = (False, RuntimeError(f"{type(e).__name__}: {e}"))
+    ok, value = broadcast_object(outcome)
+    if ok:
+        return value
+    if error is not None:
+        raise error
+    raise value
+
+
 def gather_objects(obj) -> list:
     import torch.distributed as dist
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -224,7 +224,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         samples.use_order(order)
         result.load_seconds = round(loaded.seconds, 3)   # kept if the attempt fails later
     elif job.train.init_from:
-        folder = load_model_only(mo, job.train.init_from)
+        folder = load_model_only(mo, job.train.init_from, ctx.is_rank0)
         if ctx.is_rank0:
             logger.info(f"initial weights from {folder}")
     metrics = MetricsWriter(ctx, job.train.steps, resume_step=loaded.step if loaded else 0)

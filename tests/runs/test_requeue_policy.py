@@ -116,3 +116,32 @@ def test_a_straggler_requeue_that_made_no_progress_stops():
     ledger = [rec("straggler", 0, 10, True)]
     d = decide(ledger, rec("straggler", 10, 10), max_requeues=5)
     assert not d.requeue and d.reason.startswith("no progress")
+
+
+def saved(reason, start, end, checkpoint_step, requeued=None):
+    r = rec(reason, start, end, requeued)
+    r.checkpoint_saved = f"/runs/x/checkpoints/step-{checkpoint_step:08d}"
+    return r
+
+
+def test_progress_counts_from_the_checkpoint_a_lost_attempt_left():
+    """Attempt 1 hung at step 150; its last checkpoint was step 100, so steps 101-150 were
+    lost. Attempt 2 resumed from 100 and was preempted at 140, saving step 140: it advanced
+    (100 -> 140) though it stopped short of where the lost steps ended."""
+    ledger = [saved("hung", 0, 150, 100, True)]
+    d = decide(ledger, saved("preempted", 100, 140, 140), max_requeues=5)
+    assert d.requeue and d.reason == "preempted; requeue 2 of 5"
+    # resumed from 100 and saved nothing past it: no progress, whatever step it reached
+    d = decide(ledger, saved("preempted", 100, 100, 100), max_requeues=5)
+    assert not d.requeue and "step 100 did not advance past 100" in d.reason
+
+
+def test_a_checkpoint_saved_before_a_crash_is_how_far_the_attempt_got():
+    """Attempt 1 saved step 120 and crashed at 130; attempt 2 resumed from 120 and crashed at
+    130 again after saving nothing new: it retrained lost steps, it did not advance."""
+    ledger = [saved("failed", 100, 130, 120, True)]
+    d = decide(ledger, rec("failed", 120, 130), max_requeues=5, requeue_on_failure=True)
+    assert d.requeue                   # measured by its end step (130 > 120): one more try
+    ledger.append(rec("failed", 120, 130, True))
+    d = decide(ledger, rec("failed", 120, 130), max_requeues=5, requeue_on_failure=True)
+    assert not d.requeue and "step 130 did not advance past 130" in d.reason

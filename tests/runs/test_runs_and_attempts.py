@@ -321,3 +321,23 @@ def test_a_restart_that_resumes_where_the_failed_attempt_stopped_lost_no_step(ru
                                        start_time=2010.0, first_step_after_s=5.5))
     rec, _ = finish_attempt(run, n, exit_codes.FINISHED, scheduler="slurm")
     assert (rec.in_job_restart["recovery_s"], rec.in_job_restart["steps_lost"]) == (15.5, 0)
+
+
+def test_a_hung_attempts_record_names_the_checkpoint_it_published(run):
+    """No rank of a hung attempt writes result.json: its record takes the newest checkpoint the
+    attempt published from its events (not another attempt's), for the progress check."""
+    from hpctrain.exit_codes import ExitReason
+    n = run.begin_attempt()
+    for attempt, step in ((n, 100), (n, 50), (n + 5, 200)):
+        run.event("checkpoint_saved", step=step, reason="periodic", attempt=attempt,
+                  path=str(run.checkpoint_dir() / f"step-{step:08d}"))
+    rec, decision = finish_attempt(run, n, exit_codes.HUNG, scheduler="slurm",
+                                   reason=ExitReason.HUNG, steps=(0, 150))
+    assert rec.checkpoint_saved == str(run.checkpoint_dir() / "step-00000100")
+    assert run.ledger()[-1]["checkpoint_saved"] == rec.checkpoint_saved
+    assert decision.requeue
+    # an attempt that published nothing keeps no checkpoint in its record
+    m = run.begin_attempt()
+    rec, _ = finish_attempt(run, m, exit_codes.HUNG, scheduler="slurm", reason=ExitReason.HUNG,
+                            steps=(100, 120))
+    assert rec.checkpoint_saved is None

@@ -22,6 +22,7 @@ from hpctrain.cli import cli
 from hpctrain.ops.cleanup import remove_run_folder
 from hpctrain.ops.listing import newest_runs
 from hpctrain.record.folder import RunFolder
+from hpctrain.scheduler.local.jobs import CONTROLLER_MODULE
 from hpctrain.view import summary_cache
 from hpctrain.ops.runs_index import INDEX_FILE, listing_rows, read_index
 from hpctrain.view.runview import add_usage, build_views
@@ -110,7 +111,7 @@ def test_the_index_lists_what_the_run_folders_say_as_runs_come_change_and_go(roo
     live = RunFolder(root / ids[4])
     live.path.joinpath("submitit").mkdir(exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             "submitit.local._local", str(live.submitit_dir)])
+                             CONTROLLER_MODULE, str(live.submitit_dir)])
     try:
         live.update_meta(jobs=[{"job_id": str(proc.pid), "kind": "train"}])
         for _ in range(2):

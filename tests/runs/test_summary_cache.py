@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.record.folder import RunFolder, iter_runs
+from hpctrain.scheduler.local.jobs import CONTROLLER_MODULE
 from hpctrain.view.runview import add_usage, build_views
 from hpctrain.view.summary_cache import CACHE_FILE, summaries
 
@@ -90,7 +91,7 @@ def test_a_running_runs_state_comes_from_its_backend(runs):
     run = runs[0]
     run.path.joinpath("submitit").mkdir(exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             "submitit.local._local", str(run.submitit_dir)])
+                             CONTROLLER_MODULE, str(run.submitit_dir)])
     try:
         run.update_meta(jobs=[{"job_id": str(proc.pid), "kind": "train"}])
         (row,) = summaries([run])

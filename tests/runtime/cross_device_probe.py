@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
         for m in mo.modules:
             for p in m.parameters():
                 p.sub_(1.0)
-    load_model_only(mo, folder)
+    load_model_only(mo, folder, is_rank0=True)
     now = weights()
     result["init_from_weights_equal"] = all(torch.equal(now[n], saved_weights[n])
                                             for n in saved_weights)

@@ -91,7 +91,7 @@ def test_a_forked_writer_sees_what_the_rank_writes_into_staging_memory_later():
     assert seen[1] == 1 << 16                               # copy-on-write memory would not
 
 
-def _write_one(tmp_path, tensors: dict) -> tuple[dict, dict]:
+def _write_one(tmp_path, tensors: dict, progress=None) -> tuple[dict, dict]:
     """Write ``tensors`` as one bucket through the writer, as a save does."""
     from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
     from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
@@ -108,7 +108,7 @@ def _write_one(tmp_path, tensors: dict) -> tuple[dict, dict]:
     staged = writer.stage(arena, "save", buckets)
     q = queue.Queue()
     writer.write_buckets([_StorageWriterTransforms()], 0, staged, q, folder=str(tmp_path),
-                         sidecar="sums.json")
+                         sidecar="sums.json", progress=progress)
     results = q.get_nowait()
     assert not isinstance(results, Exception), results
     return results, json.loads((tmp_path / "sums.json").read_text())["files"]["__0_0.distcp"]
@@ -116,7 +116,11 @@ def _write_one(tmp_path, tensors: dict) -> tuple[dict, dict]:
 
 def test_the_writer_records_the_crc32c_of_every_item_and_file_it_writes(tmp_path):
     tensors = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.randn(3, 5).bfloat16()}
-    results, sums = _write_one(tmp_path, tensors)
+    sizes_on_disk = []      # what the writer had written each time it reported progress
+    results, sums = _write_one(tmp_path, tensors, progress=lambda: sizes_on_disk.append(
+        (tmp_path / "__0_0.distcp").stat().st_size))
+    # progress after each item (the hang watchdog's, for a synchronous save), the file growing
+    assert len(sizes_on_disk) == 2 and 0 < sizes_on_disk[0] < sizes_on_disk[1]
     data = (tmp_path / "__0_0.distcp").read_bytes()
     assert sums["size"] == len(data) and sums["crc32c"] == writer.crc_hex(crc32c.crc32c(data))
     written = sorted((r.storage_data.offset, r.storage_data.length) for r in results[0])

@@ -330,3 +330,23 @@ def test_a_checkpoint_deleted_by_hand_while_the_run_prunes_does_not_stop_the_pru
     removed = store.prune(tmp_path, keep_last=1, log=log, run_id="run-a")
     assert [d.name for d in removed] == ["step-00000020", "step-00000010"]
     assert [s for s, _ in store.complete_checkpoints(tmp_path)] == [30]
+
+
+def test_small_files_are_synced_when_their_checksum_is_taken_for_a_manifest(tmp_path, monkeypatch):
+    """megatron-core writes ``common.pt`` and ``metadata.json`` without fsync: rank 0 syncs
+    them as it checksums them for the manifest, so a published checkpoint never vouches for a
+    file still only in the page cache (os.fsync watched, not replaced)."""
+    for name in ("common.pt", "metadata.json"):
+        (tmp_path / name).write_bytes(b"x" * 100)
+    synced = []
+    real_fsync = os.fsync
+
+    def watched(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watched)
+    plain = store.checksum_files(tmp_path, ["common.pt", "metadata.json"])
+    assert synced == []
+    durable = store.checksum_files(tmp_path, ["common.pt", "metadata.json"], durable=True)
+    assert synced == ["common.pt", "metadata.json"] and durable == plain

@@ -41,7 +41,7 @@ from .staging import staging_estimate
 from . import state as ckstate
 from . import writer
 from .results_queue import install_results_queue
-from .save_faults import SaveFault, save_fault, save_faults_in_one_line
+from .save_faults import save_fault, save_faults_in_one_line
 
 SIDECAR = ".crc-rank{rank}.json"
 
@@ -69,25 +69,30 @@ def versions() -> dict:
             "torch": torch.__version__}
 
 
-def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, *args):
-    """Runs where megatron's writer runs (a forked process for async saves): write the staged
-    buckets with their checksums (``writer.write_buckets``)."""
-    writer.write_buckets(transform_list, *args, folder=folder, sidecar=SIDECAR.format(rank=rank))
+def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, progress, *args):
+    """Runs where megatron's writer runs (a forked process for async saves, the rank itself
+    for synchronous ones): write the staged buckets with their checksums
+    (``writer.write_buckets``), ``progress()`` after each item."""
+    writer.write_buckets(transform_list, *args, folder=folder, sidecar=SIDECAR.format(rank=rank),
+                         progress=progress)
     if kill:  # HPCTRAIN_TEST_KILL_DURING_SAVE: die with the shards written, unpublished
         os.kill(main_pid, signal.SIGKILL)
         os._exit(1)
 
 
-def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, kill: bool):
+def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, kill: bool,
+                           progress=None):
     """megatron's save request with hpctrain's staging (the process's host arena, held until
-    the writer finished) and writer (checksums of the bytes written) in place of its own."""
+    the writer finished) and writer (checksums of the bytes written) in place of its own.
+    ``progress``: called after each item written (a synchronous save: the watchdog's)."""
     if request.async_fn is None:            # nothing for this rank to write
         return request
     transform_list = request.async_fn.args[0]      # partial(write_preloaded_data_multiproc, ..)
     buckets = request.async_fn_args[1]
     return request._replace(
         preload_fn=functools.partial(writer.stage, arena, owner, buckets),
-        async_fn=functools.partial(_write, transform_list, folder, rank, os.getpid(), kill))
+        async_fn=functools.partial(_write, transform_list, folder, rank, os.getpid(), kill,
+                                   progress))
 
 
 def _load_strategy(folder: Path):
@@ -234,8 +239,12 @@ class Checkpointer:
         kill = self.hooks.kill_during_save(self.ctx.rank, step)
         owner = f"the save of step {step}"
         self.arena.release()          # every earlier writer has finished (waited above)
+        # a synchronous save writes on this rank: each item written is progress for the hang
+        # watchdog (a long emergency save on a busy file system is not a hang)
+        writing = f"save: writing step {step} ({reason})"
+        progress = functools.partial(self.ctx.progress, writing) if sync else None
         request = own_staging_and_writer(request, self.arena, owner, str(partial),
-                                         self.ctx.rank, kill)
+                                         self.ctx.rank, kill, progress)
         info = {"step": step, "reason": reason, "partial": partial, "started": started,
                 "sync": sync, "wall_started": time.time(), "digest": digest}
         request.add_finalize_fn(functools.partial(self.arena.release, owner))
@@ -274,8 +283,8 @@ class Checkpointer:
         """Finalize step (all ranks, after every writer finished): manifest last, then rename."""
         step, partial = info["step"], info["partial"]
         self.ctx.progress(f"save: publishing step {step}")
-        error = None
-        if self.ctx.is_rank0:
+
+        def on_rank0() -> str:
             try:
                 files: dict[str, dict] = {}
                 write_seconds = []
@@ -285,9 +294,10 @@ class Checkpointer:
                     write_seconds.append(record.get("write_seconds", 0.0))
                     sidecar.unlink()
                 info["write_seconds"] = max(write_seconds, default=None)
-                # the small files rank 0 wrote itself (metadata, common state)
+                # the small files rank 0 wrote itself (metadata, common state), synced: the
+                # manifest published next vouches for them
                 rest = [n for n in store.list_files(partial) if n not in files]
-                files.update(store.checksum_files(partial, rest, writer.CHECKSUM))
+                files.update(store.checksum_files(partial, rest, writer.CHECKSUM, durable=True))
                 manifest = store.build_manifest(
                     step, files, kind="full", reason=info["reason"],
                     consumed_samples=common["consumed_samples"],
@@ -300,15 +310,16 @@ class Checkpointer:
                     weights_digest=info["digest"])
                 final = store.publish(partial, self.root, step, manifest)
                 info["bytes"] = manifest["total_bytes"]
-                info["path"] = str(final)
+                return str(final)
             except OSError as e:
                 error = f"publishing checkpoint step {step} failed: {e}"
                 fault = save_fault(e, step=step, path=partial, newest=self.last_published_path
                                    or store.read_latest(self.root), run_id=self.ctx.run.id)
-                error = str(fault) if fault else error
-        error, info["path"] = collectives.broadcast_object((error, info.get("path")))
-        if error:
-            raise (SaveFault if error.startswith("checkpoint save") else CheckpointError)(error)
+                if fault:
+                    raise fault from e
+                raise CheckpointError(error) from e
+        # every rank hears how it went (a damaged sidecar too), or the others wait forever
+        info["path"] = collectives.on_rank0(on_rank0, self.ctx.is_rank0)
         info["total_seconds"] = time.monotonic() - info["started"]
         self.last_published_path = info["path"]
         if self.estimate is not None:
@@ -321,14 +332,28 @@ class Checkpointer:
             logger.info(f"checkpoint: saved step {step} ({info['reason']}, {kind}"
                         f"{info.get('bytes', 0) / 1e6:.1f} MB in {info['total_seconds']:.2f}s) "
                         f"-> {info.get('path')}")
-            self.ctx.run.event("checkpoint_saved", step=step, reason=info["reason"],
-                               path=info.get("path"), seconds=round(info["total_seconds"], 3),
-                               attempt=self.ctx.attempt)
-            store.prune(self.root, self.ctx.job.checkpoint.keep_last, logger.info,
-                        run_id=self.ctx.run.id)
-            if self.on_published is not None:
-                self.on_published(step)
+            self._after_publish(step, info)
         collectives.barrier()
+
+    def _after_publish(self, step: int, info: dict) -> None:
+        """Rank 0's bookkeeping once a checkpoint is published: the event, pruning, the
+        metrics' commit. The checkpoint is safe whatever happens here, so a failure (a full
+        run folder, a file pruning could not remove) is logged, not raised: raised on rank 0
+        alone it would leave the others in the barrier, and fail an attempt whose save
+        succeeded."""
+        for what, work in (
+                ("record the save", lambda: self.ctx.run.event(
+                    "checkpoint_saved", step=step, reason=info["reason"], path=info.get("path"),
+                    seconds=round(info["total_seconds"], 3), attempt=self.ctx.attempt)),
+                ("prune old checkpoints", lambda: store.prune(
+                    self.root, self.ctx.job.checkpoint.keep_last, logger.info,
+                    run_id=self.ctx.run.id)),
+                ("commit the metrics", lambda: self.on_published and self.on_published(step))):
+            try:
+                work()
+            except Exception as e:  # noqa: BLE001 - see above
+                logger.info(f"checkpoint: saved step {step}, but could not {what}: "
+                            f"{type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ resuming
     def claim(self) -> None:
@@ -358,36 +383,31 @@ class Checkpointer:
 
     def _candidates(self) -> list[Path]:
         """Rank 0 claims the folder and sets incomplete saves aside; every rank gets the
-        ``step-N`` folders, newest first."""
-        candidates = None
-        refused = None
-        if self.ctx.is_rank0:
+        ``step-N`` folders, newest first (or rank 0's error: every rank must hear it, or the
+        others wait forever)."""
+        def on_rank0() -> list[str]:
             try:
                 self.claim()
             except store.ForeignCheckpointsError as e:
-                refused = str(e)
-            except OSError as e:   # every rank must hear it, or the others wait forever
-                refused = f"cannot use checkpoint folder {self.root}: {e}"
-        refused = collectives.broadcast_object(refused)
-        if refused:
-            raise CheckpointError(refused)
-        if self.ctx.is_rank0:
+                raise CheckpointError(str(e)) from None
+            except OSError as e:
+                raise CheckpointError(f"cannot use checkpoint folder {self.root}: {e}") from None
             for partial in store.partial_checkpoints(self.root):
                 where = store.quarantine(self.root, partial, "incomplete: the save never finished "
                                                              "(the job was killed while writing)")
                 logger.info(f"checkpoint: moved incomplete {partial.name} to {where}")
                 self.ctx.run.event("checkpoint_quarantined", path=str(where), reason="incomplete")
-            candidates = [str(d) for _, d in store.complete_checkpoints(self.root)]
-        return list(map(Path, collectives.broadcast_object(candidates) or []))
+            return [str(d) for _, d in store.complete_checkpoints(self.root)]
+        return list(map(Path, collectives.on_rank0(on_rank0, self.ctx.is_rank0) or []))
 
     def _set_aside(self, folder: Path, problems: list[str]) -> None:
-        if self.ctx.is_rank0:
+        def on_rank0() -> None:
             reason = "; ".join(problems[:5])
             where = store.quarantine(self.root, folder, f"failed verification: {reason}")
             logger.info(f"checkpoint: {folder.name} is damaged ({reason}); moved it to "
                         f"{where} and trying the previous one")
             self.ctx.run.event("checkpoint_quarantined", path=str(where), reason=reason)
-        collectives.barrier()
+        collectives.on_rank0(on_rank0, self.ctx.is_rank0)
 
     def find_resumable(self) -> tuple[Path, dict] | None:
         """The newest checkpoint that passes the checks made before loading; everything broken

@@ -33,16 +33,27 @@ def resolve_model_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"train.init_from: {p} holds no complete checkpoint")
 
 
-def load_model_only(mo, path: str | Path) -> Path:
-    """Load weights (no optimizer state, no step) into every layout alike (collective)."""
-    from megatron.core import dist_checkpointing
-
+def checked_model_checkpoint(path: str | Path) -> Path:
+    """The folder ``train.init_from`` names (:func:`resolve_model_checkpoint`), its manifest
+    checked."""
     folder = resolve_model_checkpoint(path)
     manifest = store.read_manifest(folder)
     if manifest is not None:
         problems = store.manifest_problems(folder, manifest)
         if problems:
             raise CheckpointError(f"train.init_from: {folder} is damaged: {'; '.join(problems[:3])}")
+    return folder
+
+
+def load_model_only(mo, path: str | Path, is_rank0: bool) -> Path:
+    """Load weights (no optimizer state, no step) into every layout alike (collective).
+
+    Rank 0 alone picks the folder and every rank loads that one: a checkpoint root of a run
+    still training changes under the listing (a new step published, an old one pruned), so
+    ranks listing it one after the other could load different steps into one model."""
+    from megatron.core import dist_checkpointing
+
+    folder = Path(collectives.on_rank0(lambda: str(checked_model_checkpoint(path)), is_rank0))
     template = ckstate.model_sharded_state(mo.model)
     # saved by other layers (the CPU rehearsal's local spec): TE's extra state starts fresh
     kept = cross_device.set_aside_absent_entries(template, folder, "train.init_from:")
@@ -62,15 +73,17 @@ def export_model(ctx, mo, out: str | Path) -> Path:
 
     out = Path(out).expanduser().resolve()
     partial = out.with_name(f"{store.PARTIAL_PREFIX}{out.name}")
-    if ctx.is_rank0:
+
+    def start() -> None:
         if out.exists():
             raise CheckpointError(f"{out} already exists; choose a new folder")
         partial.mkdir(parents=True, exist_ok=False)
-    collectives.barrier()
+    collectives.on_rank0(start, ctx.is_rank0)    # an error reaches every rank, not only rank 0
     dist_checkpointing.save(ckstate.model_sharded_state(mo.model), str(partial))
     collectives.barrier()
-    if ctx.is_rank0:
-        files = store.checksum_files(partial, store.list_files(partial))
+
+    def publish() -> None:
+        files = store.checksum_files(partial, store.list_files(partial), durable=True)
         manifest = store.build_manifest(0, files, kind="model", layout=ctx.layout_record(),
                                         versions=versions(), job=ctx.job.name,
                                         seed=ctx.job.train.seed, device=ctx.device,
@@ -78,5 +91,5 @@ def export_model(ctx, mo, out: str | Path) -> Path:
         store.write_json_atomic(partial / store.MANIFEST, manifest)
         os.rename(partial, out)
         store.fsync_dir(out.parent)
-    collectives.barrier()
+    collectives.on_rank0(publish, ctx.is_rank0)
     return out

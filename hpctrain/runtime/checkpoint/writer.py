@@ -143,7 +143,7 @@ def _write_item_fn():
     return _write_item, extra
 
 
-def _write_bucket(transform_list, bucket) -> tuple[list, str, dict]:
+def _write_bucket(transform_list, bucket, progress=None) -> tuple[list, str, dict]:
     write_item, extra = _write_item_fn()
     file_name, storage_key, (bytes_data, tensor_data) = bucket
     stream = ChecksumStream(file_name)
@@ -155,6 +155,8 @@ def _write_bucket(transform_list, bucket) -> tuple[list, str, dict]:
             info = result.storage_data
             stream.end_item(info.offset, info.length)
             results.append(result)
+            if progress is not None:
+                progress()
     except BaseException:
         stream.file.close()
         raise
@@ -162,9 +164,12 @@ def _write_bucket(transform_list, bucket) -> tuple[list, str, dict]:
 
 
 def write_buckets(transform_list, rank: int, buckets: list, results_queue, *, folder: str,
-                  sidecar: str) -> None:
+                  sidecar: str, progress=None) -> None:
     """megatron's ``async_fn`` contract: write ``buckets``, put ``{index: [WriteResult]}`` (or
-    the exception) in ``results_queue``. Also writes this rank's checksums to ``sidecar``."""
+    the exception) in ``results_queue``. Also writes this rank's checksums to ``sidecar``.
+    ``progress()`` is called from the writer threads after each item written: a synchronous
+    save (emergency, final) runs here on the rank, and the hang watchdog must see a long write
+    advance rather than a rank gone silent."""
     from torch.serialization import get_crc32_options, set_crc32_options
     started = time.monotonic()
     zip_crc = get_crc32_options()
@@ -175,7 +180,7 @@ def write_buckets(transform_list, rank: int, buckets: list, results_queue, *, fo
 
     def one(i, bucket):
         try:
-            results, name, info = _write_bucket(transform_list, bucket)
+            results, name, info = _write_bucket(transform_list, bucket, progress)
             outcome[i] = results
             sums[name] = info
         except BaseException as e:   # noqa: BLE001 - handed to megatron's finalize, as it does

@@ -1,6 +1,7 @@
 """submitit's local executor, with the task controller started in its own session: a Ctrl-C
 on ``hpctrain submit --wait`` must not kill the training, exactly as it would not kill a Slurm
-job; and the rendezvous/run environment the ranks expect."""
+job; and the rendezvous/run environment the ranks expect. The controller is submitit's, with
+each start of the ranks made an attempt of the run (:mod:`.controller`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import submitit
 from submitit.local import local as _local
+
+from .jobs import CONTROLLER_MODULE
 
 
 class DetachedLocalExecutor(submitit.LocalExecutor):
@@ -40,7 +43,7 @@ class DetachedLocalExecutor(submitit.LocalExecutor):
         # from gpus_per_node (0, or unset: "", every GPU hidden), but each rank picks its GPU
         # by local rank (torch.cuda.set_device), as under Slurm
         log = open(Path(self.folder) / "controller.log", "ab")
-        process = subprocess.Popen([sys.executable, "-m", "submitit.local._local", str(self.folder)],
+        process = subprocess.Popen([sys.executable, "-m", CONTROLLER_MODULE, str(self.folder)],
                                    env=env, start_new_session=True, stdout=log, stderr=log,
                                    stdin=subprocess.DEVNULL)
         log.close()

@@ -1,5 +1,5 @@
 """Jobs of the local executor: the "job id" is the controller's pid, alive while
-``/proc/<pid>/cmdline`` still names submitit's local controller and this run's folder."""
+``/proc/<pid>/cmdline`` still names the local controller and this run's folder."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ from pathlib import Path
 
 from ...record.folder import RunFolder
 
+CONTROLLER_MODULE = "hpctrain.scheduler.local.controller"   # what ``python -m`` runs
+# hpctrain's controller, and submitit's own (which started runs submitted by earlier versions)
+CONTROLLER_MODULES = (CONTROLLER_MODULE.encode(), b"submitit.local._local")
+
 
 def local_alive(pid: str, run: RunFolder) -> bool:
     try:
         cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return False
-    return b"submitit.local._local" in cmdline and str(run.submitit_dir).encode() in cmdline
+    controller = any(m in cmdline for m in CONTROLLER_MODULES)
+    return controller and str(run.submitit_dir).encode() in cmdline
 
 
 def cancel_local(pid: str, run: RunFolder) -> bool:

@@ -3,7 +3,6 @@ that outlives the caller."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +14,8 @@ from ..interpreters import node_python
 def submit_locally(run_dir: Path, submitit_dir: Path, profile: ClusterProfile,
                    function: Callable, args: tuple, env: dict) -> Any:
     """``function(*args)`` in one process per rank on this machine, under a controller that
-    outlives the caller; the run's environment as the batch script would set it."""
+    outlives the caller; the run's environment as the batch script would set it (the attempt's number and deadline
+    are set by the controller at each start of the ranks: :mod:`.controller`)."""
     from .executor import DetachedLocalExecutor
     submitit_dir.mkdir(parents=True, exist_ok=True)
     limit_s = time_limit_seconds(profile) or 24 * 3600
@@ -23,7 +23,6 @@ def submit_locally(run_dir: Path, submitit_dir: Path, profile: ClusterProfile,
            "HPCTRAIN_RUN_DIR": str(run_dir), "HPCTRAIN_LOG_TO_FILE": "1",
            "HPCTRAIN_PREEMPT_SIGNAL": profile.preemption.signal,
            "SUBMITIT_PREEMPT_SIGNAL": profile.preemption.signal,
-           "HPCTRAIN_DEADLINE": str(int(time.time() + limit_s)),
            **{k: str(v) for k, v in profile.env.items()}, **env}
     executor = DetachedLocalExecutor(submitit_dir, env, python=node_python(profile))
     executor.update_parameters(tasks_per_node=profile.slurm.gpus_per_node,
