@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -187,8 +186,17 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
             int(memory["outside_allocator_bytes"]), float(memory["allocator_slack_fraction"]))
         bandwidth = data.get("bandwidth_gbs")
         bandwidth = None if bandwidth is None else float(bandwidth)
-    except (KeyError, TypeError, ValueError) as e:
+        measured = data.get("measured") or {}
+        if not isinstance(measured, dict):
+            raise TypeError(f"measured is a JSON {type(measured).__name__}, expected an object")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise fail(f"malformed entry ({type(e).__name__}: {e})") from None
+    numbers = [t for *_, t in gemm] + [x for p in attention for x in (p.forward_s, p.backward_s)]
+    numbers += [] if bandwidth is None else [bandwidth]
+    numbers += [] if memory is None else [memory.allocator_slack_fraction]
+    if not all(math.isfinite(x) for x in numbers):
+        raise fail("every time, bandwidth and fraction must be a finite number (not NaN or "
+                   "Infinity)")
     if not gemm:
         raise fail("gemm: no measurements")
     if any(min(m, n, k) < 1 or not t > 0 for _, m, n, k, t in gemm):
@@ -212,15 +220,22 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
                                or not 0 <= memory.allocator_slack_fraction < 1):
         raise fail("memory: outside_allocator_bytes ≥ 0 and 0 ≤ allocator_slack_fraction < 1")
     return GpuTable(str(data.get("device", "unknown")), str(data.get("dtype", "unknown")), gemm,
-                    attention, bandwidth, memory, dict(data.get("measured") or {}), source)
+                    attention, bandwidth, memory, dict(measured), source)
 
 
 def load_table(path: str | Path) -> GpuTable:
+    """The table at ``path``, read through the bounded reader (a regular file of at most
+    ``limits.RUN_SMALL_BYTES``, UTF-8 JSON: never a device, a FIFO or a link to one)."""
+    import os
+
+    from . import limits
+    from .record import reader
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise TableError(f"{path}: cannot be read ({e.strerror or e})") from None
-    except json.JSONDecodeError as e:
-        raise TableError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    try:       # a link to a shared table is followed; what it leads to must be a table file
+        data = reader.read_json(os.path.realpath(path), limits.RUN_SMALL_BYTES)
+    except reader.DamagedFile as e:
+        what = e.why.split("; hpctrain reads")[0]     # the reader's hint is about run folders
+        raise TableError(f"{path}: {what}") from None
+    if data is None:
+        raise TableError(f"{path}: cannot be read (no such file)")
     return table_from_json(data, str(path))

@@ -82,6 +82,19 @@ class LazyGroup(click.Group):
             ctx.exit(1)
 
 
+def _show_usage_error(self, file=None) -> None:
+    """Click's usage errors in one line, as every other error of the CLI: the message and
+    where the help is (click prints the usage, a hint and a blank line before it)."""
+    if file is None:
+        file = click.get_text_stream("stderr")
+    where = f" (see `{self.ctx.command_path} --help`)" if self.ctx is not None else ""
+    message = " ".join(self.format_message().split())   # click's own may span lines
+    click.echo(f"Error: {message}{where}", file=file)
+
+
+click.exceptions.UsageError.show = _show_usage_error
+
+
 def end_on_closed_pipe():
     """The reader of our output went away (``hpctrain plan ... | head -1``): end quietly, as
     Unix tools do, with the status of a process killed by SIGPIPE. Whatever is still buffered

@@ -280,7 +280,8 @@ class HealthSection:
 
 @dataclass(kw_only=True)
 class JobConfig:
-    name: str = doc("Run name: letters, digits and _.+- (becomes the Slurm job name).")
+    name: str = doc("Run name: letters, digits and _.+-, not starting with - or . (becomes "
+                    "the Slurm job name).")
     model: ModelSection = doc("The GPT model.")
     parallel: ParallelSection = doc("Parallel layout.", default_factory=ParallelSection)
     batch: BatchSection = doc("Batch sizes.")
@@ -299,8 +300,11 @@ class JobConfig:
 
 def check_job(j: JobConfig, problems: Problems) -> None:
     """Checks that need only the job itself (not the cluster's world size)."""
+    if not j.name:
+        problems.add("name", "missing: every job needs a name (1-128 of letters, digits and "
+                             "_.+-, not starting with - or .), which starts its run ids")
     safety.check(safety.JOB_NAME, j.name, "name", problems,
-                 "job name (1-128 of letters, digits and _.+-)")
+                 "job name (1-128 of letters, digits and _.+-, not starting with - or .)")
     safety.check_sbatch_value(j.name, "name", problems)
     d = j.data
     safety.check_path(d.path, "data.path", problems)

@@ -83,7 +83,8 @@ def profile_from_mapping(data: dict, source: str, default_name: str = "",
         _check_kernel_table(profile, base, problems)
     if not profile.name and default_name and not safety.JOB_NAME.fullmatch(default_name):
         problems.add("name", f"missing, and the file name {safety.short(default_name)} is not a "
-                             "valid profile name (1-128 of letters, digits and _.+-): set `name`")
+                             "valid profile name (1-128 of letters, digits and _.+-, not "
+                             "starting with - or .): set `name`")
     if problems:
         raise ConfigError(source, problems.items)
     if not profile.name:
@@ -92,7 +93,7 @@ def profile_from_mapping(data: dict, source: str, default_name: str = "",
 
 
 def load_profile(name_or_path: str | os.PathLike | None = None) -> ClusterProfile:
-    path = find_profile(name_or_path or DEFAULT_PROFILE)
+    path = find_profile(DEFAULT_PROFILE if name_or_path is None else name_or_path)
     return profile_from_mapping(yamlio.read_mapping(path, "profile"), str(path), path.stem,
                                 base=path.resolve().parent)
 

@@ -168,7 +168,8 @@ class PreflightSection:
 
 @dataclass(kw_only=True)
 class ClusterProfile:
-    name: str = doc("Profile name: letters, digits and _.+- (defaults to the file name).",
+    name: str = doc("Profile name: letters, digits and _.+-, not starting with - or . "
+                    "(defaults to the file name).",
                     default="")
     description: str = doc("One line about the cluster.", default="")
     scheduler: str = doc("slurm, or local (this machine, submitit's local executor).",
@@ -177,7 +178,8 @@ class ClusterProfile:
     slurm: SlurmSection = doc("The Slurm request.", default_factory=SlurmSection)
     node: NodeSection = doc("What one node has.", default_factory=NodeSection)
     modules: list[str] = doc("Environment modules to load (module load ...).", default_factory=list)
-    env: dict[str, str] = doc("Environment variables exported to every rank (NCCL_*, ...).",
+    env: dict[str, str] = doc("Environment variables exported to every rank (NCCL_*, ...); not "
+                              "those hpctrain sets (docs/safety.md).",
                               default_factory=dict)
     container: ContainerSection = doc("pyxis container for the training step.",
                                       default_factory=ContainerSection)
@@ -253,7 +255,7 @@ def check_profile(p: ClusterProfile, problems: Problems) -> None:
     """Cross-field and safety checks; schema types are already checked by the loader."""
     s = p.slurm
     safety.check(safety.JOB_NAME, p.name, "name", problems,
-                 "profile name (1-128 of letters, digits and _.+-)")
+                 "profile name (1-128 of letters, digits and _.+-, not starting with - or .)")
     for key in ("partition", "account", "qos", "reservation"):
         safety.check(safety.SLURM_NAME, getattr(s, key), f"slurm.{key}", problems, f"Slurm {key} name")
     if isinstance(s.time_limit, str):

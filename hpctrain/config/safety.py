@@ -33,7 +33,9 @@ def _whole(pattern: str) -> re.Pattern:
 
 
 SLURM_NAME = _whole(r"[A-Za-z0-9_.+-]+")
-JOB_NAME = _whole(r"[A-Za-z0-9_.+-]{1,128}")
+# a job's or profile's name starts run and folder names: not with "-" (read as an option by
+# every command given the run's id) nor "." (a hidden folder), and never empty
+JOB_NAME = _whole(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 NODE_LIST = _whole(r"[A-Za-z0-9_.,\[\]-]+")
 # Slurm features joined by , or matched with [..] and counts (*N); no & | ( ): those mean
 # something to a shell, and a constraint this tool renders never needs them.
@@ -99,6 +101,18 @@ OWNED_DIRECTIVES = {
     "export": "use the profile's `env` mapping instead",
     "test-only": "use `hpctrain submit --dry-run` instead",
     "parsable": "remove it",
+    # hpctrain submits, follows, cancels and requeues the job on this cluster, itself
+    "wait": "remove it (sbatch would block until the job ends; use `hpctrain submit --wait`)",
+    "clusters": "remove it (hpctrain follows, cancels and requeues the job on the cluster it "
+                "submits to; run hpctrain where that cluster's Slurm commands point)",
+    "export-file": "use the profile's `env` mapping instead",
+    "get-user-env": "use the profile's `env` mapping instead",
+    # GPUs and memory: hpctrain writes one GPU directive and slurm.mem; a second one conflicts
+    "gpus": "set slurm.gpu_directive and slurm.gpus_per_node instead",
+    "gpus-per-task": "set slurm.gpu_directive and slurm.gpus_per_node instead (one task per GPU)",
+    "ntasks-per-gpu": "set slurm.gpus_per_node instead (one task per GPU)",
+    "mem-per-cpu": "set slurm.mem instead",
+    "mem-per-gpu": "set slurm.mem instead",
 }
 
 # Options sbatch accepts in #SBATCH lines that print something and exit instead of submitting.
@@ -222,10 +236,62 @@ def check_directive(value: str, path: str, problems: Problems) -> None:
     check_sbatch_value(value, path, problems)
 
 
-def check_env_value(key: str, value, path: str, problems: Problems) -> None:
+# What a profile's ``env`` may not set. Its exports come after the batch script's own variables
+# and reach every rank (and the local executor's ranks), so each of these would let a profile
+# take over what hpctrain decides: which run folder the job records into, which interpreter
+# runs, what bash runs before every command.
+SCRIPT_VARIABLES = frozenset({   # the batch script's own (tests check the template's are here)
+    "RUN_DIR", "RUN_DIRS", "PY", "STEP_OUTPUT", "STEP_NODE_COUNT", "WATCH_STEP", "count",
+    "decision", "old_flag", "r2", "rc", "srun_pid", "step_out", "t_start", "watch_pid"})
+LAUNCHER_VARIABLES = frozenset({  # who a rank is: set per task by srun / the launcher
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR", "MASTER_PORT"})
+SHELL_VARIABLES = frozenset({    # read by bash or the dynamic loader before any command runs
+    "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "CDPATH",
+    "GLOBIGNORE", "BASH_XTRACEFD", "BASH_COMPAT", "POSIXLY_CORRECT", "LD_PRELOAD", "LD_AUDIT"})
+RESERVED_PREFIXES = ("HPCTRAIN_", "SLURM_", "SBATCH_", "SRUN_", "SUBMITIT_", "BASH_FUNC_")
+# Python's variables that change only how it reports, never what it imports or runs
+PYTHON_VARIABLES_ALLOWED = frozenset({
+    "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONWARNINGS", "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONTRACEMALLOC",
+    "PYTHONMALLOC", "PYTHONDEVMODE"})
+
+
+def _test_variable(key: str) -> bool:
+    """A registered test-only variable (``fault_injection``): the tests' profiles set them, and
+    they do nothing unless ``HPCTRAIN_TEST_HOOKS=1``."""
+    from .. import fault_injection
+    return key == fault_injection.SWITCH or key in fault_injection.VARIABLES
+
+
+def env_key_problem(key: str) -> str | None:
+    """Why a profile's ``env`` may not set ``key``, or None."""
     if not ENV_KEY.fullmatch(key):
-        problems.add(path, f"{short(key)} is not a valid environment variable name "
-                           "(letters, digits and _, not starting with a digit)")
+        return (f"{short(key)} is not a valid environment variable name (letters, digits and _, "
+                "not starting with a digit)")
+    if key in SCRIPT_VARIABLES:
+        return (f"{key} is a variable of hpctrain's batch script (the run folder, the "
+                "interpreter, the step's output); remove it from env")
+    if key in LAUNCHER_VARIABLES:
+        return f"{key} is set for each rank by srun or the launcher; remove it from env"
+    if key in SHELL_VARIABLES:
+        return (f"{key} changes what bash or the loader runs before every command; remove it "
+                "from env (use modules or the container for the software environment)")
+    if key.startswith(RESERVED_PREFIXES) and not _test_variable(key):
+        prefix = next(p for p in RESERVED_PREFIXES if key.startswith(p))
+        return (f"{key}: {prefix}* variables are set by hpctrain, Slurm or submitit for each "
+                "job; remove it from env (Slurm options go in the profile's slurm section)")
+    if key.startswith("PYTHON") and key not in PYTHON_VARIABLES_ALLOWED:
+        return (f"{key} changes what Python imports or runs (the job runs with PYTHONSAFEPATH=1 "
+                "in its run folder); remove it from env (install packages in the container or "
+                "the node's Python)")
+    return None
+
+
+def check_env_value(key: str, value, path: str, problems: Problems) -> None:
+    why = env_key_problem(key)
+    if why:
+        problems.add(path, why)
 
 
 def sbatch_quote(value: str) -> str:

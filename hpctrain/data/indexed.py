@@ -177,9 +177,21 @@ class IndexedDataset:
         self.document_indices = _mapped(ip, np.int64, docs, off)
         # the sequences lie back to back, so the last one's end is the .bin's size (summing
         # every length would read the whole index)
-        expected = (int(self.sequence_pointers[-1]) +
-                    int(self.sequence_lengths[-1]) * self.dtype.itemsize) if seqs else 0
+        itemsize = self.dtype.itemsize
+        if seqs:
+            first, last = int(self.sequence_pointers[0]), int(self.sequence_pointers[-1])
+            length = int(self.sequence_lengths[-1])
+            if first != 0 or last < 0 or last % itemsize or length < 0:
+                raise UsageError(f"{ip}: its sequences do not lie back to back in {bp} (the "
+                                 f"first starts at byte {first}, the last is {length} tokens "
+                                 f"at byte {last}, tokens of {itemsize} bytes); re-create the "
+                                 f"dataset")
+        expected = last + length * itemsize if seqs else 0
         size = bp.stat().st_size
+        if size % itemsize:
+            raise UsageError(f"{bp} holds {size} bytes, not a whole number of {self.dtype.name} "
+                             f"tokens ({itemsize} bytes each); a write was cut short or the "
+                             f"pair does not belong together: re-create the dataset")
         if size != expected:
             raise UsageError(f"{bp} holds {size} bytes but {ip} describes {expected}; the pair "
                              f"does not belong together or a write was cut short")

@@ -18,9 +18,10 @@ from typing import Callable, Iterator
 
 from ..errors import UsageError
 from . import indexed, sources
+from .files import meta_path, read_meta  # noqa: F401  (the sidecar, read through the door)
 from .sources import check_inputs, read_pieces, total_input_bytes
 from .tokenizers import load_tokenizer
-from .vocabulary import check_vocab
+from .vocabulary import check_vocab, recorded_vocab_size
 
 BATCH_TEXTS = 512  # pieces tokenized together (Hugging Face tokenizers are faster in batches)
 BATCH_PIECES_OF_TEXT = 2   # ... and at most this many PIECE_CHARS of text at once
@@ -38,17 +39,6 @@ class PrepareStats:
     tokens: int
     input_bytes: int
     seconds: float
-
-
-def meta_path(prefix: str | os.PathLike) -> Path:
-    return Path(f"{prefix}.meta.json")
-
-
-def read_meta(prefix: str | os.PathLike) -> dict:
-    try:
-        return json.loads(meta_path(prefix).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer: str = "byte",
@@ -201,7 +191,7 @@ def ensure_prepared(job) -> bool:
     prepared = False
     for field, prefix, sources in all_prefixes(data):
         if indexed.exists(prefix):
-            check_vocab(job, read_meta(prefix).get("vocab_size"))
+            check_vocab(job, recorded_vocab_size(prefix))
             continue
         if not sources:
             hint = "data.prepare_from" if field == "data.path" else \

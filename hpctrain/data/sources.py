@@ -15,11 +15,14 @@ import gzip
 import io
 import json
 import os
+import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import UsageError
+from .files import encodable
 
 PIECE_CHARS = 1 << 20  # a paragraph (or a single line) longer than this arrives in pieces
 # A JSONL record must be parsed whole; one longer than this is refused with the limit, so a
@@ -104,7 +107,7 @@ def read_pieces(path: Path, json_key: str = "text",
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text near line {lineno + 1} ({e.reason}); convert it "
                          f"with iconv first") from None
-    except (EOFError, gzip.BadGzipFile, OSError) as e:
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
         raise UsageError(f"{path}: cannot read it ({e}); is the .gz file complete?") from None
     finally:
         if on_progress:
@@ -112,22 +115,49 @@ def read_pieces(path: Path, json_key: str = "text",
         counter.raw.close()
 
 
+# what a JSON \\u escape can give that is not a character: half of a UTF-16 surrogate pair
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _json_text(path: Path, lineno: int, line: str, key: str) -> str:
+    """The text of one JSONL record: the one door every record goes through, so a line that is
+    not JSON, JSON nested past Python's recursion limit, a number past Python's digit limit or
+    text that is not characters (a lone surrogate escape) is one error naming the line."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}:{lineno}: not valid JSON ({e.msg}); JSONL needs one object per "
                          f"line") from None
+    except RecursionError:
+        raise UsageError(f"{path}:{lineno}: JSON nested too deeply to read; a JSONL record holds "
+                         f"its text as a string, flatten the record") from None
+    except ValueError as e:     # e.g. an integer of more digits than Python converts
+        raise UsageError(f"{path}:{lineno}: not valid JSON ({str(e).splitlines()[0][:100]}); "
+                         f"JSONL needs one object per line") from None
     if not isinstance(record, dict):
         raise UsageError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
     if key not in record:
-        keys = ", ".join(sorted(map(str, record))[:8]) or "none"
-        raise UsageError(f"{path}:{lineno}: no {key!r} field (fields: {keys}); pick the text "
-                         f"field with --json-key")
+        keys = ", ".join(_shown_key(k, quote=False) for k in sorted(record)[:8]) or "none"
+        raise UsageError(f"{path}:{lineno}: no {_shown_key(key)} field (fields: {keys}); pick the "
+                         f"text field with --json-key")
     value = record[key]
     if not isinstance(value, str):
-        raise UsageError(f"{path}:{lineno}: field {key!r} is {type(value).__name__}, expected text")
+        raise UsageError(f"{path}:{lineno}: field {_shown_key(key)} is {type(value).__name__}, "
+                         f"expected text")
+    bad = _SURROGATE.search(value)
+    if bad:
+        raise UsageError(f"{path}:{lineno}: field {_shown_key(key)} holds a lone surrogate escape "
+                         f"(\\u{ord(bad.group()):04x} at character {bad.start()}), which is not a "
+                         f"character; fix the escape (a character past U+FFFF is a pair, e.g. "
+                         f"\\ud83d\\ude00) or drop the record")
     return value
+
+
+def _shown_key(key: str, quote: bool = True) -> str:
+    """A field's name for an error line: quoted (or not) when printable, else escaped."""
+    plain = key.isprintable() and encodable(key)
+    text = (repr(key) if quote else key) if plain else ascii(key)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _chunks(text) -> Iterator[tuple[str, bool]]:

@@ -8,19 +8,18 @@ numpy): ``hpctrain validate`` runs it and must start fast.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import UsageError
 
 
 def recorded_vocab_size(prefix: str) -> int | None:
-    """The vocabulary ``hpctrain data prepare`` recorded beside ``prefix``'s .bin/.idx."""
-    try:
-        value = json.loads(Path(f"{prefix}.meta.json").read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """The vocabulary ``hpctrain data prepare`` recorded beside ``prefix``'s .bin/.idx (None
+    when there is no record, as for data Megatron prepared). The record is read through the
+    data's door (:func:`.files.read_meta`): a FIFO, a device, a huge or damaged file there is
+    one UsageError line naming it, never a hang."""
+    from .files import read_meta
+    return read_meta(prefix).get("vocab_size")
 
 
 def data_vocab_size(job) -> int | None:

@@ -76,7 +76,9 @@ def check_fits(job: JobConfig, profile: ClusterProfile) -> FitCheck:
                        sequence_parallel=job.parallel.sequence_parallel,
                        recompute=job.train.recompute_granularity)
     head = f"{plan.describe()}: {breakdown_line(plan)}"
-    if plan.fits is None and plan.save is not None and plan.save.fits is False:
+    if plan.training_fits is None and plan.save is not None and plan.save.fits is False:
+        # no GPU memory to check the step against (the CPU rehearsal), but the save's host
+        # memory is known not to fit
         return FitCheck(False, f"{head}; the checkpoint save does NOT fit: {save_fix(plan)}",
                         plan, None)
     if plan.fits is None:

@@ -368,6 +368,52 @@ def foreign_message(root: Path, who: str, found: tuple[str | None, str]) -> str:
             + "; or point checkpoint.dir at an empty folder")
 
 
+def location_problem(root: Path, run_dir: str | os.PathLike | None,
+                     runs_root: Path | None = None) -> str | None:
+    """Why ``root`` cannot be a run's checkpoint folder because of where it is, or None.
+
+    Not inside another run's folder: this run would write into it, and removing that run
+    (``hpctrain runs rm``) would delete these checkpoints. Not a folder that holds run folders
+    (the runs root, a folder above this run's own): the checkpoints would sit among runs, and
+    pruning or a resume's quarantine would work in a folder of runs. ``run_dir``: this run's
+    folder (its own ``checkpoints`` folder is where checkpoints go by default); ``runs_root``:
+    where its folder will be, for a run not created yet."""
+    from .folder import is_run_folder
+    real = Path(os.path.realpath(root))
+    own = Path(os.path.realpath(run_dir)) if run_dir is not None else None
+    for above in (real, *real.parents):
+        if above != own and is_run_folder(above):
+            where = "is another run's folder" if above == real else \
+                f"is inside {above}, another run's folder"
+            return f"{root} {where} (removing that run would delete these checkpoints)"
+    for holder, what in ((own, "this run's folder"),
+                         (Path(os.path.realpath(runs_root)) if runs_root is not None else None,
+                          "the folder of run folders")):
+        if holder is not None and holder == real:
+            return f"{root} is {what}"
+        if holder is not None and real in holder.parents:
+            return f"{root} holds run folders ({holder} is inside it)"
+    try:
+        inside = next((d for d in real.iterdir() if is_run_folder(d)), None) \
+            if real.is_dir() else None
+    except OSError:
+        inside = None
+    if inside is not None:
+        return f"{root} holds run folders ({inside.name})"
+    return None
+
+
+def check_location(root: Path, run_dir: str | os.PathLike | None,
+                   runs_root: Path | None = None) -> None:
+    """Raise ForeignCheckpointsError when ``root`` is where no run's checkpoints may go
+    (:func:`location_problem`)."""
+    why = location_problem(root, run_dir, runs_root)
+    if why:
+        raise ForeignCheckpointsError(
+            f"checkpoint.dir: {why}; point it at a folder of its own (or leave it unset: each "
+            f"run keeps its checkpoints in its own folder)")
+
+
 def check_owner(root: Path, run_id: str, who: str | None = None) -> None:
     """Raise ForeignCheckpointsError when ``root`` is not free or ``run_id``'s (reads only).
     ``run_id`` "" stands for a run not created yet (every checkpoint is another run's)."""
@@ -396,6 +442,8 @@ def claim(root: Path, run_id: str, run_dir: str | os.PathLike | None = None,
     create it (``mode``) if missing, write ``owner.json`` if missing. True when this call
     wrote the owner record. Two runs claiming one folder at once: one wins (``link`` is atomic),
     the other is refused."""
+    if run_dir is not None:
+        check_location(root, run_dir)
     check_owner(root, run_id)
     make_folder(root, mode)
     if read_owner(root) is not None:

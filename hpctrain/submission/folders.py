@@ -33,12 +33,14 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
                 own_checkpoint_folder: bool = False) -> RunFolder:
     """A new run folder holding the resolved job and profile (what every attempt reads).
 
-    A ``checkpoint.dir`` that holds another run's checkpoints is refused before anything is
-    created. ``own_checkpoint_folder`` (sweeps): the run keeps its checkpoints in
+    A ``checkpoint.dir`` that holds another run's checkpoints, or lies inside another run's
+    folder or holds run folders, is refused before anything is created. ``own_checkpoint_folder`` (sweeps): the run keeps its checkpoints in
     ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder.
     """
     from ..record import checkpoint_store as store
     job, profile = resolved.job, resolved.profile
+    if job.checkpoint.dir:
+        store.check_location(Path(job.checkpoint.dir), None, runs_root)
     if job.checkpoint.dir and not own_checkpoint_folder:
         store.check_owner(Path(job.checkpoint.dir), "")
     run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))

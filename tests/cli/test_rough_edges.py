@@ -183,3 +183,21 @@ def test_profile_names_complete_after_p(tmp_path):
     files = hpctrain(env={**env, "COMP_WORDS": "hpctrain validate job.yaml -p ./my", "COMP_CWORD": "4"},
                      check=True)
     assert files.stdout.split() == ["file,./my"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["render", "/tmp"], "Error: Invalid value for 'JOB': File '/tmp' is a directory."),
+    (["status", "--run-dir", "a\nb", "x"], "Error: No such option '--run-dir'."),
+    (["bogus"], "Error: No such command 'bogus'."),
+    (["render"], "Error: Missing argument 'JOB'."),
+    (["plan", str(REPO / "examples" / "tiny.yaml"), "--tp", "x"],
+     "Error: Invalid value for '--tensor-model-parallel-size' / '--tp': 'x'"),
+])
+def test_clicks_usage_errors_are_one_line_naming_the_help(args, said):
+    """Click's own checks (a missing argument, a bad option value) say it in one line and
+    exit 2, like every other bad input."""
+    from tests.conftest import hpctrain
+    proc = hpctrain(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(said) and line.endswith("--help`)"), line

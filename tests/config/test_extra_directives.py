@@ -39,7 +39,13 @@ def refusal(directive: str) -> str | None:
 @pytest.mark.parametrize("directive, option", [
     ("--no-requ", "no-requeue"), ("--sig=USR1@60", "signal"), ("--outp=/tmp/x", "output"),
     ("--outp /tmp/x", "output"), ("-J x", "job-name"), ("-Jx", "job-name"), ("-HN2", "nodes"),
-    ("--tasks-per=4", "ntasks-per-node"), ("--nice --sig=1", "signal"), ("--exclus", "exclusive")])
+    ("--tasks-per=4", "ntasks-per-node"), ("--nice --sig=1", "signal"), ("--exclus", "exclusive"),
+    # options that take the job out of hpctrain's hands: a blocking sbatch, another cluster,
+    # an environment from elsewhere, GPU and memory requests beside hpctrain's own
+    ("-W", "wait"), ("--wait", "wait"), ("-M other", "clusters"), ("--cluster=b", "clusters"),
+    ("--export-f=/x", "export-file"), ("--get-user-env", "get-user-env"), ("-G 16", "gpus"),
+    ("--gpus=16", "gpus"), ("--mem-per-c=4G", "mem-per-cpu"), ("--mem-per-gpu=80G", "mem-per-gpu"),
+    ("--gpus-per-task=1", "gpus-per-task"), ("--ntasks-per-gpu=1", "ntasks-per-gpu")])
 def test_abbreviated_or_short_owned_options_are_refused_with_the_fix(directive, option):
     msg = refusal(directive)
     assert msg and msg.startswith(f"--{option} is managed by hpctrain") and OWNED_DIRECTIVES[option] in msg
@@ -124,7 +130,9 @@ VALUES = {"job-name": "abc", "nodes": "1", "ntasks": "1", "ntasks-per-node": "1"
           "qos": "normal", "reservation": "r1", "time": "10", "cpus-per-task": "1", "mem": "100",
           "constraint": "x", "exclusive": "user", "exclude": "n9", "signal": "USR1@60",
           "output": "/tmp/o", "error": "/tmp/e", "open-mode": "append", "chdir": "/tmp",
-          "array": "1-2", "dependency": "singleton", "export": "NONE"}
+          "array": "1-2", "dependency": "singleton", "export": "NONE", "export-file": "/tmp/env",
+          "get-user-env": "10", "gpus": "1", "gpus-per-task": "1", "ntasks-per-gpu": "1",
+          "mem-per-cpu": "100", "mem-per-gpu": "100", "clusters": "hpctrain-dev"}
 
 
 def shortest_prefix(name: str) -> str:

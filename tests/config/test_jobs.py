@@ -130,3 +130,34 @@ def test_cli_nodes_override_changes_the_layout_check():
     proc = hpctrain("validate", "examples/tiny.yaml", "--profile", "dev-slurm", "--nodes", "3")
     assert proc.returncode == 2
     assert "world size (6" in proc.stderr
+
+
+@pytest.mark.parametrize("name, said", [
+    ("", "missing: every job needs a name"),
+    ("-rf", "is not a valid job name"),          # its run ids would read as options
+    (".hidden", "is not a valid job name"),      # its run folders would be hidden
+])
+def test_a_job_name_that_cannot_start_a_run_id_is_refused(name, said):
+    with pytest.raises(ConfigError) as err:
+        job_from_mapping(job(name=name), "job.yaml")
+    assert any(path == "name" and said in msg for path, msg in err.value.problems), \
+        err.value.problems
+
+
+def test_an_empty_profile_option_is_not_the_default_profile(tmp_path):
+    """`-p "$UNSET"` must not train on this machine (the default profile, local)."""
+    proc = hpctrain("render", str(REPO / "examples" / "tiny.yaml"), "-p", "",
+                    "--runs-dir", str(tmp_path))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("Error: unknown profile ''")
+
+
+def test_a_job_whose_save_cannot_fit_the_cpu_profiles_host_memory_is_refused_in_one_line():
+    """On a profile without GPU memory (the CPU rehearsal) the step's fit is unknown, but a
+    checkpoint save larger than the host's memory is known not to fit: said, not a crash.
+    (A model of 1.6 T parameters: its save needs tens of TiB of host memory on any machine.)"""
+    proc = hpctrain("validate", str(REPO / "examples" / "tiny.yaml"),
+                    "--set", "model.hidden_size=16384", "--set", "model.num_layers=512",
+                    "--set", "model.ffn_hidden_size=65536")
+    assert proc.returncode == 2 and "internal error" not in proc.stderr, proc.stderr
+    assert "the checkpoint save does NOT fit" in proc.stderr

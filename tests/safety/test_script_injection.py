@@ -357,3 +357,26 @@ def test_real_sbatch_reads_the_directives_of_a_hostile_run_folder(slurm_cluster,
     assert log.read_text().strip() == "directives-read"
     info = job_info(job_id)
     assert info["JobName"] == r.job.name and info["NumNodes"] == "2", info
+
+
+def test_a_percent_in_the_run_folder_reaches_srun_as_a_literal_percent(tmp_path, canary):
+    """srun reads --output as a pattern (%j: the job id, %t: the task): a folder holding a %
+    is written %% there, as in the #SBATCH --output line, so the rank logs land in the run
+    folder and not in one named after the job id."""
+    runner = CliRunner()
+    bin_dir, stub_python = stubs.install(tmp_path)
+    profile = tmp_path / "dev-stubbed.yaml"
+    profile.write_text(yaml.safe_dump({**corpus.load_yaml(REPO / "cluster_profiles" / "dev-slurm.yaml"),
+                                       "name": "dev-stubbed", "python": str(stub_python)}))
+    case_dir = tmp_path / "pct%jdir%%x"          # also where the stub puts the attempt's folder
+    case_dir.mkdir()
+    run_dir = case_dir / "run"
+    result = runner.invoke(cli, ["render", str(REPO / "examples" / "tiny.yaml"), "-p", str(profile),
+                                 "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    run_dir.mkdir()
+    (case_dir / "script.sh").write_text(result.stdout)
+    stubs.run_all(tmp_path, bin_dir, canary, [case_dir])
+    assert (case_dir / "rc").read_text().strip() == "0", (case_dir / "out").read_text()
+    escaped = str(case_dir).replace("%", "%%")
+    assert f"--output={escaped}/attempt/rank-%t.log" in stubs.srun_args(case_dir)

@@ -10,6 +10,7 @@ extra directive spelled the short way, a job name that would split the job in tw
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +118,47 @@ def test_environment_variable_names():
         lambda p: safety.check_env_value(key, "v", f"env.{key}", p)) == []
     assert ok("NCCL_DEBUG") and ok("_X1")
     assert not ok("1BAD") and not ok("BAD-NAME") and not ok("A B")
+    # what clusters set: NCCL, CUDA, OpenMP, proxies, Python's reporting, the tests' switches
+    for key in ("NCCL_IB_HCA", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS", "http_proxy",
+                "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "HPCTRAIN_TEST_HOOKS",
+                "HPCTRAIN_TEST_STEP_SLEEP_S"):
+        assert ok(key), key
+
+
+@pytest.mark.parametrize("key, why", [
+    ("RUN_DIR", "RUN_DIR is a variable of hpctrain's batch script"),   # another run's records
+    ("PY", "PY is a variable of hpctrain's batch script"),             # another interpreter
+    ("HPCTRAIN_RUN_DIR", "HPCTRAIN_*"),
+    ("HPCTRAIN_ATTEMPT", "HPCTRAIN_*"),
+    ("SLURM_JOB_ID", "SLURM_*"),
+    ("SUBMITIT_EXECUTOR", "SUBMITIT_*"),
+    ("BASH_FUNC_srun%%", "not a valid environment variable name"),
+    ("BASH_ENV", "changes what bash or the loader runs"),
+    ("IFS", "changes what bash or the loader runs"),
+    ("LD_PRELOAD", "changes what bash or the loader runs"),
+    ("PYTHONSAFEPATH", "changes what Python imports or runs"),
+    ("PYTHONPATH", "changes what Python imports or runs"),
+    ("PYTHONSTARTUP", "changes what Python imports or runs"),
+    ("MASTER_ADDR", "set for each rank by srun or the launcher"),
+    ("RANK", "set for each rank by srun or the launcher"),
+])
+def test_a_profiles_env_cannot_take_over_what_hpctrain_sets(key, why):
+    (problem,) = _problems(lambda p: safety.check_env_value(key, "v", f"env.{key}", p))
+    assert problem.startswith(f"env.{key}: ") and why in problem and "\n" not in problem
+
+
+def test_every_variable_the_batch_script_assigns_is_closed_to_the_profile():
+    """The template's own variables (assignments, ``local``) are what a profile's exports,
+    written after them, would overwrite: each one is refused, so a variable added to the
+    template later is closed too or this test names it."""
+    templates = (Path(__file__).resolve().parents[2] / "sbatch_templates").glob("*.j2")
+    assigned = set()
+    for text in (t.read_text() for t in templates):
+        assigned |= set(re.findall(r"(?:^|[\s;({])(?:local\s+)?([A-Za-z_][A-Za-z0-9_]*)=", text,
+                                   re.M))
+    assert {"RUN_DIR", "PY", "STEP_OUTPUT"} <= assigned
+    open_to_profiles = sorted(k for k in assigned if safety.env_key_problem(k) is None)
+    assert open_to_profiles == []
 
 
 @pytest.mark.parametrize("directive, refusal", [

@@ -19,11 +19,13 @@ def submit_locally(run_dir: Path, submitit_dir: Path, profile: ClusterProfile,
     from .executor import DetachedLocalExecutor
     submitit_dir.mkdir(parents=True, exist_ok=True)
     limit_s = time_limit_seconds(profile) or 24 * 3600
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
+    # the profile's variables first: what hpctrain sets wins (the profile loader refuses those
+    # names anyway: config.safety.env_key_problem)
+    env = {**{k: str(v) for k, v in profile.env.items()},
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
            "HPCTRAIN_RUN_DIR": str(run_dir), "HPCTRAIN_LOG_TO_FILE": "1",
            "HPCTRAIN_PREEMPT_SIGNAL": profile.preemption.signal,
-           "SUBMITIT_PREEMPT_SIGNAL": profile.preemption.signal,
-           **{k: str(v) for k, v in profile.env.items()}, **env}
+           "SUBMITIT_PREEMPT_SIGNAL": profile.preemption.signal, **env}
     executor = DetachedLocalExecutor(submitit_dir, env, python=node_python(profile))
     executor.update_parameters(tasks_per_node=profile.slurm.gpus_per_node,
                                timeout_min=limit_s / 60,

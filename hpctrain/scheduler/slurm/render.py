@@ -159,9 +159,9 @@ def check_script_values(p: ClusterProfile, inputs: ScriptInputs, job_name: str, 
         raise UsageError(f"cannot write the batch script: {safety.short(inputs.dependency)} is "
                          "not a Slurm dependency (e.g. afterany:123)")
     for key in p.env:
-        if not safety.ENV_KEY.fullmatch(key):
-            raise UsageError(f"cannot write the batch script: env key {safety.short(key)} is not "
-                             "a variable name")
+        why = safety.env_key_problem(key)
+        if why:
+            raise UsageError(f"cannot write the batch script: env: {why}")
     for what, value in named:
         if what.startswith(("#SBATCH", "slurm.extra")) and safety.het_job_word(value):
             raise UsageError(f"cannot write the batch script: {what} {safety.short(value, 200)} contains "

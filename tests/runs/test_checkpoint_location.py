@@ -1,0 +1,82 @@
+"""Where a run's checkpoints may go (``checkpoint_store.location_problem``): never inside
+another run's folder, never a folder of run folders. Refused at submission (before anything is
+created) and again when a job claims the folder; nothing on disk changes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from hpctrain.cli import cli
+from hpctrain.record import checkpoint_store as store
+from hpctrain.record.folder import iter_runs
+from tests.conftest import REPO
+
+JOB = str(REPO / "examples" / "tiny.yaml")
+
+
+def _dry_run(root, *sets):
+    args = ["submit", JOB, "--dry-run", "--runs-dir", str(root)]
+    for s in sets:
+        args += ["--set", s]
+    return CliRunner().invoke(cli, args)
+
+
+def _tree(path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, n), path)
+                  for d, dirs, files in os.walk(path) for n in dirs + files)
+
+
+@pytest.fixture
+def other(tmp_path):
+    """A run folder another submission made, and its files as they are."""
+    assert _dry_run(tmp_path / "runs").exit_code == 0
+    (run,) = iter_runs(tmp_path / "runs")
+    return run
+
+
+@pytest.mark.parametrize("where, said", [
+    (lambda o, t: o.path, "is another run's folder"),
+    (lambda o, t: o.path / "checkpoints", "is inside"),
+    (lambda o, t: o.path / "logs" / "deep" / "er", "is inside"),
+    (lambda o, t: t / "runs", "is the folder of run folders"),
+    (lambda o, t: t, "holds run folders"),
+])
+def test_a_checkpoint_dir_among_runs_is_refused_before_anything_is_created(other, tmp_path,
+                                                                            where, said):
+    target = where(other, tmp_path)
+    before = _tree(tmp_path)
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={target}")
+    assert result.exit_code == 2
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"Error: checkpoint.dir: {target} ") and said in line
+    assert line.endswith("point it at a folder of its own (or leave it unset: each run keeps "
+                         "its checkpoints in its own folder)")
+    assert _tree(tmp_path) == before          # no run folder made, nothing written
+
+
+def test_a_link_into_another_run_is_followed(other, tmp_path):
+    (tmp_path / "innocent").symlink_to(other.path)
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={tmp_path / 'innocent' / 'ck'}")
+    assert result.exit_code == 2 and "another run's folder" in result.output
+
+
+def test_the_claim_refuses_it_too_and_allows_the_runs_own_places(other, tmp_path):
+    """A job claims its folder before it is queued and again when rank 0 resumes: a run
+    folder made before this check, or a path changed since, is refused there too."""
+    with pytest.raises(store.ForeignCheckpointsError, match="another run's folder"):
+        store.claim(other.path / "ck", "tiny-gpt-new", tmp_path / "runs" / "tiny-gpt-new")
+    assert not (other.path / "ck").exists()
+    with pytest.raises(store.ForeignCheckpointsError, match="is this run's folder"):
+        store.claim(other.path, other.id, other.path)
+    assert not (other.path / store.OWNER).exists()
+    # its own checkpoints folder, and a folder of its own elsewhere
+    assert store.claim(other.path / "checkpoints", other.id, other.path)
+    assert store.claim(tmp_path / "ckpt" / other.id, other.id, other.path)
+
+
+def test_a_checkpoint_dir_of_its_own_is_accepted(tmp_path):
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={tmp_path / 'ckpt' / 'exp1'}")
+    assert result.exit_code == 0, result.output
