@@ -30,7 +30,6 @@ import bisect
 import functools
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 FORMAT = "hpctrain-gpu-table/1"
 GEMM_LAYOUTS = ("nt", "nn", "tn")   # forward, input gradient, weight gradient
@@ -221,21 +220,3 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
         raise fail("memory: outside_allocator_bytes ≥ 0 and 0 ≤ allocator_slack_fraction < 1")
     return GpuTable(str(data.get("device", "unknown")), str(data.get("dtype", "unknown")), gemm,
                     attention, bandwidth, memory, dict(measured), source)
-
-
-def load_table(path: str | Path) -> GpuTable:
-    """The table at ``path``, read through the bounded reader (a regular file of at most
-    ``limits.RUN_SMALL_BYTES``, UTF-8 JSON: never a device, a FIFO or a link to one)."""
-    import os
-
-    from . import limits
-    from .record import reader
-    path = Path(path)
-    try:       # a link to a shared table is followed; what it leads to must be a table file
-        data = reader.read_json(os.path.realpath(path), limits.RUN_SMALL_BYTES)
-    except reader.DamagedFile as e:
-        what = e.why.split("; hpctrain reads")[0]     # the reader's hint is about run folders
-        raise TableError(f"{path}: {what}") from None
-    if data is None:
-        raise TableError(f"{path}: cannot be read (no such file)")
-    return table_from_json(data, str(path))

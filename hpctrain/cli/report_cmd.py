@@ -54,10 +54,10 @@ def report(run_refs, output, size, runs_dir, as_json):
     if not single:
         _compare(*runs_of(list(run_refs), root), root, output, width, height, as_json)
         return
-    from ..ops.report import build_figure, collect, format_summary, summarize, write_png
+    from ..ops.report import (REPORT_FILE, build_figure, check_report_output, collect,
+                              format_summary, summarize, write_png)
+    path = check_report_output((output or run.path / REPORT_FILE).absolute(), "--output", run)
     data = collect(run)
-    from ..outputs import check_output_file
-    path = check_output_file((output or run.path / "report.png").absolute(), "--output")
     write_png(build_figure(data, width, height), path)
     summary = summarize(data)
     if as_json:
@@ -76,13 +76,13 @@ def _compare(runs, sweep_id, root: Path, output, width: int, height: int, as_jso
     import time
 
     from ..ops.compare import build_comparison, collect_series, comparison_summary
-    from ..ops.report import write_png
+    from ..ops.report import check_report_output, write_png
     from ..submission.sweep_values import SWEEP_DIR
-    from ..outputs import check_output_file
     if output is None:
         output = (root / SWEEP_DIR / sweep_id / "compare.png" if sweep_id else
                   root / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.png")
-    path = check_output_file(Path(output).absolute(), "--output")   # a link is refused, not followed
+    # a link is refused, not followed; a file that is not a PNG, or a run's folder, too
+    path = check_report_output(Path(output).absolute(), "--output")
     series = collect_series(runs)
     title = f"sweep {sweep_id}: {len(runs)} runs" if sweep_id else f"{len(runs)} runs"
     write_png(build_comparison(series, width, height, title=title), path)

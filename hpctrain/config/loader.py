@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .. import resources
 from ..errors import ConfigError, UsageError
-from ..gpu_table import TableError, load_table
+from ..gpu_table import TableError
+from .kernel_table import load_table
 from . import yamlio
 from . import safety
 from .job import JobConfig, check_job

@@ -29,7 +29,7 @@ MAX_CONFIG_BYTES = 1 << 20   # profiles and jobs are a few KB; 1 MiB leaves room
 
 
 def read_text_file(path: str | os.PathLike, what: str = "file",
-                   limit: int = MAX_CONFIG_BYTES) -> str:
+                   limit: int = MAX_CONFIG_BYTES, kind: str = "YAML") -> str:
     """The UTF-8 text of a regular file of at most ``limit`` bytes; UsageError otherwise.
 
     The file is opened non-blocking (a FIFO with no writer would block a plain open forever)
@@ -40,19 +40,19 @@ def read_text_file(path: str | os.PathLike, what: str = "file",
     except FileNotFoundError:
         raise UsageError(f"{what} {_show(p)} does not exist") from None
     except IsADirectoryError:
-        raise UsageError(f"{what} {_show(p)} is a folder, expected a YAML file") from None
+        raise UsageError(f"{what} {_show(p)} is a folder, expected a {kind} file") from None
     except OSError as e:
         raise UsageError(f"cannot read {what} {_show(p)}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{what} {_show(p)} is a folder, expected a YAML file")
+            raise UsageError(f"{what} {_show(p)} is a folder, expected a {kind} file")
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{what} {_show(p)} is not a regular file ({_kind(st.st_mode)}); "
-                             "give the path of a YAML file")
+                             f"give the path of a {kind} file")
         if st.st_size > limit:
-            raise UsageError(f"{what} {_show(p)} is {st.st_size:,} bytes; a YAML {what} may have "
-                             f"at most {limit:,}")
+            raise UsageError(f"{what} {_show(p)} is {st.st_size:,} bytes; a {kind} {what} may "
+                             f"have at most {limit:,}")
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(limit + 1)
@@ -61,8 +61,8 @@ def read_text_file(path: str | os.PathLike, what: str = "file",
     finally:
         os.close(fd)
     if len(raw) > limit:
-        raise UsageError(f"{what} {_show(p)} is over {limit:,} bytes; a YAML {what} may have at "
-                         f"most {limit:,}")
+        raise UsageError(f"{what} {_show(p)} is over {limit:,} bytes; a {kind} {what} may have "
+                         f"at most {limit:,}")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

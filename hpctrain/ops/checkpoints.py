@@ -10,6 +10,7 @@ anything.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,8 +56,8 @@ def inspect_checkpoints(run: RunFolder) -> CheckpointFolder:
     root = run.checkpoint_dir()
     found = []
     for step, folder in store.complete_checkpoints(root):
-        manifest = store.read_manifest(folder)
-        problems = store.manifest_problems(folder, manifest)
+        manifest, damage = read_manifest(folder)
+        problems = [damage] if damage else store.manifest_problems(folder, manifest)
         saved_by = (manifest or {}).get("run")
         if saved_by and saved_by != run.id:
             problems = [f"saved by run {saved_by}, not this one"] + problems
@@ -75,6 +76,23 @@ def inspect_checkpoints(run: RunFolder) -> CheckpointFolder:
                             owner=owner)
 
 
+def read_manifest(folder: Path) -> tuple[dict | None, str | None]:
+    """A ``step-N`` folder's manifest, read through the run-folder reader and checked field by
+    field (``reader.manifest_problem``: every file it names inside the folder, sizes and steps
+    integers): (manifest, None); (None, why) when it cannot be used; (None, None) when there is
+    none (``manifest_problems`` says so)."""
+    from ..record import checkpoint_store as store
+    from ..record import reader
+    path = folder / store.MANIFEST
+    try:
+        return reader.read_json(path, check=reader.manifest_problem), None
+    except reader.DamagedFile as e:
+        return None, f"{store.MANIFEST} cannot be used: {e.why}"
+
+
+_STEP_NAME = re.compile(r"step-([0-9]{1,18})", re.ASCII)
+
+
 def describe_checkpoint_ref(value) -> str | None:
     """A ledger/result ``checkpoint_loaded``/``checkpoint_saved`` value, short: ``step 50``."""
     if value in (None, "", False):
@@ -88,14 +106,14 @@ def describe_checkpoint_ref(value) -> str | None:
             return f"step {value['step']}"
         return describe_checkpoint_ref(value.get("path"))
     name = Path(str(value)).name
-    if name.startswith("step-") and name[5:].isdigit():
-        return f"step {int(name[5:])}"
+    m = _STEP_NAME.fullmatch(name)      # ASCII digits only: "step-²" names no step
+    if m:
+        return f"step {int(m.group(1))}"
     return name
 
 
 def checkpoint_step(value) -> int | None:
     """The step a ledger/result checkpoint value names, if it names one."""
     text = describe_checkpoint_ref(value)
-    if text and text.startswith("step ") and text[5:].isdigit():
-        return int(text[5:])
-    return None
+    m = re.fullmatch(r"step ([0-9]{1,19})", text or "", re.ASCII)
+    return int(m.group(1)) if m else None

@@ -182,6 +182,46 @@ def write_png(fig, path: Path) -> None:
         fig.savefig(f, format="png", dpi=fig.dpi)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPORT_FILE = "report.png"      # where a run's report goes in its own folder (the default)
+
+
+def check_report_output(path: Path, option: str, own_run: RunFolder | None = None) -> Path:
+    """``path`` if a report may be written there; UsageError naming ``option`` and the fix,
+    before anything is drawn, otherwise. A report replaces only a PNG (an earlier report: its
+    signature is read through the run-folder reader, never the whole file), so a ledger, a
+    run.yaml or any other file named by mistake is never overwritten; and inside a run folder it
+    goes only where ``report`` puts it by default, ``own_run``'s ``report.png`` (a run's folder
+    holds its records; another run's folder is never written). What the write door refuses (a
+    link, a FIFO, a folder) is refused here too (``outputs.check_output_file``)."""
+    import os
+
+    from ..errors import UsageError
+    from ..outputs import check_output_file
+    from ..record import reader
+    from ..record.folder import is_run_folder
+    path = check_output_file(path, option)
+    real = Path(os.path.realpath(path.parent)) / path.name
+    allowed = (Path(os.path.realpath(own_run.path)) / REPORT_FILE) if own_run is not None \
+        else None
+    for above in real.parents:
+        if is_run_folder(above):
+            if real != allowed:
+                raise UsageError(
+                    f"{option} {path}: is inside run folder {above}, which holds that run's "
+                    f"records; a report goes in a run folder only as its own {REPORT_FILE} "
+                    f"(the default): give a path outside the run folders, or leave {option} out")
+            break
+    try:
+        head = reader.read_head(path, len(PNG_SIGNATURE))
+    except reader.DamagedFile as e:
+        raise UsageError(f"{option} {path}: {e.why}; give the path of a new file") from None
+    if head is not None and head != PNG_SIGNATURE:
+        raise UsageError(f"{option} {path}: exists and is not a PNG; a report replaces only "
+                         f"an earlier report: give a new file name (or move that file away)")
+    return path
+
+
 def summarize(data: ReportData) -> dict:
     def mean(xs):
         xs = [x for x in xs if x is not None]

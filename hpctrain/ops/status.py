@@ -27,7 +27,7 @@ def _times(view: RunView) -> dict:
 def attempt_rows(view: RunView) -> list[dict]:
     """One row per ledger record, plus the attempt in progress (started, not yet recorded)."""
     rows = [dict(r) for r in view.ledger]
-    recorded = {int(r.get("attempt", 0)) for r in view.ledger}
+    recorded = {int(r.get("attempt") or 0) for r in view.ledger}
     for n in view.attempts_started:
         if n in recorded:
             continue

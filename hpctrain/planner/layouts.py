@@ -27,7 +27,7 @@ from .memory import (ASSUMED_GPU_ALLOWANCE, CPU_ALLOWANCE, RUNTIME_BUFFER_BYTES,
 from .save_memory import SaveMemory, choose_format, save_memory
 from .save_time import Checkpointing, checkpointing
 from .timing import Hardware, StepTime, estimate_step_time
-from ..gpu_table import load_table
+from ..config.kernel_table import load_table
 
 GiB = 2**30
 RECOMPUTE_CHOICES = (None, "selective", "full")

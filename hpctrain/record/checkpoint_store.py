@@ -38,6 +38,7 @@ from typing import Callable
 
 from ..errors import HpcTrainError, UsageError
 from ..outputs import fsync_folder as fsync_dir, write_atomic
+from .reader import CHECKPOINT_FORMAT
 
 
 class CheckpointError(HpcTrainError):
@@ -49,7 +50,7 @@ QUARANTINE = "quarantine"
 OWNER = "owner.json"
 QUARANTINE_NOTE = "QUARANTINED.txt"
 OWNER_FORMAT = "hpctrain-checkpoint-owner"
-FORMAT = "hpctrain-checkpoint"
+FORMAT = CHECKPOINT_FORMAT       # defined beside the manifest's checks (reader.manifest_problem)
 FORMAT_VERSION = 2     # 2: CRC32C per file and per item (1: zlib CRC32 per file)
 STEP_RE = re.compile(r"^step-(\d+)$")
 PARTIAL_PREFIX = ".partial-"
@@ -142,15 +143,14 @@ def write_json_atomic(path: Path, data: dict, *, durable: bool = True) -> None:
 
 
 def read_manifest(folder: Path) -> dict | None:
+    """The manifest of a checkpoint folder, checked by the run-folder reader's
+    ``manifest_problem`` (sizes are counts, file names stay inside the folder: a name with
+    ``..`` would make verification read, and a resume load, a file elsewhere); None when it is
+    missing or fails a check (the checkpoint is then incomplete and set aside)."""
     from . import reader
     try:
-        data = reader.read_json(folder / MANIFEST)
+        data = reader.read_json(folder / MANIFEST, check=reader.manifest_problem)
     except reader.DamagedFile:
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(
-            data.get("files"), dict):
-        return None
-    if not all(isinstance(info, dict) for info in data["files"].values()):
         return None
     return data
 
@@ -378,7 +378,7 @@ def location_problem(root: Path, run_dir: str | os.PathLike | None,
     pruning or a resume's quarantine would work in a folder of runs. ``run_dir``: this run's
     folder (its own ``checkpoints`` folder is where checkpoints go by default); ``runs_root``:
     where its folder will be, for a run not created yet."""
-    from .folder import is_run_folder
+    from .files import is_run_folder
     real = Path(os.path.realpath(root))
     own = Path(os.path.realpath(run_dir)) if run_dir is not None else None
     for above in (real, *real.parents):
@@ -442,9 +442,9 @@ def claim(root: Path, run_id: str, run_dir: str | os.PathLike | None = None,
     create it (``mode``) if missing, write ``owner.json`` if missing. True when this call
     wrote the owner record. Two runs claiming one folder at once: one wins (``link`` is atomic),
     the other is refused."""
+    check_owner(root, run_id)      # another run's checkpoints: refused with how to continue it
     if run_dir is not None:
         check_location(root, run_dir)
-    check_owner(root, run_id)
     make_folder(root, mode)
     if read_owner(root) is not None:
         check_owner(root, run_id)   # another run may have claimed it since the first check

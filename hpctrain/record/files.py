@@ -23,6 +23,20 @@ from typing import Iterator
 from ..errors import UsageError
 
 
+RUN_FILE = "run.yaml"           # what makes a folder a run folder
+# a run folder being removed is renamed to this prefix first (ops.cleanup.remove_run_folder)
+REMOVING_PREFIX = ".removing-"
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder holding a ``run.yaml``, whatever that is (a damaged one makes a damaged run,
+    listed as such, not a folder that is not a run), and not one being removed; nothing is
+    opened."""
+    return (not os.path.basename(path).startswith(REMOVING_PREFIX) and os.path.isdir(path)
+            and os.path.lexists(os.path.join(path, RUN_FILE)))
+
+
+
 class RunFileError(UsageError):
     """A run folder's file exists but cannot be read or written (damaged, no permission)."""
 

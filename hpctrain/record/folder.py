@@ -44,9 +44,9 @@ from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
 from .. import limits
 from . import reader
-from .files import RunFileError, append_jsonl, folder_lock, now_iso, record_kind
+from .files import (REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl, folder_lock,
+                    is_run_folder, now_iso, record_kind)
 
-RUN_FILE = "run.yaml"
 LOCK_FILE = ".lock"
 PRIVATE_MODE = 0o700
 GROUP_READABLE_MODE = 0o750
@@ -416,18 +416,6 @@ def iter_runs(root: Path) -> Iterator[RunFolder]:
     for d in root.iterdir():
         if is_run_folder(d):
             yield RunFolder(d)
-
-
-# a run folder being removed is renamed to this prefix first (ops.cleanup.remove_run_folder)
-REMOVING_PREFIX = ".removing-"
-
-
-def is_run_folder(path: Path) -> bool:
-    """A folder holding a ``run.yaml``, whatever that is (a damaged one makes a damaged run,
-    listed as such, not a folder that is not a run), and not one being removed; nothing is
-    opened."""
-    return (not os.path.basename(path).startswith(REMOVING_PREFIX) and os.path.isdir(path)
-            and os.path.lexists(os.path.join(path, RUN_FILE)))
 
 
 def _job_ids_or_none(run: RunFolder) -> list[str]:

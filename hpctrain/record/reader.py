@@ -74,6 +74,8 @@ def open_regular(path: Path | str) -> Iterator[int | None]:
     except (FileNotFoundError, NotADirectoryError):
         yield None
         return
+    except ValueError:                    # a NUL in the name (a path a damaged record gave)
+        raise DamagedFile(p, "has a NUL byte in its name; no file can be named so") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             kind = "a symbolic link" if os.path.islink(p) else "behind a symlink loop"
@@ -179,10 +181,42 @@ def read_json(path: Path | str, limit: int = limits.RUN_SMALL_BYTES,
         raise DamagedFile(path, f"is not JSON ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(data, dict):
         raise DamagedFile(path, f"holds a JSON {type(data).__name__}, expected an object")
-    problem = check(data) if check else None
+    problem = SURROGATE if _escapes_surrogate(text) and _lone_surrogate(data) else \
+        check(data) if check else None
     if problem:
-        raise DamagedFile(path, problem)
+        raise DamagedFile(path, problem, f"cannot read {_show(Path(path))}: {problem} (nothing "
+                                         "was changed: repair or restore it)")
     return data
+
+
+# JSON (and YAML) can escape half of a UTF-16 pair alone ("\ud800"): the string it gives is no
+# Unicode text (printing it, writing it as UTF-8, fails), so a record holding one is damage
+SURROGATE = "holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which is not text"
+
+
+def _escapes_surrogate(text: str | bytes) -> bool:
+    """Whether ``text`` may escape a surrogate (the cheap test before walking a record)."""
+    if isinstance(text, bytes):
+        return b"\\ud" in text or b"\\uD" in text
+    return "\\ud" in text or "\\uD" in text
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether any text in ``value`` (keys included) holds an unpaired surrogate."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def parse_jsonl(data: bytes, path: Path | str,
@@ -202,9 +236,12 @@ def parse_jsonl(data: bytes, path: Path | str,
         if not isinstance(record, dict):
             raise DamagedFile(path, f"line {number} is a JSON {type(record).__name__}, "
                                     "expected an object")
-        problem = check(record) if check else None
+        problem = SURROGATE if _escapes_surrogate(line) and _lone_surrogate(record) else \
+            check(record) if check else None
         if problem:
-            raise DamagedFile(path, f"line {number}: {problem}")
+            why = f"line {number}: {problem}"
+            raise DamagedFile(path, why, f"cannot read {_show(Path(path))}: {why} (nothing was "
+                                         f"changed: repair or remove line {number})")
         out.append(record)
     return out
 
@@ -247,36 +284,139 @@ def read_mapping(path: Path | str, what: str) -> dict | None:
     if text is None:
         return None
     try:
-        return yamlio.parse_mapping(text, _show(Path(path)))
+        data = yamlio.parse_mapping(text, _show(Path(path)))
     except (HpcTrainError, ValueError, RecursionError) as e:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DamagedFile(path, f"is not a valid {what} ({detail})") from None
+    if _lone_surrogate(data):
+        raise DamagedFile(path, f"is not a valid {what} (it {SURROGATE})")
+    return data
 
 
 # ---- field types of the records, for ``check`` -------------------------------------------------
+#
+# A record that passes its check is safe for every reader of it (``status``, ``report``, the
+# listing, the batch shell, the requeue policy): a number is finite and far from overflow (a
+# plot's ticks, a sum of durations, seconds times ranks stay finite), a step or a count is not
+# negative, a list holds what its readers take from it (node names they join and look up,
+# mappings they ``.get`` from), and a name or a path that reaches a system call or a command
+# line holds no NUL. A field a reader defaults when absent (``.get(key, [])``) is not null.
 
-INT = (int,)
-NUMBER = (int, float)
-TEXT = (str,)
+MAX_INTEGER = 2**63 - 1     # every step, count, size and exit code hpctrain writes fits a C long
+MAX_NUMBER = 1e100          # far past any loss, rate, duration or time, far from float overflow
+                            # (matplotlib's ticks overflow near 1e308; sums and products too)
+MAX_EPOCH = 253402300799    # 9999-12-31T23:59:59 UTC: the last second ``time.localtime`` takes
 
 
-def field_problem(record: dict, types: dict[str, tuple]) -> str | None:
-    """The first field of ``record`` whose value is not None nor of its type (a bool is not a
-    number), as ``field: expected ..., got ...``."""
+class Kind:
+    """A field's type beyond a Python type: ``test`` says whether a value is one, ``word``
+    what was expected (for the message)."""
+
+    def __init__(self, word: str, test: Callable[[Any], bool]) -> None:
+        self.word, self.test = word, test
+
+    def problem(self, name: str, value: Any) -> str | None:
+        return None if self.test(value) else _expected(name, self.word, value)
+
+
+class ListOf(Kind):
+    """A list whose every item (never null) is of ``kinds``."""
+
+    def __init__(self, kinds: tuple, word: str) -> None:
+        super().__init__(word, lambda v: isinstance(v, list))
+        self.kinds = kinds
+
+    def problem(self, name: str, value: Any) -> str | None:
+        if not isinstance(value, list):
+            return _expected(name, self.word, value)
+        for i, item in enumerate(value):
+            problem = _value_problem(f"{name}[{i}]", item, self.kinds)
+            if problem:
+                return problem
+        return None
+
+
+class Fields(Kind):
+    """A mapping whose fields are of their types; ``required``: present and not null;
+    ``not_null``: not null when present. Other keys are kept, unchecked."""
+
+    def __init__(self, types: dict[str, tuple], word: str = "a mapping", *,
+                 required: tuple[str, ...] = (), not_null: tuple[str, ...] = ()) -> None:
+        super().__init__(word, lambda v: isinstance(v, dict))
+        self.types, self.required, self.not_null = types, required, not_null
+
+    def problem(self, name: str, value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return _expected(name, self.word, value)
+        inner = _mapping_problem(value, self.types, self.required, self.not_null)
+        return f"{name}.{inner}" if inner else None
+
+
+def _show_value(value: Any) -> str:
+    try:
+        shown = repr(value)
+    except ValueError:              # an integer past Python's digit limit for str()
+        return "a very large integer"
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _expected(name: str, word: str, value: Any) -> str:
+    return f"{name}: expected {word}, got {_show_value(value)}"
+
+
+_TYPE_KINDS: dict[type, Kind] = {}
+
+
+def _as_kind(kind: "type | Kind") -> Kind:
+    if isinstance(kind, Kind):
+        return kind
+    if kind not in _TYPE_KINDS:     # a bool is not a number: only ``bool`` takes one
+        _TYPE_KINDS[kind] = Kind(_type_word(kind), lambda v, t=kind: isinstance(v, t) and (
+            t is bool or not isinstance(v, bool)))
+    return _TYPE_KINDS[kind]
+
+
+def _value_problem(name: str, value: Any, kinds: tuple) -> str | None:
+    """What is wrong with ``value`` (not null) as one of ``kinds``; None when it is one."""
+    problems = []
+    for kind in kinds:
+        problem = _as_kind(kind).problem(name, value)
+        if problem is None:
+            return None
+        problems.append(problem)
+    for kind, problem in zip(kinds, problems):
+        if _as_kind(kind).test(value):
+            return problem          # a list or a mapping with a wrong item or field: name it
+    return _expected(name, " or ".join(_as_kind(k).word for k in kinds), value)
+
+
+def _mapping_problem(record: dict, types: dict[str, tuple], required: tuple[str, ...] = (),
+                     not_null: tuple[str, ...] = ()) -> str | None:
+    for name in required:
+        if record.get(name) is None:
+            return f"{name}: missing ({'null' if name in record else 'absent'})"
+    for name in not_null:
+        if name in record and record[name] is None:
+            return f"{name}: expected {_as_words(types.get(name, ()))}, got None"
     for name, kinds in types.items():
         value = record.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) and bool not in kinds:
-            ok = False
-        else:
-            ok = isinstance(value, kinds)
-        if not ok:
-            want = " or ".join(_type_word(k) for k in kinds)
-            shown = repr(value)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            return f"{name}: expected {want}, got {shown}"
+        problem = _value_problem(name, value, kinds)
+        if problem:
+            return problem
     return None
+
+
+def _as_words(kinds: tuple) -> str:
+    return " or ".join(_as_kind(k).word for k in kinds) or "a value"
+
+
+def field_problem(record: dict, types: dict[str, tuple]) -> str | None:
+    """The first field of ``record`` whose value is not None nor of its type (a bool is not a
+    number), as ``field: expected ..., got ...``; a list's item or a mapping's field is named
+    (``nodes[0]: ...``, ``decision.reason: ...``)."""
+    return _mapping_problem(record, types)
 
 
 def _type_word(kind: type) -> str:
@@ -288,6 +428,55 @@ def checker(types: dict[str, tuple]) -> Callable[[dict], str | None]:
     return lambda record: field_problem(record, types)
 
 
+def _integer(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _number(low: float, high: float) -> Callable[[Any], bool]:
+    # NaN fails both comparisons; an int too large for a float never compares true either
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
+
+
+def _no_nul(v: Any) -> bool:
+    return isinstance(v, str) and "\0" not in v
+
+
+INT = (Kind("an integer (within ±2**63)", _integer(-MAX_INTEGER, MAX_INTEGER)),)
+COUNT = (Kind("an integer from 0 to 2**63-1", _integer(0, MAX_INTEGER)),)  # steps, counts, sizes
+NUMBER = (Kind("a finite number (within ±1e100)", _number(-MAX_NUMBER, MAX_NUMBER)),)
+EPOCH = (Kind("a time in seconds since 1970 (0 to the year 9999)", _number(0, MAX_EPOCH)),)
+TEXT = (str,)
+FLAG = (bool,)
+NAME = (Kind("text (no NUL byte)", _no_nul),)           # node names, job ids: command lines
+PATH = (Kind("a path (text, no NUL byte)", lambda v: _no_nul(v) and v != ""),)
+NAMES = (ListOf(NAME, "a list of names (text)"),)
+MAPPINGS = (ListOf((dict,), "a list of mappings"),)
+
+# how metrics.jsonl holds a loss JSON cannot (the runtime writes str() of a non-finite float:
+# a skipped NaN step is a record, not damage)
+NON_FINITE = ("nan", "inf", "-inf")
+LOSS = NUMBER + (Kind("'nan', 'inf' or '-inf'", lambda v: isinstance(v, str) and v in NON_FINITE),)
+
+# an in-job restart (``RestartPlan.to_dict`` and what the recovery added): the ledger's
+# ``in_job_restart``, an ``attempt_start`` event's, and the ``in_job_restart`` event itself
+RESTART_TYPES = {"nodes": NAMES, "excluded": NAMES, "spares": NAMES, "why": TEXT,
+                 "in_place": FLAG, "after_attempt": COUNT, "recovery_s": NUMBER,
+                 "steps_lost": COUNT}
+RESTART_NOT_NULL = ("nodes", "excluded", "spares")
+RESTART = (Fields(RESTART_TYPES, "an in-job restart (a mapping)", not_null=RESTART_NOT_NULL),)
+# a straggler node (``health.stragglers.SlowNode``): a metrics record's ``stragglers``, the
+# ledger's ``straggler`` (the batch shell excludes its ``node``), the ``straggler`` event
+STRAGGLER_TYPES = {"node": NAME, "ranks": (ListOf(INT, "a list of ranks"),), "ratio": NUMBER,
+                   "seconds": NUMBER, "median_s": NUMBER, "intervals": COUNT}
+STRAGGLER = (Fields(STRAGGLER_TYPES, "a straggler node (a mapping)", required=("node",)),)
+DECISION = (Fields({"requeue": FLAG, "reason": TEXT, "in_job": FLAG},
+                   "a decision (a mapping: requeue, reason)"),)
+FAILURE = (Fields({"rank": INT, "node": NAME, "time": NUMBER, "message": TEXT},
+                  "a failure (a mapping: rank, node, time, message)"),)
+HANG = (Fields({"rank": INT, "node": NAME, "step": COUNT, "message": TEXT, "idle_s": NUMBER,
+                "limit_s": NUMBER}, "a hang verdict (a mapping)"),)
+
+
 def _attempt_positive(record: dict) -> str | None:
     a = record.get("attempt")
     if isinstance(a, int) and not isinstance(a, bool) and a < 0:
@@ -295,17 +484,45 @@ def _attempt_positive(record: dict) -> str | None:
     return None
 
 
-LEDGER_TYPES = {"attempt": INT, "start_step": INT, "end_step": INT, "exit_reason": TEXT,
+# the ledger's records, and result.json (the fields they share)
+LEDGER_TYPES = {"attempt": INT, "start_step": COUNT, "end_step": COUNT, "exit_reason": TEXT,
                 "exit_code": INT, "checkpoint_loaded": TEXT, "checkpoint_saved": TEXT,
-                "last_loss": NUMBER, "start_time": NUMBER, "end_time": NUMBER,
-                "message": TEXT, "job_id": TEXT, "restart_count": INT, "scheduler": TEXT,
-                "nodes": (list,), "started": TEXT, "duration_s": NUMBER,
-                "first_failure": (dict,), "decision": (dict,), "task_exits": (list,),
-                "excluded_nodes": (list,), "not_excluded_nodes": (list,), "hang": (dict,),
-                "straggler": (dict,)}
-EVENT_TYPES = {"event": TEXT, "time": TEXT, "attempt": INT, "step": INT, "job_id": TEXT,
-               "ledger_records": INT}
-METRIC_TYPES = {"step": INT, "attempt": INT, "kind": TEXT, "loss": NUMBER}
+                "last_loss": NUMBER, "start_time": EPOCH, "end_time": EPOCH,
+                "message": TEXT, "job_id": NAME, "restart_count": COUNT, "scheduler": TEXT,
+                "nodes": NAMES, "started": TEXT, "duration_s": NUMBER,
+                "first_failure": FAILURE, "decision": DECISION, "task_exits": MAPPINGS,
+                "excluded_nodes": NAMES, "not_excluded_nodes": NAMES, "hang": HANG,
+                "straggler": STRAGGLER, "note": TEXT, "exclusion_note": TEXT,
+                "preflight_report": TEXT, "first_step_at": EPOCH, "recovery_s": NUMBER,
+                "steps_lost": COUNT, "in_job_restart": RESTART, "world_size": COUNT,
+                "saves": MAPPINGS}
+EVENT_TYPES = {"event": TEXT, "time": TEXT, "attempt": INT, "step": COUNT, "job_id": NAME,
+               "ledger_records": COUNT}
+# the fields of some events, which their readers use (the same name may mean another thing
+# in another event: a ``requeue`` event's ``nodes`` is a count)
+EVENT_KIND_TYPES = {
+    "attempt_start": {"nodes": TEXT + NAMES, "restart_count": COUNT, "in_job_restart": RESTART},
+    "in_job_restart": RESTART_TYPES,
+    "straggler": STRAGGLER_TYPES,
+    "attempt_end": {"end_step": COUNT, "exit_reason": TEXT, "requeue": FLAG, "reason": TEXT},
+    "checkpoint_saved": {"path": TEXT},
+    "resume": {"extended_to": COUNT},
+    "hang": {"rank": INT, "node": NAME},
+}
+EVENT_KIND_NOT_NULL = {"in_job_restart": RESTART_NOT_NULL}
+METRIC_TYPES = {"step": COUNT, "attempt": INT, "kind": TEXT, "loss": LOSS, "grad_norm": LOSS,
+                "lr": NUMBER, "tokens_per_s": NUMBER, "step_time_s": NUMBER, "mfu": NUMBER,
+                "time": NUMBER, "stragglers": (ListOf(STRAGGLER, "a list of straggler nodes"),)}
+# run.yaml: what ``submit`` and ``resume`` write there
+SWEEP = (Fields({"id": NAME, "dir": PATH, "index": COUNT, "values": (dict,)},
+                "a sweep (a mapping: id, dir, index, values)", required=("id",)),)
+META_TYPES = {"name": TEXT, "profile": TEXT, "created": TEXT, "scheduler": TEXT,
+              "checkpoint_dir": PATH, "total_steps": COUNT, "world_size": COUNT,
+              "jobs": (list,), "run_id": TEXT, "kind": TEXT, "layout": TEXT,
+              "hpctrain_version": TEXT, "job_source": TEXT, "dry_run": FLAG, "sweep": SWEEP,
+              "job_history": MAPPINGS, "profile_history": MAPPINGS, "overrides": (dict,),
+              "chain": (list,)}
+META_NOT_NULL = ("jobs", "job_history", "profile_history", "overrides")
 
 
 def ledger_problem(record: dict) -> str | None:
@@ -313,38 +530,68 @@ def ledger_problem(record: dict) -> str | None:
 
 
 def event_problem(record: dict) -> str | None:
-    if not isinstance(record.get("event"), str):
-        return f"event: expected text, got {record.get('event')!r:.40}"
-    return field_problem(record, EVENT_TYPES)
-
-
-# how metrics.jsonl holds a loss JSON cannot (the runtime writes str() of a non-finite float:
-# a skipped NaN step is a record, not damage)
-NON_FINITE = ("nan", "inf", "-inf")
+    kind = record.get("event")
+    if not isinstance(kind, str):
+        return f"event: expected text, got {_show_value(kind)}"
+    return field_problem(record, EVENT_TYPES) or _mapping_problem(
+        record, EVENT_KIND_TYPES.get(kind, {}), not_null=EVENT_KIND_NOT_NULL.get(kind, ()))
 
 
 def metric_problem(record: dict) -> str | None:
-    if record.get("loss") in NON_FINITE:
-        record = {**record, "loss": None}
-    return field_problem(record, METRIC_TYPES)
+    return _mapping_problem(record, METRIC_TYPES, required=("step",))
 
 
 def meta_problem(meta: dict) -> str | None:
     """What is wrong with run.yaml's fields, naming the field; None when nothing is."""
-    problem = field_problem(meta, {"name": TEXT, "profile": TEXT, "created": TEXT,
-                                   "scheduler": TEXT, "checkpoint_dir": TEXT,
-                                   "total_steps": INT, "world_size": INT, "jobs": (list,),
-                                   "run_id": TEXT, "kind": TEXT})
+    problem = _mapping_problem(meta, META_TYPES, not_null=META_NOT_NULL)
     if problem:
         return problem
     for i, job in enumerate(meta.get("jobs") or []):
         if not isinstance(job, dict):
             return f"jobs[{i}]: expected a mapping with job_id and kind, got {job!r:.40}"
-        if not isinstance(job.get("job_id"), str) or not job["job_id"]:
+        if not _no_nul(job.get("job_id")) or not job["job_id"]:
             return f"jobs[{i}].job_id: expected the job id as text, got {job.get('job_id')!r:.40}"
         if not isinstance(job.get("kind"), str):
             return f"jobs[{i}].kind: expected text, got {job.get('kind')!r:.40}"
     return None
+
+
+# a checkpoint's manifest.json (``checkpoint_store.build_manifest``), as ``status`` and
+# ``report`` read it: every file it names is inside the checkpoint's folder
+CHECKPOINT_FORMAT = "hpctrain-checkpoint"   # a checkpoint manifest's "format" (checkpoint_store)
+MANIFEST_TYPES = {"format_version": INT, "step": COUNT, "created": TEXT, "run": TEXT,
+                  "total_bytes": COUNT, "files": (dict,)}
+MANIFEST_FILE = Fields({"size": COUNT, "crc32c": TEXT, "crc32": TEXT},
+                       "a mapping (size, checksum)")
+
+
+def manifest_problem(manifest: dict) -> str | None:
+    """What is wrong with a checkpoint's manifest, naming the field; None when nothing is."""
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        return (f"format: expected {CHECKPOINT_FORMAT!r}, got "
+                f"{_show_value(manifest.get('format'))}")
+    problem = _mapping_problem(manifest, MANIFEST_TYPES, required=("files",))
+    if problem:
+        return problem
+    for name, info in manifest["files"].items():
+        shown = _show_value(name)
+        if not name or "\0" in name or name.startswith("/") or \
+                ".." in name.replace("\\", "/").split("/"):
+            return (f"files: {shown} is not a file name inside the checkpoint folder (empty, "
+                    "absolute, with '..' or a NUL byte)")
+        problem = MANIFEST_FILE.problem(f"files[{shown}]", info)
+        if problem:
+            return problem
+    return None
+
+
+def read_head(path: Path | str, size: int) -> bytes | None:
+    """The first ``size`` bytes of a regular file (fewer when it is shorter; None when it does
+    not exist): what a file is, by its signature, without reading it whole."""
+    with open_regular(path) as fd:
+        if fd is None:
+            return None
+        return _read_fd(fd, Path(path), size - 1)[:size]
 
 
 def describe(error: BaseException) -> dict[str, Any]:

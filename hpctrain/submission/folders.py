@@ -39,10 +39,10 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     """
     from ..record import checkpoint_store as store
     job, profile = resolved.job, resolved.profile
-    if job.checkpoint.dir:
-        store.check_location(Path(job.checkpoint.dir), None, runs_root)
     if job.checkpoint.dir and not own_checkpoint_folder:
         store.check_owner(Path(job.checkpoint.dir), "")
+    if job.checkpoint.dir:
+        store.check_location(Path(job.checkpoint.dir), None, runs_root)
     run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
     if job.checkpoint.dir and own_checkpoint_folder:
         job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)

@@ -148,7 +148,7 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
 
 
 def describe_attempt(rec: dict) -> str:
-    d = rec.get("decision", {})
+    d = rec.get("decision") or {}
     steps = f"steps {rec.get('start_step')}→{rec.get('end_step')}"
     then = ("requeued" if d.get("requeue") else "stopped") + (f": {d['reason']}" if d.get("reason") else "")
     why = (f"\n[hpctrain]   {rec['message']}"
@@ -208,7 +208,8 @@ def unfinished_reason(run: RunFolder, last: dict, job: Any = None) -> str | None
         return None
     detail = failure_detail(job) if job is not None else ""
     msg = (f"run {run.id} did not finish: last attempt ended with {reason or 'no record'}"
-           + (f" ({last['decision']['reason']})" if last.get("decision") else "")
+           + (f" ({last['decision']['reason']})" if (last.get("decision") or {}).get("reason")
+              else "")
            + (f"; {last['message']}" if reason == ExitReason.FAILED and last.get("message") else "")
            + f"; see `hpctrain logs {run.id}`")
     return msg + (f"\n{detail}" if detail else "")

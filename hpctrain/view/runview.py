@@ -114,7 +114,7 @@ class RunView:
 
     @property
     def attempts(self) -> int:
-        recorded = [int(r.get("attempt", 0)) for r in self.ledger]
+        recorded = [int(r.get("attempt") or 0) for r in self.ledger]
         return max(recorded + self.attempts_started + [0])
 
     @property

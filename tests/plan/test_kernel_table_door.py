@@ -1,6 +1,6 @@
 """A profile's kernel table (``node.kernel_table``) comes through one door,
-``gpu_table.load_table``: the bounded reader (a regular file of bounded size, UTF-8 JSON, never
-a device or a FIFO), then ``table_from_json``, which refuses every value the step-time model
+``config.kernel_table.load_table``: the config's file door (a regular file of bounded size,
+UTF-8 JSON, never a device or a FIFO), then ``table_from_json``, which refuses every value the step-time model
 could not use. Whatever the file holds, a profile names it in one line or plans with it."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hpctrain.config import load_profile
 from hpctrain.errors import ConfigError
-from hpctrain.gpu_table import TableError, load_table, table_from_json
+from hpctrain.config.kernel_table import load_table
+from hpctrain.gpu_table import TableError, table_from_json
 from tests.conftest import REPO
 from tests.plan.test_plan_step_model import synthetic_table
 
@@ -46,14 +47,14 @@ def _profile_naming(tmp_path, table: str):
     (lambda p: p.write_bytes(b"\xd5\x00binary"), "is not UTF-8 text"),
     (lambda p: p.write_text("[" * 200_000), "is not JSON"),
     (lambda p: p.write_text("[1, 2]"), "expected an object"),
-    (lambda p: _big_behind_a_link(p), "is over 16,777,216 bytes"),
+    (lambda p: _big_behind_a_link(p), "may have at most 16,777,216"),
 ])
 def test_a_table_that_is_no_json_file_is_named_in_one_line(tmp_path, make, said):
     target = tmp_path / "t.json"
     make(target)
     with pytest.raises(TableError) as err:
         load_table(target)
-    assert str(err.value).startswith(f"{target}: ") and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"kernel table {target}") and "\n" not in str(err.value)
     assert said in str(err.value), str(err.value)
     with pytest.raises(ConfigError) as err:       # through the profile, at its field
         load_profile(str(_profile_naming(tmp_path, "t.json")))

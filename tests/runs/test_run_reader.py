@@ -148,3 +148,37 @@ def test_a_non_finite_loss_as_the_runtime_writes_it_is_a_record_not_damage(tmp_p
     append_jsonl(run.metrics_file, {"kind": "train", "step": 5, "loss": "low"})
     with pytest.raises(RunFileError, match="line 5: loss"):
         run.metrics()
+
+
+def test_a_nul_in_a_path_is_damage_not_a_value_error(tmp_path):
+    """A path a damaged record gave (a checkpoint folder, a file a manifest names) with a NUL
+    byte in it: a DamagedFile naming it, never ``ValueError: embedded null byte``."""
+    for read in (reader.read_bytes, reader.read_json, reader.read_jsonl,
+                 lambda p: reader.read_head(p, 8)):
+        with pytest.raises(reader.DamagedFile, match="NUL byte"):
+            read(tmp_path / "a\x00b")
+
+
+def test_read_head_reads_the_first_bytes_only(tmp_path):
+    path = tmp_path / "report.png"
+    assert reader.read_head(path, 8) is None
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"x" * 100)
+    assert reader.read_head(path, 8) == b"\x89PNG\r\n\x1a\n"
+    path.write_bytes(b"abc")
+    assert reader.read_head(path, 8) == b"abc"
+    link = tmp_path / "link.png"
+    link.symlink_to(path)
+    with pytest.raises(reader.DamagedFile, match="symbolic link"):
+        reader.read_head(link, 8)
+
+
+def test_an_unpaired_surrogate_escape_is_damage(tmp_path):
+    """JSON's "\\ud800" gives a string no terminal nor UTF-8 file can take: damage naming the
+    line; a pair ("\\ud83d\\ude00", an emoji) is text."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "x", "why": "\\ud83d\\ude00"}\n{"event": "\\ud800"}\n')
+    with pytest.raises(reader.DamagedFile, match="line 2: holds an unpaired UTF-16 surrogate"):
+        reader.read_jsonl(path, check=reader.event_problem)
+    path.write_text('{"event": "x", "why": "\\ud83d\\ude00"}\n')
+    assert reader.read_jsonl(path, check=reader.event_problem) == [{"event": "x",
+                                                                    "why": "\U0001f600"}]

@@ -350,3 +350,24 @@ def test_small_files_are_synced_when_their_checksum_is_taken_for_a_manifest(tmp_
     assert synced == []
     durable = store.checksum_files(tmp_path, ["common.pt", "metadata.json"], durable=True)
     assert synced == ["common.pt", "metadata.json"] and durable == plain
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m["files"].update({"../../outside": {"size": 3, "crc32c": "00000000"}}),
+    lambda m: m["files"].update({"/etc/passwd": {"size": 3, "crc32c": "00000000"}}),
+    lambda m: m.update(total_bytes="abc"),
+    lambda m: m["files"]["__0_0.distcp"].update(size=-1),
+    lambda m: m.update(files=[]),
+])
+def test_a_manifest_that_fails_its_checks_makes_the_checkpoint_incomplete(tmp_path, change):
+    """A manifest naming a file outside its folder (or with sizes that are no sizes) is not
+    trusted: the checkpoint is incomplete, never verified by reading another file."""
+    import json
+    final = _publish(tmp_path, 5)
+    assert store.read_manifest(final) is not None
+    m = json.loads((final / store.MANIFEST).read_text())
+    change(m)
+    (final / store.MANIFEST).write_text(json.dumps(m))
+    assert store.read_manifest(final) is None
+    assert store.manifest_problems(final, None) == ["manifest.json is missing or unreadable"]
+    assert store.verified_checkpoints(tmp_path) == []

@@ -73,7 +73,7 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
          "preflight", "preemption", "kernels"]
     # the kernel table, in the package's format, and the plan's step time from it beside the
     # measured one
-    from hpctrain.gpu_table import load_table
+    from hpctrain.config.kernel_table import load_table
     kernels = parts["kernels"]
     table = load_table(kernels["table_file"])
     assert table.device == "cpu" and kernels["attention_backends"] == ["local"]
