@@ -184,6 +184,9 @@ def write_png(fig, path: Path) -> None:
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPORT_FILE = "report.png"      # where a run's report goes in its own folder (the default)
+# every place in its own folder a run's report may go: the default, and where the trackers'
+# sender draws the PNG it uploads (tracking/sender.py)
+OWN_REPORT_FILES = (REPORT_FILE, "tracking/report.png")
 
 
 def check_report_output(path: Path, option: str, own_run: RunFolder | None = None) -> Path:
@@ -191,8 +194,9 @@ def check_report_output(path: Path, option: str, own_run: RunFolder | None = Non
     before anything is drawn, otherwise. A report replaces only a PNG (an earlier report: its
     signature is read through the run-folder reader, never the whole file), so a ledger, a
     run.yaml or any other file named by mistake is never overwritten; and inside a run folder it
-    goes only where ``report`` puts it by default, ``own_run``'s ``report.png`` (a run's folder
-    holds its records; another run's folder is never written). What the write door refuses (a
+    goes only where ``report`` puts it by default, ``own_run``'s ``report.png``, or where the
+    trackers draw it, its ``tracking/report.png`` (a run's folder holds its records; another
+    run's folder is never written). What the write door refuses (a
     link, a FIFO, a folder) is refused here too (``outputs.check_output_file``)."""
     import os
 
@@ -202,11 +206,11 @@ def check_report_output(path: Path, option: str, own_run: RunFolder | None = Non
     from ..record.folder import is_run_folder
     path = check_output_file(path, option)
     real = Path(os.path.realpath(path.parent)) / path.name
-    allowed = (Path(os.path.realpath(own_run.path)) / REPORT_FILE) if own_run is not None \
-        else None
+    allowed = {Path(os.path.realpath(own_run.path)) / name for name in OWN_REPORT_FILES} \
+        if own_run is not None else set()
     for above in real.parents:
         if is_run_folder(above):
-            if real != allowed:
+            if real not in allowed:
                 raise UsageError(
                     f"{option} {path}: is inside run folder {above}, which holds that run's "
                     f"records; a report goes in a run folder only as its own {REPORT_FILE} "

@@ -1,6 +1,7 @@
 """``hpctrain report -o PATH`` never loses data: it replaces only a PNG (an earlier report; the
 signature is read through the run-folder reader), and inside a run folder it writes only where
-``report`` writes by default, the run's own ``report.png``. Anything else is one ``Error:``
+``report`` writes by default, the run's own ``report.png`` (or where the trackers draw it,
+its ``tracking/report.png``). Anything else is one ``Error:``
 line naming ``--output`` and the fix, exit 2, and the file keeps every byte."""
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ def test_a_png_is_replaced_and_the_default_still_works(two_runs, tmp_path):
         assert (run / "report.png").read_bytes().startswith(PNG_SIGNATURE)
     result = _report(root, run.name, "-o", str(run / "report.png"))
     assert result.exit_code == 0, result.output
+    # where the trackers' sender draws the PNG it uploads (tracking/sender.py), in its own run
+    (run / "tracking").mkdir()
+    result = _report(root, run.name, "-o", str(run / "tracking" / "report.png"))
+    assert result.exit_code == 0, result.output
+    assert (run / "tracking" / "report.png").read_bytes().startswith(PNG_SIGNATURE)
+    _one_error(_report(root, other.name, "-o", str(run / "tracking" / "report.png")),
+               "--output", "is inside run folder")              # not for another run's report
 
 
 def test_the_default_report_png_that_is_not_a_png_is_kept(two_runs):

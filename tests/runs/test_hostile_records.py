@@ -337,7 +337,8 @@ PASSING = {"ledger.jsonl": reader.LEDGER_TYPES, "metrics.jsonl": reader.METRIC_T
            "run.yaml": {k: v for k, v in reader.META_TYPES.items() if k != "jobs"}}
 
 
-@settings(max_examples=EXAMPLES)
+# a quarter of the budget: each example draws a report (matplotlib, a few seconds on 2 cores)
+@settings(max_examples=max(EXAMPLES // 4, 5))
 @given(data=st.data(), target=st.sampled_from(sorted(PASSING) + ["events.jsonl"]))
 def test_records_that_pass_the_reader_are_safe_for_status_and_report(template, tmp_path_factory,
                                                                     data, target):
