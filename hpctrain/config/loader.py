@@ -175,7 +175,7 @@ def _check_resolved_paths(job: JobConfig) -> None:
     if d.tokenizer != "byte":
         fields.append(("data.tokenizer", d.tokenizer))
     for path, value in fields:
-        if value and _not_utf8(value):
+        if value and not_utf8(value):
             problems.add(path, f"resolved against the job file's folder, the path {safety.short(value)} "
                                "holds bytes that are not UTF-8 text (a folder name in another "
                                "encoding?); the run's job.yaml could not hold it: rename the "
@@ -188,7 +188,7 @@ def _check_resolved_paths(job: JobConfig) -> None:
         raise ConfigError("job", problems.items)
 
 
-def _not_utf8(text: str) -> bool:
+def not_utf8(text: str) -> bool:
     """A path whose bytes are not UTF-8 reaches Python as lone surrogates (surrogateescape)."""
     try:
         text.encode("utf-8")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import limits
+from ..config.loader import not_utf8
 from ..errors import UsageError
 
 # PREFIX.meta.json and tokenizer_config.json: a few hundred bytes when hpctrain or Hugging Face
@@ -117,17 +118,9 @@ def _meta_problem(meta: dict) -> str | None:
             return f"{name}: expected an integer from {low} to {2**31 - 1:,}, got {_short(value)}"
     tok = meta.get("tokenizer")
     if tok is not None and not (isinstance(tok, str) and tok.isprintable()
-                                and encodable(tok) and len(tok) <= 4096):
+                                and not not_utf8(tok) and len(tok) <= 4096):
         return f"tokenizer: expected the tokenizer's name, got {_short(tok)}"
     return None
-
-
-def encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _short(value: Any) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import UsageError
-from .files import encodable
+from ..config.loader import not_utf8
 
 PIECE_CHARS = 1 << 20  # a paragraph (or a single line) longer than this arrives in pieces
 # A JSONL record must be parsed whole; one longer than this is refused with the limit, so a
@@ -155,7 +155,7 @@ def _json_text(path: Path, lineno: int, line: str, key: str) -> str:
 
 def _shown_key(key: str, quote: bool = True) -> str:
     """A field's name for an error line: quoted (or not) when printable, else escaped."""
-    plain = key.isprintable() and encodable(key)
+    plain = key.isprintable() and not not_utf8(key)
     text = (repr(key) if quote else key) if plain else ascii(key)
     return text if len(text) <= 40 else text[:37] + "..."
 

@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config.loader import not_utf8
 from ..errors import UsageError
 from . import files
 
@@ -96,7 +97,7 @@ class HuggingFaceTokenizer:
         if isinstance(eos, dict):
             eos = eos.get("content")
         if isinstance(eos, str):
-            if not files.encodable(eos):
+            if not_utf8(eos):
                 raise UsageError(f"data.tokenizer: {files.show(cfg)}: eos_token {ascii(eos)[:60]} "
                                  f"is not text (a lone surrogate escape); fix it")
             names.append(eos)

@@ -27,8 +27,7 @@ from submitit.local.local import Controller
 from .jobs import CONTROLLER_MODULE
 
 
-def begin_local_attempt(run_dir: Path, timeout_s: float, job_id: str,
-                        now: float | None = None) -> dict[str, str]:
+def begin_local_attempt(run_dir: Path, timeout_s: float, job_id: str) -> dict[str, str]:
     """Claim the next attempt of the run at ``run_dir``, record the attempts before it that
     have no ledger record, and return the variables its ranks get."""
     from ...record.attempt_end import record_lost_attempts
@@ -40,17 +39,16 @@ def begin_local_attempt(run_dir: Path, timeout_s: float, job_id: str,
               f"(rank 0 was killed first): recorded now", file=sys.stderr, flush=True)
     run.event("attempt_start", attempt=attempt, job_id=job_id, restart_count=0,
               nodes="localhost")
-    start = time.time() if now is None else now
-    return {"HPCTRAIN_ATTEMPT": str(attempt), "HPCTRAIN_DEADLINE": str(int(start + timeout_s))}
+    return {"HPCTRAIN_ATTEMPT": str(attempt),
+            "HPCTRAIN_DEADLINE": str(int(time.time() + timeout_s))}
 
 
 class AttemptController(Controller):
     """submitit's controller; each start of the ranks is a new attempt of the run."""
 
     def start_tasks(self) -> None:
-        started = time.time()
         os.environ.update(begin_local_attempt(Path(os.environ["HPCTRAIN_RUN_DIR"]),
-                                              self.timeout_s, self.pid, now=started))
+                                              self.timeout_s, self.pid))
         super().start_tasks()
 
 
