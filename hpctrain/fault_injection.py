@@ -43,6 +43,9 @@ VARIABLES = {
                                       "is published; in the run's first attempt only (a fault "
                                       "to recover from, where a crash at a step repeats in every "
                                       "attempt like a bug would)",
+    "HPCTRAIN_TEST_SLOW_WRITER_S": "=SECONDS: every background save's writer waits this long "
+                                   "before it writes (first attempt only): the next save comes "
+                                   "while the writer still reads the staged bytes",
     "HPCTRAIN_TEST_FILL_AFTER_SAVE": "=1: once a background save is scheduled, allocate memory "
                                      "of every size it staged (pinned on a GPU: where a released "
                                      "staging buffer would be reused), first asking the save's "

@@ -65,6 +65,7 @@ class TestHooks:
     slow_rank: int | None = None
     slow_s: float = 0.0
     fill_after_save: bool = False
+    slow_writer_s: float = 0.0
     read_threads: int | None = None
     filled: list = field(default_factory=list)   # what the fill hook allocated (kept alive)
     _kill_armed: bool = True
@@ -97,6 +98,13 @@ class TestHooks:
             hooks.kill_rank, hooks.kill_step = _at(get("HPCTRAIN_TEST_KILL_DURING_SAVE"),
                                                    "HPCTRAIN_TEST_KILL_DURING_SAVE")
         hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
+        if get("HPCTRAIN_TEST_SLOW_WRITER_S"):
+            text = get("HPCTRAIN_TEST_SLOW_WRITER_S")
+            try:
+                hooks.slow_writer_s = float(text)
+            except ValueError:
+                raise UsageError(f"HPCTRAIN_TEST_SLOW_WRITER_S={text!r}: expected SECONDS") \
+                    from None
         if get("HPCTRAIN_TEST_READ_THREADS"):
             hooks.read_threads = int(get("HPCTRAIN_TEST_READ_THREADS"))
         if get("HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE"):
@@ -124,7 +132,7 @@ class TestHooks:
         return bool(self.step_sleep_s or self.crash_step or self.nan_steps or self.hold_steps
                     or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
-                    or self.slow_rank is not None or self.fill_after_save
+                    or self.slow_rank is not None or self.fill_after_save or self.slow_writer_s
                     or self.read_threads is not None
                     or self.file_size_limit is not None)
 
@@ -238,6 +246,12 @@ class TestHooks:
         import signal
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit, self.file_size_limit))
+
+    def writer_delay(self, sync: bool) -> float:
+        """HPCTRAIN_TEST_SLOW_WRITER_S: seconds a background save's writer waits before it
+        writes (first attempt only), so that training reaches the next save while the writer
+        still needs the staged bytes: that save must wait for it, not stage over them."""
+        return 0.0 if sync or self.attempt not in (None, 1) else self.slow_writer_s
 
     def kill_during_save(self, rank: int, step: int) -> bool:
         if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):

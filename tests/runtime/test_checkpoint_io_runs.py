@@ -87,3 +87,23 @@ def test_parallel_resume_equals_serial_resume_bit_for_bit(ws, threads):
     assert losses(parallel) == losses(other)
     assert result(parallel, 1)["weights_digest"] == result(other, 1)["weights_digest"] == \
         result(ref, 1)["weights_digest"]
+
+
+def test_a_save_that_comes_while_the_previous_writer_still_reads_waits_for_it(ws):
+    """Background saves every 2 steps whose writers wait 3 s before writing: the save of step 4
+    comes while step 2's writer still needs the staged bytes. It must wait for that writer
+    instead of staging step 4's state over them, so step 2's checkpoint gives back, at a
+    resume, exactly the weights of step 2's digest and the losses that followed it."""
+    source, res = ws.train("slow-writer", "dp2_zero1", steps=6,
+                           env={"HPCTRAIN_TEST_SLOW_WRITER_S": "3"},
+                           checkpoint={"interval_steps": 2, "async_save": True})
+    saved = sorted(p.name for p in (source.path / "checkpoints").glob("step-*"))
+    assert saved == [store.step_name(s) for s in (2, 4, 6)]
+    run = ws.new_run("resume-after-slow-writer", "dp2_zero1", steps=6)
+    _copy_checkpoint(source, 2, run)
+    out = launch(run.path, 2)
+    assert out.codes == [0, 0], _explain(out)
+    r = result(run, 1)
+    assert r["start_step"] == 2 and r["resume_read"]["digest_checked"] is True
+    assert "weights equal to the digest taken at the save" in out.output(0)
+    assert [losses(run)[s] for s in range(3, 7)] == [losses(source)[s] for s in range(3, 7)]

@@ -69,10 +69,13 @@ def versions() -> dict:
             "torch": torch.__version__}
 
 
-def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, progress, *args):
+def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, progress,
+           delay: float, *args):
     """Runs where megatron's writer runs (a forked process for async saves, the rank itself
     for synchronous ones): write the staged buckets with their checksums
     (``writer.write_buckets``), ``progress()`` after each item."""
+    if delay:   # HPCTRAIN_TEST_SLOW_WRITER_S: the next save comes while this one still reads
+        time.sleep(delay)
     writer.write_buckets(transform_list, *args, folder=folder, sidecar=SIDECAR.format(rank=rank),
                          progress=progress)
     if kill:  # HPCTRAIN_TEST_KILL_DURING_SAVE: die with the shards written, unpublished
@@ -81,7 +84,7 @@ def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, pr
 
 
 def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, kill: bool,
-                           progress=None):
+                           progress=None, delay: float = 0.0):
     """megatron's save request with hpctrain's staging (the process's host arena, held until
     the writer finished) and writer (checksums of the bytes written) in place of its own.
     ``progress``: called after each item written (a synchronous save: the watchdog's)."""
@@ -92,7 +95,7 @@ def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, k
     return request._replace(
         preload_fn=functools.partial(writer.stage, arena, owner, buckets),
         async_fn=functools.partial(_write, transform_list, folder, rank, os.getpid(), kill,
-                                   progress))
+                                   progress, delay))
 
 
 def _load_strategy(folder: Path):
@@ -244,7 +247,8 @@ class Checkpointer:
         writing = f"save: writing step {step} ({reason})"
         progress = functools.partial(self.ctx.progress, writing) if sync else None
         request = own_staging_and_writer(request, self.arena, owner, str(partial),
-                                         self.ctx.rank, kill, progress)
+                                         self.ctx.rank, kill, progress,
+                                         self.hooks.writer_delay(sync))
         info = {"step": step, "reason": reason, "partial": partial, "started": started,
                 "sync": sync, "wall_started": time.time(), "digest": digest}
         request.add_finalize_fn(functools.partial(self.arena.release, owner))
