@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import UsageError
 from ..fault_injection import value
@@ -41,6 +41,24 @@ def _steps(text: str, name: str) -> set[int]:
         return {int(s) for s in text.split(",") if s}
     except ValueError:
         raise UsageError(f"{name}: expected step numbers like 3,6") from None
+
+
+def _parsed(name: str, get: Callable[[str], str | None], convert: Callable[[str], Any],
+            expected: str):
+    """``convert`` of the variable's value; a UsageError naming the variable and the form."""
+    text = get(name)
+    try:
+        return convert(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r}: expected {expected}") from None
+
+
+def _pair(sep: str, first: Callable[[str], Any], second: Callable[[str], Any]):
+    """A converter of ``A<sep>B`` to ``(first(A), second(B))``."""
+    def convert(text: str) -> tuple:
+        a, _, b = text.partition(sep)
+        return first(a), second(b)
+    return convert
 
 
 @dataclass
@@ -99,32 +117,18 @@ class TestHooks:
                                                    "HPCTRAIN_TEST_KILL_DURING_SAVE")
         hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
         if get("HPCTRAIN_TEST_SLOW_WRITER_S"):
-            text = get("HPCTRAIN_TEST_SLOW_WRITER_S")
-            try:
-                hooks.slow_writer_s = float(text)
-            except ValueError:
-                raise UsageError(f"HPCTRAIN_TEST_SLOW_WRITER_S={text!r}: expected SECONDS") \
-                    from None
+            hooks.slow_writer_s = _parsed("HPCTRAIN_TEST_SLOW_WRITER_S", get, float, "SECONDS")
         if get("HPCTRAIN_TEST_READ_THREADS"):
             hooks.read_threads = int(get("HPCTRAIN_TEST_READ_THREADS"))
         if get("HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE"):
-            text = get("HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE")
-            try:
-                size, _, step = text.partition("@")
-                hooks.file_size_limit, hooks.file_size_step = int(size), int(step)
-            except ValueError:
-                raise UsageError(f"HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE={text!r}: expected "
-                                 "BYTES@STEP") from None
+            hooks.file_size_limit, hooks.file_size_step = _parsed(
+                "HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE", get, _pair("@", int, int), "BYTES@STEP")
         if get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"):
             hooks.hang_step, hooks.hang_rank = _at(get("HPCTRAIN_TEST_HANG_IN_COLLECTIVE"),
                                                    "HPCTRAIN_TEST_HANG_IN_COLLECTIVE")
         if get("HPCTRAIN_TEST_SLOW_RANK"):
-            text = get("HPCTRAIN_TEST_SLOW_RANK")
-            try:
-                rank, _, secs = text.partition(":")
-                hooks.slow_rank, hooks.slow_s = int(rank), float(secs)
-            except ValueError:
-                raise UsageError(f"HPCTRAIN_TEST_SLOW_RANK={text!r}: expected R:SECONDS") from None
+            hooks.slow_rank, hooks.slow_s = _parsed("HPCTRAIN_TEST_SLOW_RANK", get,
+                                                    _pair(":", int, float), "R:SECONDS")
         return hooks
 
     @property
