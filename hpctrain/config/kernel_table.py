@@ -1,14 +1,14 @@
 """Reading a GPU kind's kernel table (``node.kernel_table``): the config's file door
 (``yamlio.read_text_file``: a regular file, links followed, of bounded size, UTF-8, never a
-device or a FIFO), JSON, then ``gpu_table.table_from_json``, which refuses every value the
+device or a FIFO), JSON holding one object (``file_door.json_object``), then ``gpu_table.table_from_json``, which refuses every value the
 step-time model could not use. Read once when a profile is loaded and again by the planner."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from .. import file_door
 from ..errors import UsageError
 from ..gpu_table import GpuTable, TableError, table_from_json
 from . import yamlio
@@ -24,11 +24,7 @@ def load_table(path: str | os.PathLike) -> GpuTable:
     except UsageError as e:
         raise TableError(str(e)) from None
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise TableError(f"kernel table {path}: is not JSON "
-                         f"({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(data, dict):
-        raise TableError(f"kernel table {path}: holds a JSON {type(data).__name__}, expected an "
-                         "object")
+        data = file_door.json_object(text)
+    except file_door.Refused as e:
+        raise TableError(f"kernel table {path}: {e.why}") from None
     return table_from_json(data, str(path))

@@ -14,13 +14,13 @@ import copy
 import math
 import os
 import re
-import stat
 import threading
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .. import file_door
 from ..errors import ConfigError, UsageError
 from ..outputs import write_atomic  # noqa: F401 (the write door; run-folder writers call it here)
 
@@ -30,57 +30,32 @@ MAX_CONFIG_BYTES = 1 << 20   # profiles and jobs are a few KB; 1 MiB leaves room
 
 def read_text_file(path: str | os.PathLike, what: str = "file",
                    limit: int = MAX_CONFIG_BYTES, kind: str = "YAML") -> str:
-    """The UTF-8 text of a regular file of at most ``limit`` bytes; UsageError otherwise.
-
-    The file is opened non-blocking (a FIFO with no writer would block a plain open forever)
-    and checked with fstat on the open descriptor before a byte is read."""
+    """The UTF-8 text of a regular file of at most ``limit`` bytes, links followed; UsageError
+    otherwise. Read through :mod:`hpctrain.file_door`: opened non-blocking (a FIFO with no
+    writer would block a plain open forever) and checked with fstat on the open descriptor
+    before a byte is read."""
     p = Path(path)
+    head = f"{what} {_show(p)}"
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise UsageError(f"{what} {_show(p)} does not exist") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} {_show(p)} is a folder, expected a {kind} file") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {what} {_show(p)}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{what} {_show(p)} is a folder, expected a {kind} file")
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} {_show(p)} is not a regular file ({_kind(st.st_mode)}); "
-                             f"give the path of a {kind} file")
-        if st.st_size > limit:
-            raise UsageError(f"{what} {_show(p)} is {st.st_size:,} bytes; a {kind} {what} may "
-                             f"have at most {limit:,}")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(limit + 1)
-    except OSError as e:
-        raise UsageError(f"cannot read {what} {_show(p)}: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > limit:
-        raise UsageError(f"{what} {_show(p)} is over {limit:,} bytes; a {kind} {what} may have "
-                         f"at most {limit:,}")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{what} {_show(p)} is not UTF-8 text (byte 0x{raw[e.start]:02x} at "
-                         f"offset {e.start}); save it as UTF-8") from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a plain file"
+        raw = file_door.read_file(p, limit, follow_links=True)
+        if raw is None:
+            raise UsageError(f"{head} does not exist")
+        return file_door.decode_utf8(raw)
+    except file_door.Refused as e:
+        if e.kind == "a folder":
+            raise UsageError(f"{head} is a folder, expected a {kind} file") from None
+        if e.kind is not None:
+            raise UsageError(f"{head} {e.why}; give the path of a {kind} file") from None
+        if isinstance(e, file_door.TooBig):
+            raise UsageError(f"{head} is over {limit:,} bytes; a {kind} {what} may have at "
+                             f"most {limit:,}") from None
+        if isinstance(e, file_door.NotText):
+            raise UsageError(f"{head} {e.why}; save it as UTF-8") from None
+        raise UsageError(f"{head} {e.why}") from None
 
 
 def _show(p: Path) -> str:
-    text = str(p)
-    return text if len(text) <= 200 and text.isprintable() else repr(text[:200])
+    return file_door.show(p, 200)
 
 
 def read_mapping(path: str | os.PathLike, what: str = "file") -> dict:

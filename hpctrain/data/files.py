@@ -4,11 +4,10 @@ sidecar, tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, a Sente
 
 These are files a user points hpctrain at, so anything can be there: a FIFO (a plain ``open``
 blocks forever), a link to ``/dev/zero`` (a plain ``read`` never ends), a file of gigabytes,
-binary bytes, JSON nested 200,000 deep. They are read through the run-folder reader's door
-(:func:`hpctrain.record.reader.read_from`: opened non-blocking, ``fstat``-checked to be a
-regular file before a byte is read, at most ``limit`` bytes read), after symbolic links are
-resolved (a tokenizer in a Hugging Face cache is a link into ``blobs/``: a link is followed,
-what it leads to must be a regular file). Whatever is wrong is one :class:`UsageError` line
+binary bytes, JSON nested 200,000 deep. They are read through :mod:`hpctrain.file_door`
+(opened non-blocking, ``fstat``-checked to be a regular file before a byte is read, at most
+``limit`` bytes read), following symbolic links (a tokenizer in a Hugging Face cache is a link
+into ``blobs/``: what the link leads to must be a regular file). Whatever is wrong is one :class:`UsageError` line
 naming the file, what is wrong and the fix; a missing file is None.
 """
 
@@ -19,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import limits
+from .. import file_door, limits
 from ..config.loader import not_utf8
 from ..errors import UsageError
 
@@ -34,48 +33,39 @@ META_FIX = ("re-create the dataset with `hpctrain data prepare`, or remove the f
             ".bin/.idx do not need it)")
 
 
-def show(path: Path | str) -> str:
-    text = str(path)
-    return text if len(text) <= 300 and text.isprintable() else repr(text[:300])
+show = file_door.show
+
+
+def _head(path: Path | str, what: str) -> str:
+    return f"{what}: {show(path)}" if what else show(path)
 
 
 def read_bytes(path: Path | str, fix: str, limit: int, what: str = "") -> bytes | None:
-    """The bytes of ``path`` (None when it does not exist); UsageError ``[what: ]PATH <what
-    is wrong>; <fix>`` when it is not a regular file, cannot be read or is over ``limit``."""
-    from ..record.reader import DamagedFile, read_from
-    head = f"{what}: {show(path)}" if what else show(path)
+    """The bytes of ``path``, links followed (None when it does not exist); UsageError
+    ``[what: ]PATH [(-> TARGET)] <what is wrong>; <fix>`` when it is not a regular file, cannot
+    be read or is over ``limit``."""
+    head = _head(path, what)
     try:
         real = os.path.realpath(path)
     except (OSError, ValueError) as e:        # a NUL in the name, a loop on some systems
         raise UsageError(f"{head} cannot be resolved ({e}); {fix}") from None
     if real != os.path.abspath(path):
         head += f" (-> {show(real)})"
-    too_big = f"{head} is over {limit:,} bytes, more than any such file holds; {fix}"
     try:
-        if os.stat(real).st_size > limit:     # a regular file's size: refused before reading
-            raise UsageError(too_big)
-    except OSError:
-        pass                                  # the door says what is wrong
-    try:
-        data = read_from(real, 0, limit + 1)
-    except DamagedFile as e:
-        # the door's reason without its words for run folders: "is a FIFO, not a regular file"
-        raise UsageError(f"{head} {e.why.split(';')[0]}; {fix}") from None
-    if data is not None and len(data) > limit:    # grew since the stat
-        raise UsageError(too_big)
-    return data
+        return file_door.read_file(path, limit, follow_links=True)
+    except file_door.TooBig:
+        raise UsageError(f"{head} is over {limit:,} bytes, more than any such file holds; "
+                         f"{fix}") from None
+    except file_door.Refused as e:
+        raise UsageError(f"{head} {e.why}; {fix}") from None
 
 
 def read_text(path: Path | str, fix: str, limit: int, what: str = "") -> str | None:
     data = read_bytes(path, fix, limit, what)
-    if data is None:
-        return None
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        head = f"{what}: {show(path)}" if what else show(path)
-        raise UsageError(f"{head} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                         f"{e.start}); {fix}") from None
+        return None if data is None else file_door.decode_utf8(data)
+    except file_door.Refused as e:
+        raise UsageError(f"{_head(path, what)} {e.why}; {fix}") from None
 
 
 def read_json_object(path: Path | str, fix: str, limit: int = SIDECAR_BYTES,
@@ -83,23 +73,10 @@ def read_json_object(path: Path | str, fix: str, limit: int = SIDECAR_BYTES,
     """One JSON object (None when the file does not exist): not JSON (nested past Python's
     recursion limit included) or not an object is a UsageError naming the file."""
     text = read_text(path, fix, limit, what)
-    if text is None:
-        return None
-    head = f"{what}: {show(path)}" if what else show(path)
     try:
-        data = json.loads(text)
-    except RecursionError:
-        raise UsageError(f"{head} is JSON nested too deeply to read; {fix}") from None
-    except ValueError as e:
-        raise UsageError(f"{head} is not JSON ({str(e).splitlines()[0][:120]}); {fix}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{head} holds a JSON {_json_kind(data)}, expected an object; {fix}")
-    return data
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+        return None if text is None else file_door.json_object(text)
+    except file_door.Refused as e:
+        raise UsageError(f"{_head(path, what)} {e.why}; {fix}") from None
 
 
 # ---- PREFIX.meta.json ------------------------------------------------------------------------
@@ -125,7 +102,7 @@ def _meta_problem(meta: dict) -> str | None:
 
 def _short(value: Any) -> str:
     if isinstance(value, (list, dict)):
-        return f"a JSON {_json_kind(value)}"
+        return f"a JSON {file_door.json_kind(value)}"
     text = ascii(value) if isinstance(value, str) else json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

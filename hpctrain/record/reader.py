@@ -4,7 +4,9 @@ A run folder is written by hpctrain, but anyone who can write it (a user repairi
 a disk that filled mid-write, a tool that left a FIFO or a symlink to ``/dev/zero`` behind) can
 put anything there. Every file hpctrain reads from a run folder or a checkpoint folder (run.yaml,
 the ledger, events, metrics, result and failure records, heartbeats, hang verdicts, rank logs,
-``checkpoints/latest``, manifests) is read here, so one set of rules holds for all of them:
+``checkpoints/latest``, manifests) is read here, through :mod:`hpctrain.file_door` (the door
+every file hpctrain did not just write goes through) without following links, so one set of
+rules holds for all of them:
 
 * the file is opened with ``O_NONBLOCK`` (a FIFO with no writer would block a plain ``open``
   forever) and ``O_NOFOLLOW`` (a symlink is refused, wherever it points), then checked with
@@ -24,20 +26,14 @@ is not damage: readers return their "missing" value (None or empty).
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import limits
+from .. import file_door, limits
 from ..errors import HpcTrainError
 from .files import RunFileError
-
-_FLAGS = (os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW
-          | getattr(os, "O_CLOEXEC", 0))
-
 
 class DamagedFile(RunFileError):
     """A run-folder file that exists but is not what hpctrain writes there."""
@@ -48,66 +44,38 @@ class DamagedFile(RunFileError):
         super().__init__(message or f"cannot read {_show(self.path)}: {why}")
 
 
-def _show(path: Path) -> str:
-    text = str(path)
-    return text if len(text) <= 300 and text.isprintable() else repr(text[:300])
+_show = file_door.show
 
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "not a regular file"
+# what a run-folder file that is not a regular file is told (after the door's reason)
+_ONLY_REGULAR = "hpctrain reads only regular files in a run folder"
+_LINKS = ("a symbolic link", "behind a symlink loop")
 
 
 @contextlib.contextmanager
 def open_regular(path: Path | str) -> Iterator[int | None]:
-    """The descriptor of ``path`` opened for reading (blocking again once it is known to be a
-    regular file), or None when it does not exist; DamagedFile for anything else. ``path``
-    is made a Path only for an error (10,000 Path objects are a third of listing 10,000
-    runs' kept rows)."""
-    p = path
+    """The descriptor of ``path`` opened for reading through the file door without following
+    links (:func:`hpctrain.file_door.open_regular`), or None when it does not exist;
+    DamagedFile for anything else, a failed read inside the block included."""
     try:
-        fd = os.open(p, _FLAGS)
-    except (FileNotFoundError, NotADirectoryError):
-        yield None
-        return
-    except ValueError:                    # a NUL in the name (a path a damaged record gave)
-        raise DamagedFile(p, "has a NUL byte in its name; no file can be named so") from None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            kind = "a symbolic link" if os.path.islink(p) else "behind a symlink loop"
-            raise DamagedFile(p, f"is {kind}; hpctrain reads only regular files in a run "
-                                 "folder (replace it with the file, or move the run folder "
-                                 "away)") from None
-        if e.errno == errno.ENXIO:        # a socket, or a FIFO opened for writing
-            raise DamagedFile(p, "is not a regular file") from None
-        raise DamagedFile(p, f"cannot be read ({e.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise DamagedFile(p, f"is {_kind(st.st_mode)}, not a regular file; hpctrain "
-                                 "reads only regular files in a run folder")
-        os.set_blocking(fd, True)
-        yield fd
-    finally:
-        os.close(fd)
+        with file_door.open_regular(path, follow_links=False) as fd:
+            yield fd
+    except file_door.Refused as e:
+        raise DamagedFile(path, _reason(e)) from None
+
+
+def _reason(e: "file_door.Refused") -> str:
+    if e.kind in _LINKS:
+        return f"{e.why}; {_ONLY_REGULAR} (replace it with the file, or move the run folder away)"
+    if e.kind is not None and e.kind != "not a regular file":
+        return f"{e.why}; {_ONLY_REGULAR}"
+    return e.why
 
 
 def _read_fd(fd: int, path: Path, limit: int, offset: int = 0) -> bytes:
-    chunks, total = [], 0
     try:
-        while total <= limit:
-            block = os.pread(fd, min(1 << 20, limit + 1 - total), offset + total)
-            if not block:
-                break
-            chunks.append(block)
-            total += len(block)
-    except OSError as e:
-        raise DamagedFile(path, f"cannot be read ({e.strerror})") from None
-    return b"".join(chunks)
+        return file_door.read_fd(fd, limit, offset)
+    except file_door.Refused as e:
+        raise DamagedFile(path, e.why) from None
 
 
 def read_bytes(path: Path | str, limit: int = limits.RUN_RECORD_BYTES) -> bytes | None:
@@ -156,10 +124,9 @@ def decode(data: bytes, path: Path | str, *, strict: bool = True) -> str:
     if not strict:
         return data.decode("utf-8", errors="replace")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DamagedFile(path, f"is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                                f"{e.start})") from None
+        return file_door.decode_utf8(data)
+    except file_door.Refused as e:
+        raise DamagedFile(path, e.why) from None
 
 
 def read_text(path: Path | str, limit: int = limits.RUN_RECORD_BYTES, *,
@@ -176,11 +143,9 @@ def read_json(path: Path | str, limit: int = limits.RUN_SMALL_BYTES,
     if text is None:
         return None
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise DamagedFile(path, f"is not JSON ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(data, dict):
-        raise DamagedFile(path, f"holds a JSON {type(data).__name__}, expected an object")
+        data = file_door.json_object(text)
+    except file_door.Refused as e:
+        raise DamagedFile(path, e.why) from None
     problem = SURROGATE if _escapes_surrogate(text) and _lone_surrogate(data) else \
         check(data) if check else None
     if problem:

@@ -45,7 +45,7 @@ def _profile_naming(tmp_path, table: str):
     (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
     (lambda p: os.mkfifo(p), "not a regular file"),
     (lambda p: p.write_bytes(b"\xd5\x00binary"), "is not UTF-8 text"),
-    (lambda p: p.write_text("[" * 200_000), "is not JSON"),
+    (lambda p: p.write_text("[" * 200_000), "is JSON nested too deeply"),
     (lambda p: p.write_text("[1, 2]"), "expected an object"),
     (lambda p: _big_behind_a_link(p), "may have at most 16,777,216"),
 ])

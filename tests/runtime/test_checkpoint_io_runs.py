@@ -35,15 +35,23 @@ def test_weights_loaded_equal_the_digest_taken_at_the_save(ws, filled):
     manifest = store.read_manifest(source.path / "checkpoints" / "step-00000006")
     assert manifest["checksum"] == "crc32c" and len(manifest["weights_digest"]) == 64
     assert manifest["format_version"] == 2
-    run = ws.new_run("resume-after-fill", "dp2_zero1", steps=8)
-    _copy_checkpoint(source, 6, run)
+    r = _resumes_to_its_digest(ws, source, 6, "resume-after-fill", steps=8)
+    assert r["resume_read"]["verified"] == r["resume_read"]["items"] > 0
+
+
+def _resumes_to_its_digest(ws, source, step: int, name: str, steps: int) -> dict:
+    """A new run resumed from ``source``'s checkpoint of ``step``: its weights equal the digest
+    taken at the save and it trains on with ``source``'s losses. Returns its result.json."""
+    run = ws.new_run(name, "dp2_zero1", steps=steps)
+    _copy_checkpoint(source, step, run)
     out = launch(run.path, 2)
     assert out.codes == [0, 0], _explain(out)
     r = result(run, 1)
-    assert r["start_step"] == 6 and r["resume_read"]["digest_checked"] is True
-    assert r["resume_read"]["verified"] == r["resume_read"]["items"] > 0
+    assert r["start_step"] == step and r["resume_read"]["digest_checked"] is True
     assert "weights equal to the digest taken at the save" in out.output(0)
-    assert [losses(run)[s] for s in (7, 8)] == [losses(source)[s] for s in (7, 8)]
+    after = range(step + 1, steps + 1)
+    assert [losses(run)[s] for s in after] == [losses(source)[s] for s in after]
+    return r
 
 
 def test_a_checkpoint_whose_weights_differ_from_its_digest_is_set_aside(ws, filled):
@@ -99,11 +107,4 @@ def test_a_save_that_comes_while_the_previous_writer_still_reads_waits_for_it(ws
                            checkpoint={"interval_steps": 2, "async_save": True})
     saved = sorted(p.name for p in (source.path / "checkpoints").glob("step-*"))
     assert saved == [store.step_name(s) for s in (2, 4, 6)]
-    run = ws.new_run("resume-after-slow-writer", "dp2_zero1", steps=6)
-    _copy_checkpoint(source, 2, run)
-    out = launch(run.path, 2)
-    assert out.codes == [0, 0], _explain(out)
-    r = result(run, 1)
-    assert r["start_step"] == 2 and r["resume_read"]["digest_checked"] is True
-    assert "weights equal to the digest taken at the save" in out.output(0)
-    assert [losses(run)[s] for s in range(3, 7)] == [losses(source)[s] for s in range(3, 7)]
+    _resumes_to_its_digest(ws, source, 2, "resume-after-slow-writer", steps=6)

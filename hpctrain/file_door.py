@@ -1,0 +1,155 @@
+"""The one way hpctrain reads a file whose contents it cannot vouch for: a profile or job YAML,
+a kernel table, a tokenizer or a data sidecar a user names, and every run-folder file.
+
+Anything can be at such a path: a FIFO (a plain ``open`` blocks forever), a link to
+``/dev/zero`` (a plain ``read`` never ends), a socket, a folder, a file of gigabytes, JSON
+nested 200,000 deep. So every such read goes through these few functions:
+
+* :func:`open_regular`: opened with ``O_NONBLOCK`` and checked with ``fstat`` on the open
+  descriptor, so anything but a regular file is refused before a byte is read. Files a user
+  names follow symbolic links (a tokenizer in a Hugging Face cache is a link into ``blobs/``);
+  run-folder files do not (``O_NOFOLLOW``: a link left in a run folder is refused, wherever it
+  points).
+* :func:`read_fd` / :func:`read_file`: at most a bounded number of bytes.
+* :func:`json_object`: JSON text that must hold one object (deep nesting included).
+
+What is wrong is a :class:`Refused` carrying a short reason (``is a FIFO, not a regular file``, ``cannot be read
+(Permission denied)``); each caller says it in its own words (a config error, a damaged run
+file, a data file with its fix), but what is accepted is decided here, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Iterator
+
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+class Refused(Exception):
+    """A file that exists and may not be read as asked. ``why`` reads after the path
+    (``is a FIFO, not a regular file``); ``kind`` is what the path is when it is not a regular file (``a FIFO``,
+    ``a folder``, ``a symbolic link``), else None."""
+
+    def __init__(self, why: str, kind: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.kind = kind
+
+
+class TooBig(Refused):
+    """A regular file over its bound."""
+
+
+class NotText(Refused):
+    """Bytes that are not UTF-8 text."""
+
+
+def show(path: Path | str, width: int = 300) -> str:
+    """A path as an error line shows it: as is, or quoted and cut when it is long or holds
+    characters a terminal would act on."""
+    text = str(path)
+    return text if len(text) <= width and text.isprintable() else repr(text[:width])
+
+
+def kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+@contextlib.contextmanager
+def open_regular(path: Path | str, *, follow_links: bool) -> Iterator[int | None]:
+    """The descriptor of ``path`` opened for reading (blocking again once it is known to be a
+    regular file), or None when it does not exist; :class:`Refused` for anything else."""
+    flags = _FLAGS if follow_links else _FLAGS | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        yield None
+        return
+    except ValueError:                    # a NUL in the name (a path a damaged record gave)
+        raise Refused("has a NUL byte in its name; no file can be named so") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            kind = "a symbolic link" if not follow_links and os.path.islink(path) \
+                else "behind a symlink loop"
+            raise Refused(f"is {kind}", kind) from None
+        if e.errno == errno.ENXIO:        # a socket, or a FIFO opened for writing
+            raise Refused("is not a regular file", "not a regular file") from None
+        if e.errno == errno.EISDIR:
+            raise Refused("is a folder, not a regular file", "a folder") from None
+        raise Refused(f"cannot be read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = kind_of(st.st_mode)
+            raise Refused(f"is {kind}, not a regular file" if kind != "not a regular file"
+                          else "is not a regular file", kind)
+        os.set_blocking(fd, True)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_fd(fd: int, limit: int, offset: int = 0) -> bytes:
+    """At most ``limit + 1`` bytes from ``offset``: one byte more than allowed tells the caller
+    the file is over its bound without reading the rest."""
+    chunks, total = [], 0
+    try:
+        while total <= limit:
+            block = os.pread(fd, min(1 << 20, limit + 1 - total), offset + total)
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+    except OSError as e:
+        raise Refused(f"cannot be read ({e.strerror})") from None
+    return b"".join(chunks)
+
+
+def read_file(path: Path | str, limit: int, *, follow_links: bool) -> bytes | None:
+    """The whole regular file at ``path`` (None when it does not exist); :class:`Refused` when
+    it is not a regular file, cannot be read, or holds more than ``limit`` bytes."""
+    with open_regular(path, follow_links=follow_links) as fd:
+        if fd is None:
+            return None
+        data = read_fd(fd, limit)
+    if len(data) > limit:
+        raise TooBig(f"is over {limit:,} bytes")
+    return data
+
+
+def decode_utf8(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NotText(f"is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                      f"{e.start})") from None
+
+
+def json_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def json_object(text: str) -> dict:
+    """``text`` parsed as JSON holding one object; :class:`Refused` otherwise (nesting past
+    Python's recursion limit included)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise Refused("is JSON nested too deeply to read") from None
+    except ValueError as e:
+        raise Refused(f"is not JSON ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(data, dict):
+        raise Refused(f"holds a JSON {json_kind(data)}, expected an object")
+    return data

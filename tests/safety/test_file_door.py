@@ -1,0 +1,110 @@
+"""The file door (``hpctrain/file_door.py``), which every file hpctrain did not just write goes
+through (profiles and jobs, kernel tables, tokenizers and data sidecars, run-folder records):
+Hypothesis builds what a path may be (a regular file of any size, a FIFO, a socket, a folder,
+a link to any of them, a dangling link, a link loop, nothing) and the door must give the bytes
+of a regular file within its bound, None for nothing, and a ``Refused`` for everything else,
+never block on a FIFO, never read past its bound, never raise anything else."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hpctrain import file_door
+
+KINDS = ("regular", "fifo", "socket", "folder", "missing")
+
+
+def _make(where: Path, kind: str, data: bytes) -> list:
+    """Create ``where`` as ``kind``; returns what must be kept alive (a bound socket)."""
+    if kind == "regular":
+        where.write_bytes(data)
+    elif kind == "fifo":
+        os.mkfifo(where)
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(where))
+        return [s]
+    elif kind == "folder":
+        where.mkdir()
+    return []
+
+
+@settings(max_examples=120, deadline=None)
+@given(kind=st.sampled_from(KINDS), via=st.sampled_from(("direct", "link", "loop")),
+       follow=st.booleans(), data=st.binary(max_size=64), limit=st.integers(0, 80))
+def test_the_door_reads_a_regular_file_within_its_bound_and_refuses_the_rest(
+        kind, via, follow, data, limit):
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "target"
+        keep = _make(target, kind, data)
+        path = target
+        if via == "link":
+            path = Path(tmp) / "link"
+            path.symlink_to(target)
+        elif via == "loop":
+            path = Path(tmp) / "loop"
+            path.symlink_to(Path(tmp) / "loop2")
+            (Path(tmp) / "loop2").symlink_to(path)
+        try:
+            got = file_door.read_file(path, limit, follow_links=follow)
+        except file_door.Refused as e:
+            got = e
+        finally:
+            for s in keep:
+                s.close()
+        readable = kind == "regular" and via != "loop" and (via == "direct" or follow)
+        if via == "loop" or (via == "link" and not follow):
+            assert isinstance(got, file_door.Refused) and "link" in got.why
+        elif kind == "missing":
+            assert got is None
+        elif readable and len(data) <= limit:
+            assert got == data
+        elif readable:
+            assert isinstance(got, file_door.TooBig)
+        else:
+            assert isinstance(got, file_door.Refused) and got.kind is not None
+            assert got.why.endswith("not a regular file")
+
+
+def test_a_name_with_a_nul_byte_is_refused_not_raised():
+    with pytest.raises(file_door.Refused, match="NUL byte"):
+        file_door.read_file("/tmp/a\0b", 10, follow_links=True)
+
+
+def test_a_device_is_refused_before_a_byte_is_read():
+    with pytest.raises(file_door.Refused, match="character device, not a regular file"):
+        file_door.read_file("/dev/zero", 10, follow_links=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.builds(lambda n: "[" * n, st.integers(0, 200_000)),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                              lambda c: st.lists(c, max_size=3)
+                              | st.dictionaries(st.text(max_size=3), c, max_size=3)).map(
+                                  lambda v: __import__("json").dumps(v))))
+def test_json_object_gives_an_object_or_a_reason(text):
+    try:
+        value = file_door.json_object(text)
+    except file_door.Refused as e:
+        assert e.why.startswith(("is not JSON", "is JSON nested too deeply", "holds a JSON "))
+        assert "\n" not in e.why
+    else:
+        assert isinstance(value, dict)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=32))
+def test_decode_gives_text_or_names_the_first_bad_byte(data):
+    try:
+        text = file_door.decode_utf8(data)
+    except file_door.NotText as e:
+        bad = data.decode("utf-8", errors="replace").encode("utf-8")
+        assert bad != data and "at offset" in e.why
+    else:
+        assert text.encode("utf-8") == data
