@@ -122,8 +122,10 @@ def read_file(path: Path | str, limit: int, *, follow_links: bool) -> bytes | No
     with open_regular(path, follow_links=follow_links) as fd:
         if fd is None:
             return None
+        if os.fstat(fd).st_size > limit:     # refused before a byte is read
+            raise TooBig(f"is over {limit:,} bytes")
         data = read_fd(fd, limit)
-    if len(data) > limit:
+    if len(data) > limit:                    # grew since the fstat
         raise TooBig(f"is over {limit:,} bytes")
     return data
 

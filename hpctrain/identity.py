@@ -126,9 +126,43 @@ def rank_env(env: Mapping[str, str] | None = None) -> RankEnv:
                    launcher=name, node=node_name(env))
 
 
-def free_port(host: str = "") -> int:
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+RENDEZVOUS_PORTS = (20000, 65535)   # where a rendezvous port is looked for (above Slurm's 6817+)
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (Linux's default when unreadable)."""
+    try:
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split()[:2])
+        return (low, high) if 0 < low <= high <= 65535 else (32768, 60999)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "", *, ephemeral: tuple[int, int] | None = None,
+              tries: int = 200) -> int:
     """A TCP port that is free on this host now (on every interface unless ``host`` says
-    which), for a rendezvous that is about to be served here."""
+    which), for a rendezvous that is about to be served here.
+
+    Chosen at random outside the kernel's ephemeral range: a port from ``bind(0)`` is one the
+    kernel also gives to outgoing connections, so between this check and the rendezvous
+    binding it another process's connection may take it (``EADDRINUSE``; seen with several
+    gloo jobs starting at once on one machine). Only where every port is ephemeral does it
+    fall back to ``bind(0)``."""
+    import random
+    low, high = ephemeral or ephemeral_range()
+    first, last = RENDEZVOUS_PORTS
+    ports = [p for p in (range(first, low), range(high + 1, last + 1)) if len(p)]
+    pick = random.SystemRandom()
+    for _ in range(tries if ports else 0):
+        port = pick.choice(pick.choices(ports, weights=[len(p) for p in ports])[0])
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

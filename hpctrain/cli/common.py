@@ -51,6 +51,16 @@ set_option = click.option(
          "--set train.lr=3e-4 --set train.steps=200.")
 
 
+def job_options(f):
+    """JOB, --profile, --nodes and --set: what every command that loads a job on a profile
+    takes, in this order (render, its plan view, submit)."""
+    for decorate in reversed((click.argument("job_file", metavar="JOB",
+                                             type=click.Path(dir_okay=False)),
+                              profile_option, nodes_option, set_option)):
+        f = decorate(f)
+    return f
+
+
 def parsed_overrides(specs) -> dict:
     """``--set`` specs as a mapping (the errors of ``--sweep``)."""
     from ..submission.sweep_values import parse_overrides

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from .common import (CheckedPath, echo_json, json_option, nodes_option, parsed_overrides,
-                     profile_option, runs_dir_option, set_option)
+from .common import CheckedPath, echo_json, job_options, json_option, parsed_overrides, \
+    runs_dir_option
 
 
 def load_resolved(job_file: str, profile_name: str, nodes: int | None, overrides=()):
@@ -23,10 +23,7 @@ def load_resolved(job_file: str, profile_name: str, nodes: int | None, overrides
 
 
 @click.command()
-@click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
-@profile_option
-@nodes_option
-@set_option
+@job_options
 @json_option
 def validate(job_file, profile_name, nodes, overrides, as_json):
     """Check a job file on a profile: schema, layout (TP × PP × DP = world size), safety, and
@@ -57,10 +54,7 @@ def validate(job_file, profile_name, nodes, overrides, as_json):
 
 
 @click.command()
-@click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
-@profile_option
-@nodes_option
-@set_option
+@job_options
 @runs_dir_option
 @click.option("--run-dir", type=CheckedPath(file_okay=False, path_type=Path), default=None,
               help="Run folder to render for (default: a new run id under the runs dir, "

@@ -8,15 +8,12 @@ import click
 from .. import limits
 
 from ..errors import HpcTrainError
-from .common import (echo_json, follow_in_terminal, json_option, nodes_option, parsed_overrides,
-                     profile_option, runs_dir_option, set_option)
+from .common import (echo_json, follow_in_terminal, job_options, json_option, parsed_overrides,
+                     runs_dir_option)
 
 
 @click.command()
-@click.argument("job_file", metavar="JOB", type=click.Path(dir_okay=False))
-@profile_option
-@nodes_option
-@set_option
+@job_options
 @runs_dir_option
 @click.option("--dry-run", is_flag=True, help="Create the run folder and script, do not submit "
                                                "(data this machine cannot see is a warning).")

@@ -140,32 +140,31 @@ def _parse(text: str, source: str) -> Any:
 MAX_NODES = 100_000   # nodes of a document, alias expansions counted: a job has a few hundred
 
 
-class TextInt(int):
+class _KeepsText:
+    """A number read from YAML, with the text it was written as (``source``)."""
+
+    source: str
+    _plain: type
+
+    def __new__(cls, value, source: str):
+        obj = super().__new__(cls, value)
+        obj.source = source
+        return obj
+
+    def __reduce__(self):   # pickle and deepcopy keep the text (a plain number has no slot for it)
+        return (type(self), (self._plain(self), self.source))
+
+
+class TextInt(_KeepsText, int):
     """An integer read from YAML, with the text it was written as."""
 
-    source: str
-
-    def __new__(cls, value: int, source: str):
-        obj = super().__new__(cls, value)
-        obj.source = source
-        return obj
-
-    def __reduce__(self):   # pickle and deepcopy keep the text (a plain int has no slot for it)
-        return (type(self), (int(self), self.source))
+    _plain = int
 
 
-class TextFloat(float):
+class TextFloat(_KeepsText, float):
     """A float read from YAML, with the text it was written as."""
 
-    source: str
-
-    def __new__(cls, value: float, source: str):
-        obj = super().__new__(cls, value)
-        obj.source = source
-        return obj
-
-    def __reduce__(self):   # pickle and deepcopy keep the text (a plain float has no slot for it)
-        return (type(self), (float(self), self.source))
+    _plain = float
 
 
 def source_text(value: Any) -> str | None:

@@ -158,15 +158,22 @@ def _job_with(run: RunFolder, view: RunView, overrides: dict):
     return job
 
 
+def _keep_as_numbered(run: RunFolder, current: Path, stem: str) -> Path:
+    """Copy ``current`` (the run's job or profile) to the first free ``STEM.N.yaml`` of the run
+    folder, so what the run ran with so far stays readable (the caller holds the run's lock)."""
+    n = 1
+    while (run.path / f"{stem}.{n}.yaml").exists():
+        n += 1
+    kept = run.path / f"{stem}.{n}.yaml"
+    yamlio.write_atomic(kept, _run_text(current))
+    return kept
+
+
 def _archive_job(run: RunFolder, job, overrides: dict) -> str:
     """Keep the job the run ran with so far as ``job.N.yaml``; write the new one and record the
     overrides in ``run.yaml`` (under the run's lock)."""
     with run.lock():
-        n = 1
-        while (run.path / f"job.{n}.yaml").exists():
-            n += 1
-        kept = run.path / f"job.{n}.yaml"
-        yamlio.write_atomic(kept, _run_text(run.job_file))
+        kept = _keep_as_numbered(run, run.job_file, "job")
         yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
         history = list(run.meta().get("job_history", []))
         history.append({"file": kept.name, "overrides": dict(overrides), "until": now_iso()})
@@ -191,11 +198,7 @@ def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, r
     """Keep the profile the run ran on so far as ``profile.N.yaml``; write the new one (under
     the run's lock: a read-modify-write of the run's files)."""
     with run.lock():
-        n = 1
-        while (run.path / f"profile.{n}.yaml").exists():
-            n += 1
-        kept = run.path / f"profile.{n}.yaml"
-        yamlio.write_atomic(kept, _run_text(run.profile_file))
+        kept = _keep_as_numbered(run, run.profile_file, "profile")
         yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
         meta = run.meta()
         history = list(meta.get("profile_history", []))

@@ -80,15 +80,13 @@ def _read_fd(fd: int, path: Path, limit: int, offset: int = 0) -> bytes:
 
 def read_bytes(path: Path | str, limit: int = limits.RUN_RECORD_BYTES) -> bytes | None:
     """The whole file (None when missing); DamagedFile past ``limit`` bytes."""
-    p = path
-    with open_regular(p) as fd:
-        if fd is None:
-            return None
-        data = _read_fd(fd, p, limit)
-    if len(data) > limit:
-        raise DamagedFile(p, f"is over {limit:,} bytes, more than hpctrain ever writes there "
-                             f"(limits.{_limit_name(limit)})")
-    return data
+    try:
+        return file_door.read_file(path, limit, follow_links=False)
+    except file_door.TooBig:
+        raise DamagedFile(path, f"is over {limit:,} bytes, more than hpctrain ever writes "
+                                f"there (limits.{_limit_name(limit)})") from None
+    except file_door.Refused as e:
+        raise DamagedFile(path, _reason(e)) from None
 
 
 def _limit_name(limit: int) -> str:
