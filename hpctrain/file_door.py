@@ -28,7 +28,8 @@ import stat
 from pathlib import Path
 from typing import Any, Iterator
 
-_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+CHUNK = 1 << 20         # bytes asked of one pread
 
 
 class Refused(Exception):
@@ -57,13 +58,21 @@ def show(path: Path | str, width: int = 300) -> str:
     return text if len(text) <= width and text.isprintable() else repr(text[:width])
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISLNK, "a symbolic link"))
+
+
 def kind_of(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "not a regular file"
+    """What a path that is not a regular file is, from its ``stat`` mode (``lstat``'s for the
+    writers, which look at a link itself)."""
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+# what open(2) says when the path is a link it may not follow, or a link loop
+_LINK_ERRNOS = frozenset({errno.ELOOP})
+# what open(2) says for a UNIX socket, or a device file whose driver is missing
+_NO_FILE_ERRNOS = frozenset({errno.ENXIO})
 
 
 @contextlib.contextmanager
@@ -79,21 +88,19 @@ def open_regular(path: Path | str, *, follow_links: bool) -> Iterator[int | None
     except ValueError:                    # a NUL in the name (a path a damaged record gave)
         raise Refused("has a NUL byte in its name; no file can be named so") from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            kind = "a symbolic link" if not follow_links and os.path.islink(path) \
-                else "behind a symlink loop"
+        if e.errno in _LINK_ERRNOS:
+            kind = "behind a symlink loop" if follow_links or not os.path.islink(path) \
+                else "a symbolic link"
             raise Refused(f"is {kind}", kind) from None
-        if e.errno == errno.ENXIO:        # a socket, or a FIFO opened for writing
-            raise Refused("is not a regular file", "not a regular file") from None
-        if e.errno == errno.EISDIR:
-            raise Refused("is a folder, not a regular file", "a folder") from None
+        if e.errno in _NO_FILE_ERRNOS:
+            raise Refused("is a socket or a device without a driver, not a regular file",
+                          "a socket") from None
         raise Refused(f"cannot be read ({e.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = kind_of(st.st_mode)
-            raise Refused(f"is {kind}, not a regular file" if kind != "not a regular file"
-                          else "is not a regular file", kind)
+            raise Refused(f"is {kind}, not a regular file", kind)
         os.set_blocking(fd, True)
         yield fd
     finally:
@@ -106,7 +113,7 @@ def read_fd(fd: int, limit: int, offset: int = 0) -> bytes:
     chunks, total = [], 0
     try:
         while total <= limit:
-            block = os.pread(fd, min(1 << 20, limit + 1 - total), offset + total)
+            block = os.pread(fd, min(CHUNK, limit + 1 - total), offset + total)
             if not block:
                 break
             chunks.append(block)

@@ -28,15 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from . import file_door
 from .errors import NotRegularFileError, UsageError
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISLNK, "a symbolic link"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+_kind = file_door.kind_of
 
 
 def refuse_special(path: Path) -> None:

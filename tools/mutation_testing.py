@@ -478,11 +478,49 @@ def in_signature_annotation(source: str, pos: tuple[int, int]) -> bool:
     return any(start <= tuple(pos) < end for start, end in signature_annotations(source))
 
 
+_FD = "hpctrain/file_door.py"
+_DISJOINT = ("the open flags are single bits, each set once: `+` gives the number `|` does")
+_REGULAR_BLOCKS = ("O_NONBLOCK has no effect on a regular file (Linux reads it whole either "
+                   "way), and only a regular file reaches this line")
+_CHUNKS = ("the size asked of one pread: any size of at least 1 reads the same bytes, in more "
+           "or fewer calls")
+_ONE_LINE = ("json's messages are one line of under 120 characters (the only longer one, "
+             "an integer of over 4,300 digits, is cut at 120, which one character either way "
+             "leaves within the line): the first line, cut there, is the message")
+EQUIVALENT.update({
+    **{(_FD, f"core/ReplaceBinaryOperator_BitOr_Add", line): _DISJOINT for line in (
+        '_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC',
+        'flags = _FLAGS if follow_links else _FLAGS | os.O_NOFOLLOW')},
+    (_FD, "core/ReplaceTrueWithFalse", "os.set_blocking(fd, True)"): _REGULAR_BLOCKS,
+    **{(_FD, op, "CHUNK = 1 << 20         # bytes asked of one pread"): _CHUNKS for op in (
+        "core/ReplaceBinaryOperator_LShift_Add", "core/ReplaceBinaryOperator_LShift_Sub",
+        "core/ReplaceBinaryOperator_LShift_Mul", "core/ReplaceBinaryOperator_LShift_Div",
+        "core/ReplaceBinaryOperator_LShift_FloorDiv", "core/NumberReplacer")},
+    (_FD, "core/ReplaceComparisonOperator_LtE_NotEq", "while total <= limit:"):
+        "each read asks at most limit + 1 - total bytes, so total never passes limit + 1: "
+        "`!=` stops the loop where `<=` does",
+    (_FD, "core/ReplaceComparisonOperator_LtE_Lt", "while total <= limit:"):
+        "total reaches exactly `limit` only by a short read, which on a regular file is its "
+        "end: the next read `<=` makes gives nothing, so both stop with the same bytes",
+    ("hpctrain/record/reader.py", "core/ReplaceComparisonOperator_NotEq_IsNot",
+     'PATH = (Kind("a path (text, no NUL byte)", lambda v: _no_nul(v) and v != ""),)'):
+        "CPython has one empty string object: every empty str is it, so `is not \"\"` and "
+        "`!= \"\"` agree on text (and `_no_nul` has refused what is not text)",
+    (_FD, "core/NumberReplacer",
+     'raise Refused(f"is not JSON ({str(e).splitlines()[0][:120]})") from None'): _ONE_LINE,
+})
+
+
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:
     """Why the mutant is equivalent, or None (``in_annotation``: the mutation is inside a
     function signature's annotation; ``before``: the line above, stripped, for the keys of
     lines that are not unique on their own, such as ``continue``: "line above\nline")."""
+    if module == _FD and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
+            line.startswith("def ") and \
+            re.search(r"\(\s*[^*]*,\s*\*,", line) and line.count("*") == 1:
+        return ("the `*` that makes the parameters after it keyword-only, made `/` (those before "
+                "it positional-only): every caller passes those before it by position")
     if operator.startswith("core/ReplaceBinaryOperator_BitOr_") and (
             in_annotation or line.startswith("def ")):
         return ("a `|` in a signature's or a local variable's annotation: the modules use `from "

@@ -66,12 +66,13 @@ def open_regular(path: Path | str) -> Iterator[int | None]:
 def _reason(e: "file_door.Refused") -> str:
     if e.kind in _LINKS:
         return f"{e.why}; {_ONLY_REGULAR} (replace it with the file, or move the run folder away)"
-    if e.kind is not None and e.kind != "not a regular file":
+    if e.kind is not None:
         return f"{e.why}; {_ONLY_REGULAR}"
     return e.why
 
 
 def _read_fd(fd: int, path: Path, limit: int, offset: int = 0) -> bytes:
+    """At most ``limit + 1`` bytes (``file_door.read_fd``): ``limit - 1`` asks for ``limit``."""
     try:
         return file_door.read_fd(fd, limit, offset)
     except file_door.Refused as e:
@@ -105,7 +106,7 @@ def tail_bytes(path: Path | str, max_bytes: int) -> tuple[bytes, int] | None:
             return None
         size = os.fstat(fd).st_size
         start = max(0, size - max_bytes)
-        return _read_fd(fd, p, max_bytes - 1, start)[:max_bytes], size
+        return _read_fd(fd, p, max_bytes - 1, start), size
 
 
 def read_from(path: Path | str, offset: int, limit: int) -> bytes | None:
@@ -114,10 +115,10 @@ def read_from(path: Path | str, offset: int, limit: int) -> bytes | None:
     with open_regular(p) as fd:
         if fd is None:
             return None
-        return _read_fd(fd, p, limit - 1, offset)[:limit]
+        return _read_fd(fd, p, limit - 1, offset)
 
 
-def decode(data: bytes, path: Path | str, *, strict: bool = True) -> str:
+def decode(data: bytes, path: Path | str, *, strict: bool) -> str:
     """UTF-8 text; bad bytes are damage when ``strict`` (records), replaced otherwise (logs)."""
     if not strict:
         return data.decode("utf-8", errors="replace")
@@ -554,7 +555,7 @@ def read_head(path: Path | str, size: int) -> bytes | None:
     with open_regular(path) as fd:
         if fd is None:
             return None
-        return _read_fd(fd, Path(path), size - 1)[:size]
+        return _read_fd(fd, Path(path), size - 1)
 
 
 def describe(error: BaseException) -> dict[str, Any]:

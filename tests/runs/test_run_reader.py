@@ -182,3 +182,57 @@ def test_an_unpaired_surrogate_escape_is_damage(tmp_path):
     path.write_text('{"event": "x", "why": "\\ud83d\\ude00"}\n')
     assert reader.read_jsonl(path, check=reader.event_problem) == [{"event": "x",
                                                                     "why": "\U0001f600"}]
+
+
+def test_partial_reads_give_exactly_the_bytes_asked(tmp_path):
+    """The end of a log (``tail_bytes``), a log followed from an offset (``read_from``) and a
+    file's signature (``read_head``): never a byte more than asked, from where asked."""
+    path = tmp_path / "rank0.log"
+    data = bytes(range(256)) * 40
+    path.write_bytes(data)
+    assert reader.tail_bytes(path, 100) == (data[-100:], len(data))
+    assert reader.tail_bytes(path, 2 * len(data)) == (data, len(data))
+    assert reader.read_from(path, 1000, 77) == data[1000:1077]
+    assert reader.read_from(path, len(data) - 5, 77) == data[-5:]
+    assert reader.read_head(path, 9) == data[:9]
+
+
+def test_the_last_record_is_looked_for_no_further_than_the_give_up_size(tmp_path):
+    """The tail read quadruples up to ``give_up_bytes`` and no further: a record that is only
+    farther from the end is not found (a metrics file's last loss is near its end)."""
+    path = tmp_path / "metrics.jsonl"
+    wanted = json.dumps({"step": 1, "wanted": True}) + "\n"
+    filler = "".join(json.dumps({"step": 2 + i}) + "\n" for i in range(200))
+    path.write_text(wanted + filler)
+    size = len(wanted) + len(filler)
+    want = lambda r: r.get("wanted") is True     # noqa: E731
+    assert reader.read_last_jsonl(path, want, max_bytes=16, give_up_bytes=1 << 16)["step"] == 1
+    give_up = 16 * 4 ** 3                        # the last size read: 16, 64, 256, 1024
+    assert give_up < size <= 4 * give_up         # the next read would have reached it
+    assert reader.read_last_jsonl(path, want, max_bytes=16, give_up_bytes=give_up) is None
+
+
+@pytest.mark.parametrize("field, value, damaged", [
+    ("end_step", 2**63 - 1, False), ("end_step", 2**63, True), ("end_step", -1, True),
+    ("exit_code", -(2**63 - 1), False), ("exit_code", -(2**63), True),
+    ("end_time", 253402300799, False), ("end_time", 253402300800, True),
+    ("end_time", 0, False), ("end_time", -1, True),
+])
+def test_ledger_numbers_are_read_up_to_their_bounds_and_no_further(tmp_path, field, value,
+                                                                  damaged):
+    """Steps and counts fit a C long (what a status line, a sum, a plot takes), times are
+    seconds from 1970 to the end of the year 9999 (the last one a date can show)."""
+    from datetime import datetime, timezone
+    assert datetime.fromtimestamp(253402300799, timezone.utc).year == 9999
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps({"attempt": 1, **{field: value}}) + "\n")
+    if damaged:
+        with pytest.raises(reader.DamagedFile, match=f"line 1: {field}"):
+            reader.read_jsonl(path, check=reader.ledger_problem)
+    else:
+        assert reader.read_jsonl(path, check=reader.ledger_problem)[0][field] == value
+
+
+def test_a_value_in_a_message_is_shown_whole_up_to_40_characters():
+    assert reader._show_value("x" * 38) == repr("x" * 38)              # 40 with its quotes
+    assert reader._show_value("x" * 39) == repr("x" * 39)[:37] + "..."

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -59,8 +61,10 @@ def test_the_door_reads_a_regular_file_within_its_bound_and_refuses_the_rest(
             for s in keep:
                 s.close()
         readable = kind == "regular" and via != "loop" and (via == "direct" or follow)
-        if via == "loop" or (via == "link" and not follow):
-            assert isinstance(got, file_door.Refused) and "link" in got.why
+        if via in ("loop", "link") and not follow:
+            assert isinstance(got, file_door.Refused) and got.why == "is a symbolic link"
+        elif via == "loop":
+            assert isinstance(got, file_door.Refused) and got.why == "is behind a symlink loop"
         elif kind == "missing":
             assert got is None
         elif readable and len(data) <= limit:
@@ -68,8 +72,77 @@ def test_the_door_reads_a_regular_file_within_its_bound_and_refuses_the_rest(
         elif readable:
             assert isinstance(got, file_door.TooBig)
         else:
-            assert isinstance(got, file_door.Refused) and got.kind is not None
-            assert got.why.endswith("not a regular file")
+            assert isinstance(got, file_door.Refused) and got.kind == {
+                "fifo": "a FIFO", "socket": "a socket", "folder": "a folder"}[kind]
+            assert got.why.startswith(f"is {got.kind}") and got.why.endswith(", not a regular file")
+
+
+def test_the_bound_is_read_exactly_from_the_offset_across_chunks(tmp_path):
+    """Reads go in chunks of 1 MiB: a bound past one chunk still ends one byte past the bound
+    (the caller's sign of "too big"), from the offset asked, and a file's end ends it."""
+    data = os.urandom(3 << 20)
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    limit, offset = (3 << 19) + 7, 123
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert file_door.read_fd(fd, limit, offset) == data[offset:offset + limit + 1]
+        assert file_door.read_fd(fd, 10 << 20, offset) == data[offset:]
+    finally:
+        os.close(fd)
+    with pytest.raises(file_door.TooBig):
+        file_door.read_file(path, limit, follow_links=False)
+    assert file_door.read_file(path, len(data), follow_links=False) == data
+
+
+def test_a_read_that_fails_is_refused_with_the_system_s_reason(tmp_path):
+    fd = os.open(tmp_path, os.O_RDONLY)         # a folder: pread fails (EISDIR)
+    try:
+        with pytest.raises(file_door.Refused, match=r"^cannot be read \(Is a directory\)$"):
+            file_door.read_fd(fd, 10)
+    finally:
+        os.close(fd)
+    with pytest.raises(file_door.Refused) as e:
+        file_door.read_file(tmp_path / ("x" * 300), 10, follow_links=True)
+    assert e.value.why == "cannot be read (File name too long)" and e.value.kind is None
+
+
+def test_a_path_is_shown_as_is_up_to_its_width_and_quoted_beyond_or_when_not_printable():
+    assert file_door.show("a" * 300) == "a" * 300
+    assert file_door.show("a" * 301) == repr("a" * 300)
+    assert file_door.show("a" * 30, width=30) == "a" * 30
+    assert file_door.show("a\nb") == repr("a\nb")
+    assert file_door.show("/runs/x") == "/runs/x"
+
+
+def test_a_terminal_named_as_a_file_is_refused_and_never_becomes_the_controlling_one():
+    """A batch job's shell is a session without a terminal: opening a terminal device without
+    O_NOCTTY would make it that session's controlling terminal (and a hang-up on it would
+    reach the job). The door opens with O_NOCTTY and refuses the device."""
+    master, follower = os.openpty()
+    code = f"""
+import os
+os.setsid()                       # a session of its own, without a terminal
+from hpctrain import file_door
+try:
+    file_door.read_file({os.ttyname(follower)!r}, 10, follow_links=True)
+except file_door.Refused as e:
+    print(e.why)
+try:
+    os.close(os.open("/dev/tty", os.O_RDONLY))
+    print("took the terminal")
+except OSError:
+    print("no terminal")
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        os.close(follower)
+        os.close(master)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["is a character device, not a regular file",
+                                       "no terminal"]
 
 
 def test_a_name_with_a_nul_byte_is_refused_not_raised():
