@@ -13,9 +13,10 @@ nested 200,000 deep. So every such read goes through these few functions:
 * :func:`read_fd` / :func:`read_file`: at most a bounded number of bytes.
 * :func:`json_object`: JSON text that must hold one object (deep nesting included).
 
-What is wrong is a :class:`Refused` carrying a short reason (``is a FIFO, not a regular file``, ``cannot be read
-(Permission denied)``); each caller says it in its own words (a config error, a damaged run
-file, a data file with its fix), but what is accepted is decided here, once.
+What is wrong is a :class:`Refused` carrying a short reason (``is a FIFO, not a regular
+file``, ``cannot be read (Permission denied)``); each caller says it in its own words (a config
+error, a damaged run file, a data file with its fix), but what is accepted is decided here,
+once.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ CHUNK = 1 << 20         # bytes asked of one pread
 
 
 class Refused(Exception):
-    """A file that exists and may not be read as asked. ``why`` reads after the path
-    (``is a FIFO, not a regular file``); ``kind`` is what the path is when it is not a regular file (``a FIFO``,
-    ``a folder``, ``a symbolic link``), else None."""
+    """A file that exists and may not be read as asked. ``why`` reads after the path (``is a
+    FIFO, not a regular file``); ``kind`` is what the path is when it is not a regular file
+    (``a FIFO``, ``a folder``, ``a symbolic link``), else None."""
 
     def __init__(self, why: str, kind: str | None = None) -> None:
         super().__init__(why)

@@ -153,10 +153,10 @@ def free_port(host: str = "", *, ephemeral: tuple[int, int] | None = None,
     import random
     low, high = ephemeral or ephemeral_range()
     first, last = RENDEZVOUS_PORTS
-    ports = [p for p in (range(first, low), range(high + 1, last + 1)) if len(p)]
+    ports = [*range(first, low), *range(high + 1, last + 1)]
     pick = random.SystemRandom()
     for _ in range(tries if ports else 0):
-        port = pick.choice(pick.choices(ports, weights=[len(p) for p in ports])[0])
+        port = pick.choice(ports)
         with socket.socket() as s:
             try:
                 s.bind((host, port))

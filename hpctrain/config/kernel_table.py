@@ -1,7 +1,8 @@
 """Reading a GPU kind's kernel table (``node.kernel_table``): the config's file door
 (``yamlio.read_text_file``: a regular file, links followed, of bounded size, UTF-8, never a
-device or a FIFO), JSON holding one object (``file_door.json_object``), then ``gpu_table.table_from_json``, which refuses every value the
-step-time model could not use. Read once when a profile is loaded and again by the planner."""
+device or a FIFO), JSON holding one object (``file_door.json_object``), then
+``gpu_table.table_from_json``, which refuses every value the step-time model could not use.
+Read once when a profile is loaded and again by the planner."""
 
 from __future__ import annotations
 

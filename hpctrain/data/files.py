@@ -7,8 +7,8 @@ blocks forever), a link to ``/dev/zero`` (a plain ``read`` never ends), a file o
 binary bytes, JSON nested 200,000 deep. They are read through :mod:`hpctrain.file_door`
 (opened non-blocking, ``fstat``-checked to be a regular file before a byte is read, at most
 ``limit`` bytes read), following symbolic links (a tokenizer in a Hugging Face cache is a link
-into ``blobs/``: what the link leads to must be a regular file). Whatever is wrong is one :class:`UsageError` line
-naming the file, what is wrong and the fix; a missing file is None.
+into ``blobs/``: what the link leads to must be a regular file). Whatever is wrong is one
+:class:`UsageError` line naming the file, what is wrong and the fix; a missing file is None.
 """
 
 from __future__ import annotations

@@ -71,14 +71,6 @@ def _reason(e: "file_door.Refused") -> str:
     return e.why
 
 
-def _read_fd(fd: int, path: Path, limit: int, offset: int = 0) -> bytes:
-    """At most ``limit + 1`` bytes (``file_door.read_fd``): ``limit - 1`` asks for ``limit``."""
-    try:
-        return file_door.read_fd(fd, limit, offset)
-    except file_door.Refused as e:
-        raise DamagedFile(path, e.why) from None
-
-
 def read_bytes(path: Path | str, limit: int = limits.RUN_RECORD_BYTES) -> bytes | None:
     """The whole file (None when missing); DamagedFile past ``limit`` bytes."""
     try:
@@ -106,7 +98,7 @@ def tail_bytes(path: Path | str, max_bytes: int) -> tuple[bytes, int] | None:
             return None
         size = os.fstat(fd).st_size
         start = max(0, size - max_bytes)
-        return _read_fd(fd, p, max_bytes - 1, start), size
+        return file_door.read_fd(fd, max_bytes - 1, start), size
 
 
 def read_from(path: Path | str, offset: int, limit: int) -> bytes | None:
@@ -115,7 +107,7 @@ def read_from(path: Path | str, offset: int, limit: int) -> bytes | None:
     with open_regular(p) as fd:
         if fd is None:
             return None
-        return _read_fd(fd, p, limit - 1, offset)
+        return file_door.read_fd(fd, limit - 1, offset)
 
 
 def decode(data: bytes, path: Path | str, *, strict: bool) -> str:
@@ -555,7 +547,7 @@ def read_head(path: Path | str, size: int) -> bytes | None:
     with open_regular(path) as fd:
         if fd is None:
             return None
-        return _read_fd(fd, Path(path), size - 1)
+        return file_door.read_fd(fd, size - 1)
 
 
 def describe(error: BaseException) -> dict[str, Any]:
