@@ -27,6 +27,7 @@ other reader acts on that one verdict.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,14 @@ STACKS_PATTERN = "stacks-rank-*.txt"
 
 def stacks_path(attempt_dir: Path, rank: int) -> Path:
     return Path(attempt_dir) / f"stacks-rank-{rank}.txt"
+
+
+def _idle_past(seconds: float, limit: float) -> float:
+    """A judged rank's idle seconds to a tenth, as the verdict records them: rounded up where
+    rounding to the nearest would give the limit itself (10.04 s judged past 10 s is 10.1, not
+    10.0, which would read as not past it)."""
+    shown = round(seconds, 1)
+    return shown if shown > limit else math.ceil(seconds * 10) / 10
 
 
 @dataclass
@@ -160,7 +169,7 @@ class HangMonitor:
         starts = [b.start_step for b in working.values() if b.start_step is not None]
         return Verdict(
             rank=rank, node=beat.node, pid=beat.pid, step=beat.step, phase=beat.phase,
-            idle_s=round(idle[rank], 1), limit_s=limit, why=why,
+            idle_s=_idle_past(idle[rank], limit), limit_s=limit, why=why,
             silent_s=round(silent[rank], 1) if silent[rank] > self.silent_after_s else None,
             start_step=min(starts) if starts else None, end_step=max(steps) if steps else None,
             detected_at=time.time(), decided_by=decided_by,

@@ -144,6 +144,16 @@ def test_among_ranks_alike_the_one_longest_without_progress_is_blamed():
     assert verdict.ranks["1"]["silent_s"] == 0.3
 
 
+def test_a_rank_judged_just_past_its_limit_is_recorded_past_it():
+    """Idle 30.04 s against a 30 s limit is a hang; the record, in tenths, says 30.1 s, not a
+    30.0 s that would read as within the limit."""
+    m = HangMonitor(beat_s=5)
+    m.update({0: beat(0, 8, 110.3, 140.0), 1: beat(1, 8, 110.3, 140.0)}, now=0.0)
+    verdict = m.check(0.34)
+    assert verdict is not None and verdict.limit_s == 30.0
+    assert verdict.idle_s == 30.1 > verdict.limit_s
+
+
 def test_a_rank_still_starting_is_blamed_over_ranks_that_finished_a_step():
     """Ranks 0-2 finished step 0 and wait; rank 3 has no step yet (still loading, beating):
     rank 3 is the one the others wait for."""
