@@ -14,7 +14,9 @@ planner stays a pure-Python CLI. It holds:
   the table lacks is priced from the ``nt`` grid.
 * ``attention``: forward and backward seconds of one attention call per backend (the kernel
   megatron-core runs: ``local`` is its unfused DotProductAttention, ``flash``/``fused`` TE's
-  or flash-attn's), at measured (batch, heads, sequence, head size). Calls are independent
+  or flash-attn's, ``torch-flash``/``torch-cudnn``/``torch-efficient`` torch's kernels under
+  hpctrain's fused attention in the local spec), at measured (batch, heads, sequence, head
+  size). Calls are independent
   per (batch × head), so the time scales with batch × heads; between measured sequence
   lengths it is interpolated in log-log (time grows between s and s² with the length).
 * ``bandwidth_gbs``: device memory bandwidth a large copy reached (read + write bytes per s):

@@ -8,10 +8,13 @@ runs:
 * GEMMs: ``torch.matmul`` in the training dtype, in the three operand layouts of a linear
   layer (forward ``x @ w.t()``, input gradient ``dy @ w``, weight gradient ``dy.t() @ x``),
   on a full M × N × K grid;
-* attention: megatron-core's own ``DotProductAttention`` (``local``) and Transformer Engine's
-  ``DotProductAttention`` with one backend forced at a time (``flash``, ``fused``,
-  ``unfused``; each in a process of its own, since TE picks its backend once per process from
-  ``NVTE_*_ATTN``), causal, forward and backward, at several sequence lengths and head sizes;
+* attention: megatron-core's own ``DotProductAttention`` (``local``), hpctrain's torch fused
+  attention in the local spec (``runtime.fused_attention``) with one torch kernel forced at a
+  time (``torch-flash``, ``torch-cudnn``, ``torch-efficient``: what runs without Transformer
+  Engine) and Transformer Engine's ``DotProductAttention`` with one backend forced at a time
+  (``flash``, ``fused``, ``unfused``; each in a process of its own, since TE picks its backend
+  once per process from ``NVTE_*_ATTN``), causal, forward and backward, at several sequence
+  lengths and head sizes;
 * bandwidth: a large device-to-device copy (read + write bytes per second);
 * memory overheads, from a training process (``memory_overheads``): what the process uses
   outside PyTorch's allocator, and the allocator's slack at the peak.
@@ -38,6 +41,9 @@ GPU_GRID = (512, 1024, 2048, 4096, 8192, 16384)
 GPU_ATTENTION = [dict(batch=1, heads=16, kv_heads=16, seq=s, head_dim=d)
                  for d in (64, 128) for s in (1024, 2048, 4096, 8192)]
 TE_BACKENDS = ("flash", "fused", "unfused")
+# hpctrain's fused attention in the local spec, one torch kernel at a time (the table's names:
+# gpu_table.TORCH_ATTENTION; the CPU has the flash kernel only)
+TORCH_BACKENDS = ("torch-flash", "torch-cudnn", "torch-efficient")
 TE_SWITCHES = {"flash": ("1", "0", "0"), "fused": ("0", "1", "0"), "unfused": ("0", "0", "1")}
 
 
@@ -132,7 +138,9 @@ def _init_parallel_state(device: str) -> None:
     from megatron.core import parallel_state
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
+        if "MASTER_PORT" not in os.environ:
+            from ..identity import free_port
+            os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
@@ -160,6 +168,22 @@ def time_local_attention(timer: Timer, point: dict, dtype, device: str) -> tuple
     _init_parallel_state(device)
     module = DotProductAttention(_attention_config(point, dtype), layer_number=1,
                                  attn_mask_type=AttnMaskType.causal, attention_type="self")
+    module.to(device)
+    return _time_attention(timer, module, point, dtype, device, local=True)
+
+
+def time_torch_attention(timer: Timer, point: dict, dtype, device: str,
+                         backend: str) -> tuple[float, float]:
+    """Forward and backward seconds of hpctrain's fused attention (the local spec's
+    ``core_attention`` without Transformer Engine) with one torch kernel allowed."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from ..runtime import fused_attention as fa
+    _init_parallel_state(device)
+    kernel = fa.kernels_by_name([backend.removeprefix("torch-")])
+    module = fa.TorchFusedAttention(_attention_config(point, dtype), layer_number=1,
+                                    attn_mask_type=AttnMaskType.causal, attention_type="self",
+                                    kernels=kernel)
     module.to(device)
     return _time_attention(timer, module, point, dtype, device, local=True)
 
@@ -212,11 +236,32 @@ def measure_attention(device: str, dtype, points, backends, timer: Timer | None 
                 fwd, bwd = time_local_attention(timer, point, dtype, device)
                 rows.append({"backend": "local", **point, "forward_s": fwd, "backward_s": bwd})
             continue
+        if backend in TORCH_BACKENDS:
+            got, why = _torch_attention(timer, backend, points, dtype, device, deadline)
+            rows += got
+            if why:
+                skipped.append(f"{backend}: {why}")
+            continue
         got, why = _te_attention_in_child(backend, device, dtype, points, deadline)
         rows += got
         if why:
             skipped.append(f"{backend}: {why}")
     return rows, skipped
+
+
+def _torch_attention(timer, backend, points, dtype, device, deadline):
+    """One torch kernel's rows; a kernel this GPU, dtype or head size cannot run is a reason
+    (its first line), not a failure of the table."""
+    rows = []
+    for point in points:
+        if deadline is not None and time.monotonic() > deadline:
+            return rows, "out of time"
+        try:
+            fwd, bwd = time_torch_attention(timer, point, dtype, device, backend)
+        except RuntimeError as e:
+            return rows, (str(e).strip().splitlines() or ["failed"])[0][:200]
+        rows.append({"backend": backend, **point, "forward_s": fwd, "backward_s": bwd})
+    return rows, ""
 
 
 def _te_attention_in_child(backend: str, device: str, dtype, points, deadline):
@@ -278,7 +323,7 @@ def versions() -> dict:
 
 
 def measure_table(*, device: str = "cuda", dtype: str = "bfloat16", grid=GPU_GRID,
-                  attention=GPU_ATTENTION, backends=("local",) + TE_BACKENDS,
+                  attention=GPU_ATTENTION, backends=("local",) + TORCH_BACKENDS + TE_BACKENDS,
                   memory: dict | None = None, tool: str = "hpctrain bench kernels",
                   budget_s: float | None = None, timer: Timer | None = None) -> dict:
     """Measure this machine's table; returns its JSON (``gpu_table.table_from_json`` reads

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import resources
 from ..errors import ConfigError, UsageError
 from ..gpu_table import TableError
-from .kernel_table import load_table
+from .kernel_table import builtin_table, load_table
 from . import yamlio
 from . import safety
 from .job import JobConfig, check_job
@@ -105,10 +105,10 @@ def _check_kernel_table(profile: ClusterProfile, base: Path | None, problems: Pr
     table = profile.node.kernel_table
     if not isinstance(table, str):
         return
-    path = Path(os.path.expanduser(table))
-    if not path.is_absolute():
-        path = (base or Path.cwd()) / path
     try:
+        path = builtin_table(table) or Path(os.path.expanduser(table))
+        if not path.is_absolute():
+            path = (base or Path.cwd()) / path
         load_table(path)
     except TableError as e:
         problems.add("node.kernel_table", f"{e}; measure one with `hpctrain bench kernels -o "

@@ -71,7 +71,9 @@ class NodeSection:
                       choices=("cuda", "cpu"), default="cuda")
     kernel_table: str | None = doc("This GPU kind's measured kernel table (JSON written by "
                                    "`hpctrain bench kernels` on one of its GPUs; relative to "
-                                   "the profile file): the planner's step time from its GEMM, "
+                                   "the profile file; or builtin:NAME, a table hpctrain ships, "
+                                   "e.g. builtin:nvidia-h100-80gb-hbm3): the planner's step "
+                                   "time from its GEMM, "
                                    "attention and bandwidth timings, and its memory allowance "
                                    "from its measured overheads (null: stated assumptions).",
                                    default=None)

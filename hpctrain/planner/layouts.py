@@ -203,16 +203,20 @@ class Execution:
             # runs, which keeps scores as the unfused attention does
             scores = shape.attention_stores_scores or shape.attention_dropout > 0
             return cls(dataclasses.replace(shape, attention_stores_scores=scores), "fp32", True,
-                       CPU_KERNELS, False, "local" if scores else job.model.attention_backend)
+                       CPU_KERNELS, False, "local" if scores else "torch-flash")
         # the local spec's softmax is megatron's torch fallback unless apex is there: assume not
         local = job.model.transformer_impl == "local"
         kernels = GPU_LOCAL_SPEC_KERNELS if local else GPU_KERNELS
         if kernels.foreach_adam and getattr(job.train, "fused_adam", False):
             # torch's fused AdamW (the runtime's default without TE) updates in place
             kernels = dataclasses.replace(kernels, foreach_adam=False)
-        # the local spec runs torch's fused attention unless the job keeps megatron's own
-        backend = "local" if (local and shape.attention_stores_scores) or \
-            job.model.attention_backend == "local" else job.model.attention_backend
+        # the local spec runs torch's fused attention unless the job keeps megatron's own: the
+        # kernel table's torch-* rows (TE's own kernels are its flash/fused/unfused rows)
+        backend = job.model.attention_backend
+        if (local and shape.attention_stores_scores) or backend == "local":
+            backend = "local"
+        elif local:
+            backend = "torch-" + backend
         return cls(shape, job.train.precision, job.train.grad_reduce_in_fp32, kernels, True,
                    backend)
 

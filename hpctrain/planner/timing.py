@@ -47,6 +47,11 @@ from ..gpu_table import GpuTable
 from ..model_shape import ModelShape
 
 MATMUL_EFFICIENCY = 0.70     # the assumption without a measured table
+# Below this much GPU work per layer and microbatch (forward + backward, as the table prices
+# it), the host issuing the kernels, not the GPU, bounded the step on an H100 (tools/gpu_check,
+# 2026-11-27: 1.8-4.5 ms per layer ran 1.09-2.26x the modelled time; 6.9 ms and more ran
+# 0.92-1.03x). The model does not price the host; the plan says so instead.
+HOST_BOUND_BELOW_S = 5e-3
 FP32 = 4
 
 
@@ -197,9 +202,13 @@ class Rates:
 
 
 def _backends(backend: str) -> tuple[str, ...]:
-    """Which measured kernel stands for the job's attention backend (TE's ``auto`` picks its
-    fused cuDNN kernel where it can, else flash)."""
-    return {"auto": ("fused", "flash")}.get(backend, (backend,))
+    """Which measured kernel stands for the job's attention backend: TE's ``auto`` picks its
+    fused cuDNN kernel where it can, else flash; hpctrain's torch attention in the local spec
+    (``torch-*``, runtime/fused_attention.py) tries flash, then cuDNN, then memory-efficient
+    (deterministic mode leaves cuDNN out: flash, the kernel that runs, is first either way)."""
+    return {"auto": ("fused", "flash"),
+            "torch-auto": ("torch-flash", "torch-cudnn", "torch-efficient"),
+            "torch-fused": ("torch-cudnn",)}.get(backend, (backend,))
 
 
 # ----------------------------------------------------------------------------- memory traffic
@@ -386,6 +395,12 @@ def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp
               fused_wgrad_accumulation=fused_wgrad_accumulation)
     micro = max((microbatch_time(shape, rates, hw, first=f, last=la, **kw) for f, la in stages),
                 key=lambda t: t.total_s)
+    per_layer = micro.total_s / max(layers, 1)
+    if table is not None and table.device != "cpu" and per_layer < HOST_BOUND_BELOW_S:
+        notes.append(f"{per_layer * 1e3:.1f} ms of GPU work per layer and microbatch: below "
+                     f"{HOST_BOUND_BELOW_S * 1e3:.0f} ms the host issuing the kernels, not the "
+                     f"GPU, bounded the step on an H100 (1.1-2.3x this model's time); a larger "
+                     f"micro-batch moves the bound back to the GPU")
     v = vpp or 1
     slots = num_microbatches + (pp - 1) / v
 

@@ -53,7 +53,11 @@ class SavedByModule:
         if ptr and ptr not in self.exclude and ptr not in self.saved:
             where = self._stack[-1] if self._stack else ""
             self.saved[ptr] = (nbytes, str(t.dtype).replace("torch.", ""), tuple(t.shape), where)
-        return t
+        # what the graph keeps: the same storage (alive, so no later tensor reuses its
+        # address during the pass), but not the tensor itself: a node that saves its own
+        # output would otherwise hold it, and through its grad_fn itself, in a cycle through
+        # autograd's C++ nodes that nothing collects (the model's memory then never returns)
+        return t.detach()
 
     def _pop(self, *_):
         if self._stack:

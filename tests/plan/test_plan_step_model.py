@@ -254,3 +254,81 @@ def test_a_profile_names_its_table_and_the_plan_uses_it(tmp_path):
     for lay in data["layouts"]:
         mem = lay["memory_bytes_per_gpu"]
         assert mem["allowance"] == int(3 * 2**30 + 0.02 * mem["itemized"])
+
+
+def test_the_local_specs_fused_attention_is_priced_by_the_torch_kernel_that_runs_it():
+    """Without Transformer Engine the local spec runs hpctrain's torch attention: the table's
+    torch-* rows (measured through that module, one torch kernel at a time) price it, in the
+    order the runtime tries the kernels (flash first under auto, even where cuDNN was faster);
+    TE's own rows price only TE's spec, and megatron's unfused attention its local rows."""
+    def point(backend, forward_s):
+        return {"backend": backend, "batch": 1, "heads": 32, "kv_heads": 32, "seq": 4096,
+                "head_dim": 128, "forward_s": forward_s, "backward_s": 2 * forward_s}
+    table = synthetic_table(attention=[point("flash", 1e-3), point("torch-flash", 2e-3),
+                                       point("torch-cudnn", 5e-4), point("local", 8e-3)])
+
+    def attention_s(impl, backend):
+        job = make_job(dict(LLAMA2_7B, transformer_impl=impl, attention_backend=backend),
+                       mbs=1, gbs=16, parallel={"use_distributed_optimizer": True})
+        target = Target(16, 8, 80 * 2**30, Hardware(989.0, 360.0, 45.0, 8,
+                                                    table_from_json(table)))
+        plan = plan_layout(job, Layout(2, 1, None, 8, 1, 16), target, sequence_parallel=True,
+                           recompute=None)
+        assert not any("not in the kernel table" in n for n in plan.step.notes), plan.step.notes
+        return plan.step.microbatch.attention_s
+    layers = LLAMA2_7B["num_layers"]
+    # one layer: forward + backward of 16 heads per TP rank, the rows measured 32 heads
+    per_layer = {f: layers * (f + 2 * f) / 2 for f in (1e-3, 2e-3, 5e-4, 8e-3)}
+    assert attention_s("transformer_engine", "auto") == pytest.approx(per_layer[1e-3])
+    assert attention_s("local", "auto") == pytest.approx(per_layer[2e-3])
+    assert attention_s("local", "flash") == pytest.approx(per_layer[2e-3])
+    assert attention_s("local", "fused") == pytest.approx(per_layer[5e-4])
+    assert attention_s("local", "local") == pytest.approx(per_layer[8e-3])
+
+
+def test_a_profile_names_a_table_hpctrain_ships_and_nothing_else_by_that_prefix(tmp_path):
+    """``builtin:NAME`` is one of the tables in the package (measured by tools/gpu_check on
+    that GPU kind); a name it does not ship, or a path dressed as one, is refused naming the
+    field and the tables it ships."""
+    from hpctrain.config.kernel_table import BUILTIN_DIR, builtin_tables
+    assert "nvidia-h100-80gb-hbm3" in builtin_tables()
+    text = (REPO / "cluster_profiles" / "h100-ib-pyxis.yaml").read_text()
+    profile = tmp_path / "p.yaml"
+    profile.write_text(text.replace(
+        "  device: cuda\n", "  device: cuda\n  kernel_table: builtin:nvidia-h100-80gb-hbm3\n"))
+    loaded = load_profile(str(profile))
+    assert loaded.node.kernel_table == str((BUILTIN_DIR / "nvidia-h100-80gb-hbm3.json").resolve())
+    res = CliRunner().invoke(cli, ["plan", str(REPO / "examples" / "llama2-7b.yaml"),
+                                   "--profile", str(profile), "--tp", "2", "--pp", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert any("step time from the kernel table NVIDIA H100 80GB HBM3" in a
+               for a in json.loads(res.output)["assumptions"])
+    for bad in ("builtin:nvidia-a100", "builtin:../kernel_tables/nvidia-h100-80gb-hbm3",
+                "builtin:", "builtin:nvidia-h100-80gb-hbm3.json"):
+        profile.write_text(text.replace("  device: cuda\n",
+                                        f"  device: cuda\n  kernel_table: '{bad}'\n"))
+        res = CliRunner().invoke(cli, ["plan", str(REPO / "examples" / "llama2-7b.yaml"),
+                                       "--profile", str(profile)])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert "node.kernel_table" in res.output and "is not a table hpctrain ships" in res.output
+        assert "builtin:nvidia-h100-80gb-hbm3" in res.output
+
+
+def test_a_step_with_little_gpu_work_per_layer_is_said_to_be_bound_by_the_host():
+    """The model prices the GPU's kernels, not the host that issues them: under
+    HOST_BOUND_BELOW_S of GPU work per layer and microbatch (where an H100 ran slower than
+    the model) the plan says so; with more work, or priced from a CPU table, it does not."""
+    from hpctrain.planner.timing import HOST_BOUND_BELOW_S
+
+    def notes(rate, device="synthetic"):
+        table = synthetic_table(rate=lambda m, n, k: rate * m ** 0.2 * n ** 0.1 * k ** 0.3)
+        table["device"] = device
+        p = llama_plan(table)
+        per_layer = p.step.microbatch.total_s / LLAMA2_7B["num_layers"]
+        return per_layer, [n for n in p.step.notes if "bounded the step" in n]
+    slow, slow_notes = notes(1e12)      # GEMMs slow: plenty of GPU work per layer
+    fast, fast_notes = notes(1e15)      # GEMMs fast: little
+    assert slow > HOST_BOUND_BELOW_S > fast
+    assert not slow_notes and len(fast_notes) == 1
+    assert f"{fast * 1e3:.1f} ms of GPU work per layer" in fast_notes[0]
+    assert not notes(1e15, device="cpu")[1]

@@ -70,16 +70,32 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert "part        resume" in proc.stdout and "FAILED" not in proc.stdout
     assert [r[1] for r in report["table"] if r[0] == "part"] == \
         ["versions", "plan", "train", "local", "bare", "memory", "resume", "speedups",
-         "preflight", "preemption", "kernels"]
+         "kernels", "variants", "preflight", "preemption"]
+    # each part's progress was printed, and the report written, as it finished
+    assert proc.stdout.index("part versions: ok") < proc.stdout.index("part preemption: ok")
     # the kernel table, in the package's format, and the plan's step time from it beside the
     # measured one
     from hpctrain.config.kernel_table import load_table
     kernels = parts["kernels"]
     table = load_table(kernels["table_file"])
-    assert table.device == "cpu" and kernels["attention_backends"] == ["local"]
+    assert table.device == "cpu" and kernels["attention_backends"] == ["local", "torch-flash"]
     assert len(table.gemm) == 3 * len(tool_grid()) ** 3 and table.bandwidth_gbs > 0
     assert kernels["predicted_step_time_s"] > 0
     assert any(r[:2] == ["step", "plan from the table | measured"] for r in report["table"])
+    # the planner's variants, all trained in one process: each model freed before the next,
+    # each measured beside the plan (on the CPU the kept-for-backward count is exact)
+    variants = parts["variants"]["variants"]
+    assert set(variants) == {f"{name} {a}" for name, _, _ in _tool().CPU_VARIANTS
+                             for a in ("local", "fused")}
+    for name, v in variants.items():
+        assert v["released"] is True, name
+        assert v["step_time_s"] > 0 and v["predicted_step_time_s"] > 0, name
+        assert v["saved_first_microbatch_bytes"] == v["predicted_saved_bytes"], name
+        assert v["attention"].startswith("torch sdpa" if name.endswith("fused") else "local")
+    assert parts["variants"]["planned_with"] == "kernel table"
+    # where the resume's time went
+    assert set(resume["read"]["phases_s"]) == {"checks_s", "template_s", "read_s", "apply_s",
+                                               "digest_s"}
     # preflight through the local executor: the process group formed and the all-reduce ran
     assert parts["preflight"]["backend"] == "gloo"
     assert parts["preflight"]["allreduce"].startswith("1 rank: the process group formed")

@@ -478,9 +478,12 @@ class Checkpointer:
                 f"or save with checkpoint.optimizer_format: fully_reshardable")
         impl = (layers_record(self.mo) or {}).get("transformer_impl", "local")
         cross_device.check_resume(folder, manifest, impl, want_distopt, fmt)
+        phases = {"checks_s": time.monotonic() - started}   # where a resume's time goes
+        mark = time.monotonic()
         template = ckstate.loading_template(self.mo, with_rng=same_layout, fmt=fmt)
         template["hpctrain"] = None
         kept = cross_device.set_aside_absent_entries(template, folder, "checkpoint")
+        phases["template_s"] = time.monotonic() - mark
         arena_wait = self.arena.wait_ready()    # host memory still being page-locked
         read_started = time.monotonic()
         try:
@@ -495,6 +498,8 @@ class Checkpointer:
             raise
         self.read_stats = _read_stats(readers, time.monotonic() - read_started)
         self.read_stats["host_memory_wait_s"] = round(arena_wait, 3)
+        phases["read_s"] = time.monotonic() - read_started
+        mark = time.monotonic()
         common = loaded["hpctrain"]
         cross_device.put_back(loaded, kept)
         ckstate.load_model_state(self.mo.model, loaded)
@@ -507,6 +512,8 @@ class Checkpointer:
         del loaded
         if self.ctx.device == "cuda":
             torch.cuda.synchronize()
+        phases["apply_s"] = time.monotonic() - mark   # into the model and the optimizer
+        mark = time.monotonic()
         saved_digest = manifest.get("weights_digest")
         # one stored copy per replicated weight: data-parallel replicas are equal by
         # construction only with the distributed optimizer (it all-gathers one update)
@@ -517,6 +524,8 @@ class Checkpointer:
                 raise CheckpointDamaged(f"the weights loaded (digest {digest[:12]}) are not the "
                                         f"weights saved (digest {saved_digest[:12]})")
             self.read_stats["digest_checked"] = True
+        phases["digest_s"] = time.monotonic() - mark
+        self.read_stats["phases_s"] = {k: round(v, 3) for k, v in phases.items()}
         seconds = time.monotonic() - started
         self.last_published_step = int(common["step"])
         if self.ctx.is_rank0:
