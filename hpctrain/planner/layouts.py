@@ -210,6 +210,9 @@ class Execution:
         if kernels.foreach_adam and getattr(job.train, "fused_adam", False):
             # torch's fused AdamW (the runtime's default without TE) updates in place
             kernels = dataclasses.replace(kernels, foreach_adam=False)
+        if local and getattr(job.model, "apply_rope_fusion", True):
+            # the local spec's RoPE in one compiled kernel (runtime/rope.py, on CUDA)
+            kernels = dataclasses.replace(kernels, compiled_rope=True)
         # the local spec runs torch's fused attention unless the job keeps megatron's own: the
         # kernel table's torch-* rows (TE's own kernels are its flash/fused/unfused rows)
         backend = job.model.attention_backend
