@@ -150,3 +150,20 @@ def test_the_gpu_configuration_is_a_valid_one_billion_parameter_job_on_one_gpu()
     assert tool.peak_for("NVIDIA H100 PCIe") == 756.0
     assert tool.peak_for("NVIDIA H200") == 989.0
     assert tool.peak_for("Some Other GPU") is None
+
+
+def test_the_check_models_micro_batch_can_be_chosen_with_the_same_global_batch():
+    """--micro-batch-size (at 2 an H100 runs the fused attention's step bound by the host, at 4
+    by the GPU) changes the micro-batch of every column and nothing else."""
+    from hpctrain.config import job_from_mapping
+    tool = _tool()
+    for stock in (False, True):
+        base = tool.job_mapping("/data/kjv", cpu=False, transformer_impl="local",
+                                stock_local=stock)
+        four = tool.job_mapping("/data/kjv", cpu=False, transformer_impl="local",
+                                stock_local=stock, micro_batch_size=4)
+        assert base["batch"]["micro_batch_size"] == 2 and four["batch"]["micro_batch_size"] == 4
+        assert four["batch"]["global_batch_size"] == base["batch"]["global_batch_size"]
+        assert {k: v for k, v in four.items() if k != "batch"} == \
+            {k: v for k, v in base.items() if k != "batch"}
+        assert job_from_mapping(four, "job").batch.micro_batch_size == 4
