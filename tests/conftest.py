@@ -186,6 +186,17 @@ def unix_socket_at(path: Path) -> None:
         s.close()
 
 
+def tool_module(name: str):
+    """A script of ``tools/`` (no ``.py``, so not importable by name) loaded as a module."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader(name, str(REPO / "tools" / name))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 def wait_until(predicate, timeout: float = 120, interval: float = 0.5, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
     import time

@@ -6,21 +6,14 @@ from __future__ import annotations
 
 import filecmp
 import gzip
-import importlib.machinery
-import importlib.util
 import json
 
 from hpctrain.data.prepare import prepare
-from tests.conftest import REPO
+from tests.conftest import tool_module
 
 
 def _bench():
-    path = REPO / "tools" / "bench_prepare"
-    loader = importlib.machinery.SourceFileLoader("bench_prepare", str(path))
-    spec = importlib.util.spec_from_loader("bench_prepare", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return tool_module("bench_prepare")
 
 
 def test_jsonl_holds_the_documents_hpctrain_reads_from_text(tmp_path, monkeypatch):

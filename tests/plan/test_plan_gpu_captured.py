@@ -7,26 +7,20 @@ so a change to the planner (or to the jobs) is held against the measurement here
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 
 import pytest
 
 import hpctrain
 from hpctrain.config import yamlio
-from tests.conftest import REPO
+from tests.conftest import REPO, tool_module
 
 CAPTURED = json.loads((REPO / "tests" / "fixtures" / "gpu" /
                        "h100-2026-11-27.json").read_text())
 
 
 def _tool():
-    loader = importlib.machinery.SourceFileLoader("gpu_check", str(REPO / "tools" / "gpu_check"))
-    spec = importlib.util.spec_from_loader("gpu_check", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return tool_module("gpu_check")
 
 
 @pytest.fixture(scope="module")

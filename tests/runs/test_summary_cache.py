@@ -4,12 +4,9 @@ ignored and rebuilt, and a running run's state always asked of its backend."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,16 +14,11 @@ from hpctrain.record.folder import RunFolder, iter_runs
 from hpctrain.scheduler.local.jobs import CONTROLLER_MODULE
 from hpctrain.view.runview import add_usage, build_views
 from hpctrain.view.summary_cache import CACHE_FILE, summaries
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO, tool_module
 
 
 def _bench_runs():
-    loader = importlib.machinery.SourceFileLoader("bench_runs", str(REPO / "tools" / "bench_runs"))
-    spec = importlib.util.spec_from_loader("bench_runs", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return tool_module("bench_runs")
 
 
 @pytest.fixture

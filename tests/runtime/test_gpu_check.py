@@ -3,25 +3,19 @@ valid ~1B-parameter job on a one-GPU profile (the GPU run itself needs a GPU).""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, tool_module
 
 TOOL = REPO / "tools" / "gpu_check"
 
 
 def _tool():
-    loader = importlib.machinery.SourceFileLoader("gpu_check", str(TOOL))
-    spec = importlib.util.spec_from_loader("gpu_check", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return tool_module("gpu_check")
 
 
 @pytest.mark.megatron
