@@ -58,6 +58,11 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     saved = memory["memory"]["saved_first_microbatch"]
     assert saved["bytes"] == act["chunk_microbatch"] + act["output_layer"] + act["embedding"]
     assert "decoder.layers.*.mlp" in saved["by_module"]
+    # one step of it profiled: the host's time to issue it, and the operators it went to
+    host = memory["host_profile"]
+    assert 0 < host["issued_s"] <= host["step_s"] and host["host_ops_s"] > 0
+    assert len(host["top_host_ops"]) == 25 and host["top_host_ops"][0]["self_ms"] > 0
+    assert any(r[:2] == ["host", "most host time of their own"] for r in report["table"])
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
     assert set(speedups["attention_fwd_bwd_ms"]) == {"megatron unfused", "flash", "math"}
     assert speedups["adamw"]["fused_ms"] > 0 and speedups["adamw"]["foreach_ms"] > 0
@@ -83,6 +88,7 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
                              for a in ("local", "fused")}
     for name, v in variants.items():
         assert v["released"] is True, name
+        assert 0 < v["host_issue_s"] <= v["step_time_s"] + 1e-3, name   # within the step
         assert v["step_time_s"] > 0 and v["predicted_step_time_s"] > 0, name
         assert v["saved_first_microbatch_bytes"] == v["predicted_saved_bytes"], name
         assert v["attention"].startswith("torch sdpa" if name.endswith("fused") else "local")
