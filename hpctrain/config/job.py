@@ -162,6 +162,12 @@ class TrainSection:
     eval_iters: int = doc("Global batches per evaluation (the same samples every time).",
                           default=10, at_least=1, at_most=10**6)
     eval_at_end: bool = doc("Test loss on the test split when training finishes.", default=False)
+    profile_step: int | None = doc("Profile this step with torch.profiler on every rank (as "
+                                   "Megatron-LM's --profile): whether the host or the GPU bounds "
+                                   "it and the operators with the most host time, in the "
+                                   "attempt's folder (profile-step-N-rank-R.json; rank 0's whole "
+                                   "trace beside it, gzipped); null: none.", default=None,
+                                   at_least=1, at_most=10**9)
     init_from: str | None = doc("Model-only checkpoint to start from (a fresh run's weights).",
                                 default=None)
     init_timeout_s: int = doc("Give up forming the process group after this long (names host:port).",
@@ -314,6 +320,11 @@ def check_job(j: JobConfig, problems: Problems) -> None:
     if d.tokenizer != "byte":
         safety.check_path(d.tokenizer, "data.tokenizer", problems)
     safety.check_path(j.train.init_from, "train.init_from", problems)
+    t = j.train
+    if isinstance(t.profile_step, int) and isinstance(t.steps, int) and t.profile_step > t.steps:
+        problems.add("train.profile_step", f"{t.profile_step} is after the last step "
+                                           f"(train.steps {t.steps}): profile a step that runs, "
+                                           "or set it to null")
     safety.check_path(j.checkpoint.dir, "checkpoint.dir", problems)
     check_tracking(j.tracking, problems)
     if j.tracking is not None and j.tracking.wandb is not None:

@@ -139,6 +139,7 @@ class Trainer:
         self.step_time = None
         self.last_loss: float | None = None
         self.first_step_started: float | None = None
+        self.fb_issued_at: float | None = None   # when the last step had issued fwd+bwd
         self.on_first_step = None       # called with the first step's start time
 
     def common_state(self) -> dict:
@@ -168,6 +169,7 @@ class Trainer:
             model=mo.model if chunks > 1 else mo.model[0],
             num_microbatches=lay.num_microbatches, seq_length=ctx.job.model.seq_length,
             micro_batch_size=lay.micro_batch_size, forward_only=False)
+        self.fb_issued_at = time.time()
         # Started now, read after megatron's own host synchronisation (the gradient norm):
         # the agreement costs the step no wait of its own.
         agreement = self._start_agreement(
@@ -193,6 +195,26 @@ class Trainer:
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "skipped": reason if verdict_skip
                 else None, "stop": stop, "preempt": agreed[2] > 0, "deadline": agreed[3] > 0,
                 "save_due": agreed[4] > 0}
+
+    def _profile_begin(self):
+        """train.profile_step: the profiler around the step about to run (every rank)."""
+        if self.ctx.job.train.profile_step != self.step + 1:
+            return None
+        from .step_profile import StepProfile
+        return StepProfile(self.ctx.device)
+
+    def _profile_end(self, profiled, started: float) -> None:
+        """The profiled step's summary into the attempt's folder (rank 0's trace beside it)
+        and rank 0's log; a profile that cannot be written is said, the run goes on."""
+        from .step_profile import describe
+        report = profiled.stop(self.fb_issued_at - started, time.time() - started)
+        try:
+            profiled.write(self.ctx.run.attempt_dir(self.ctx.attempt), self.step, self.ctx.rank,
+                           trace=self.ctx.is_rank0)
+        except OSError as e:
+            logger.warning(f"step {self.step}: the profile could not be written: {e}")
+        if self.ctx.is_rank0:
+            logger.info(f"profile of step {self.step}: {describe(report)}")
 
     def _start_agreement(self, loss, number: int):
         """Start the step's one all-reduce: [loss sum, loss reporters, signal, deadline, save
@@ -257,11 +279,14 @@ class Trainer:
                 if self.on_first_step is not None:
                     self.on_first_step(started)
             timer = self.stragglers.timer if self.stragglers is not None else None
+            profiled = self._profile_begin()
             if timer is not None:
                 timer.step_begin()
             info = self.train_step()
             if timer is not None:
                 timer.step_end()
+            if profiled is not None:
+                self._profile_end(profiled, started)
             elapsed = time.time() - started
             self.step_time = elapsed if self.step_time is None else 0.8 * self.step_time + 0.2 * elapsed
             if self.watchdog is not None:

@@ -62,7 +62,11 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     host = memory["host_profile"]
     assert 0 < host["issued_s"] <= host["step_s"] and host["host_ops_s"] > 0
     assert len(host["top_host_ops"]) == 25 and host["top_host_ops"][0]["self_ms"] > 0
-    assert any(r[:2] == ["host", "most host time of their own"] for r in report["table"])
+    assert any(r[:2] == ["host", "reference loop: most host time of their own"]
+               for r in report["table"])
+    # and hpctrain's own run profiled a step of its own (train.profile_step)
+    ours = train["host_profile"]
+    assert 0 < ours["issued_s"] <= ours["step_s"] and len(ours["top_host_ops"]) == 25
     assert train["peak_memory_bytes"] is None     # no GPU: nothing to measure
     assert set(speedups["attention_fwd_bwd_ms"]) == {"megatron unfused", "flash", "math"}
     assert speedups["adamw"]["fused_ms"] > 0 and speedups["adamw"]["foreach_ms"] > 0
