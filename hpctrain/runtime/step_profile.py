@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -72,16 +70,14 @@ class StepProfile:
         path = Path(folder) / f"profile-step-{step}-rank-{rank}.json"
         write_atomic(path, json.dumps(self.report, indent=1) + "\n")
         if trace:
-            fd, raw = tempfile.mkstemp(suffix=".json", dir=folder)
-            os.close(fd)
-            try:
-                self._prof.export_chrome_trace(raw)
-                with open(raw, "rb") as src, gzip.open(
-                        Path(folder) / f"profile-step-{step}-rank-{rank}.trace.json.gz",
-                        "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-            finally:
-                os.unlink(raw)
+            # torch writes the trace to a path of its choosing: a private temporary folder,
+            # then the compressed bytes through the output door like every other file
+            with tempfile.TemporaryDirectory(prefix="hpctrain-trace-") as tmp:
+                raw = Path(tmp) / "trace.json"
+                self._prof.export_chrome_trace(str(raw))
+                data = gzip.compress(raw.read_bytes())
+            write_atomic(Path(folder) / f"profile-step-{step}-rank-{rank}.trace.json.gz", data,
+                         durable=False)
         return path
 
 

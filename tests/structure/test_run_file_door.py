@@ -17,6 +17,7 @@ ALLOWED = {
     "scheduler/local/jobs.py": "reads /proc/PID/cmdline, not a run folder",
     "preflight/infiniband.py": "reads sysfs, not a run folder",
     "preflight/storage.py": "reads /proc/mounts and its own probe file",
+    "runtime/step_profile.py": "reads the trace torch wrote into its own temporary folder",
 }
 
 
