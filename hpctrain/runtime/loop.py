@@ -201,18 +201,24 @@ class Trainer:
         if self.ctx.job.train.profile_step != self.step + 1:
             return None
         from .step_profile import StepProfile
-        return StepProfile(self.ctx.device)
+        try:
+            return StepProfile(self.ctx.device)
+        except Exception as e:  # noqa: BLE001 - a diagnostic never stops the training
+            logger.warning(f"step {self.step + 1}: not profiled: {type(e).__name__}: {e}")
+            return None
 
     def _profile_end(self, profiled, started: float) -> None:
         """The profiled step's summary into the attempt's folder (rank 0's trace beside it)
         and rank 0's log; a profile that cannot be written is said, the run goes on."""
         from .step_profile import describe
-        report = profiled.stop(self.fb_issued_at - started, time.time() - started)
         try:
+            report = profiled.stop(self.fb_issued_at - started, time.time() - started)
             profiled.write(self.ctx.run.attempt_dir(self.ctx.attempt), self.step, self.ctx.rank,
                            trace=self.ctx.is_rank0)
-        except OSError as e:
-            logger.warning(f"step {self.step}: the profile could not be written: {e}")
+        except Exception as e:  # noqa: BLE001 - a diagnostic never stops the training
+            logger.warning(f"step {self.step}: the profile could not be made or written: "
+                           f"{type(e).__name__}: {e}")
+            return
         if self.ctx.is_rank0:
             logger.info(f"profile of step {self.step}: {describe(report)}")
 

@@ -42,3 +42,17 @@ def test_a_profile_step_after_the_last_step_is_refused_by_name():
     assert "train.profile_step" in str(e.value) and "after the last step" in str(e.value)
     assert job_from_mapping(job_mapping("/data/kjv", steps=5, train={"profile_step": 5}),
                             "job.yaml").train.profile_step == 5
+
+
+@pytest.mark.megatron
+def test_a_profile_that_cannot_be_written_is_a_warning_and_the_run_trains_on(ws):
+    """The summary's path taken by a folder: rank 0 says so in its log, the step counts, and
+    training goes on to the end (a diagnostic never stops a run)."""
+    from tests.launch import launch
+    from tests.runtime.conftest import _explain
+    run = ws.new_run("profile-unwritable", "single", steps=4, train={"profile_step": 2})
+    (run.attempt_dir(1) / "profile-step-2-rank-0.json").mkdir(parents=True)
+    res = launch(run.path, 1)
+    assert res.codes == [0], _explain(res)
+    assert "step 2: the profile could not be made or written" in res.output(0)
+    assert sorted(losses(run)) == [1, 2, 3, 4]
