@@ -50,7 +50,7 @@ MATMUL_EFFICIENCY = 0.70     # the assumption without a measured table
 # Below this much GPU work per layer and microbatch (forward + backward, as the table prices
 # it), the host issuing the kernels, not the GPU, bounded the step on an H100 (tools/gpu_check,
 # 2026-11-27: 1.8-4.5 ms per layer ran 1.09-2.26x the modelled time; 6.9 ms and more ran
-# 0.92-1.03x). The model does not price the host; the plan says so instead.
+# 0.91-1.04x). The model does not price the host; the plan says so instead.
 HOST_BOUND_BELOW_S = 5e-3
 FP32 = 4
 
