@@ -121,14 +121,17 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "the_plan_follows_from_the_step_time",
             "tensor_parallel_communication_is_charged_where_megatron_core_exposes_it",
             "a_table_that_is_not_a_full_grid_is_refused_by_name",
-            "a_profile_names_its_table_and_the_plan_uses_it")] + [
+            "a_profile_names_its_table_and_the_plan_uses_it",
+            "the_local_specs_fused_attention_is_priced_by_the_torch_kernel_that_runs_it",
+            "a_step_with_little_gpu_work_per_layer_is_said_to_be_bound_by_the_host")] + [
+        "tests/plan/test_plan_gpu_captured.py",
         "tests/plan/test_plan_cost.py", "tests/plan/test_flops_megatron.py",
         "tests/plan/test_plan_optimizer_step.py::"
         "test_the_plan_counts_the_larger_of_the_activations_and_the_step_copy"]),
     "planner_activations": ("hpctrain/planner/activations.py", [
         "tests/plan/test_plan_activation_formulas.py", "tests/plan/test_plan_memory_tables.py",
         "tests/plan/test_plan_memory_ranks.py", "tests/plan/test_plan_published_layouts.py",
-        "tests/plan/test_plan_save_memory.py"]),
+        "tests/plan/test_plan_save_memory.py", "tests/plan/test_plan_gpu_captured.py"]),
     "planner_memory": ("hpctrain/planner/memory.py", ["tests/plan/test_plan_memory_tables.py",
                                                       "tests/plan/test_plan_memory_ranks.py"]),
     # the layout search and the checkpoint save's memory and time: the planner's unit tests
@@ -152,6 +155,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "file_door": ("hpctrain/file_door.py", [
         "tests/safety/test_file_door.py", "tests/runs/test_run_reader.py",
         "tests/plan/test_kernel_table_door.py"]),
+    # a profile's kernel table: its file, or one hpctrain ships (builtin:NAME)
+    "kernel_table": ("hpctrain/config/kernel_table.py", [
+        "tests/plan/test_kernel_table_door.py"] + [
+        f"tests/plan/test_plan_step_model.py::test_{name}" for name in (
+            "a_table_that_is_not_a_full_grid_is_refused_by_name",
+            "a_profile_names_its_table_and_the_plan_uses_it",
+            "a_profile_names_a_table_hpctrain_ships_and_nothing_else_by_that_prefix")]),
     "reader": ("hpctrain/record/reader.py", [
         "tests/runs/test_run_reader.py", "tests/runs/test_hostile_records.py"]),
 }
