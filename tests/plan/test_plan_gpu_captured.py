@@ -23,24 +23,30 @@ def _tool():
     return tool_module("gpu_check")
 
 
-@pytest.fixture(scope="module")
-def planned(tmp_path_factory) -> dict:
-    """Each captured job planned as gpu_check ran it: one H100 (80 GB), TP1 PP1."""
+def _plan_captured_jobs(folder, kernel_table: str | None = None) -> dict:
+    """Each captured job (gpu_check's own) planned as gpu_check ran it: one H100 (80 GB), TP1
+    PP1, with ``kernel_table`` named in the profile or none: name -> (job, layout)."""
     tool = _tool()
-    folder = tmp_path_factory.mktemp("captured")
     data = str(folder / "unused")
     jobs = {"check fused": tool.job_mapping(data, False, "local"),
             "check local": tool.job_mapping(data, False, "local", stock_local=True),
             **dict(tool.variant_jobs(data, False))}
-    profile = folder / "h100.yaml"
-    profile.write_text(yamlio.dump(tool.profile_mapping(False, 989.0, 79.18)))
+    profile = tool.profile_mapping(False, 989.0, 79.18)
+    if kernel_table:
+        profile["node"]["kernel_table"] = kernel_table
+    (folder / "h100.yaml").write_text(yamlio.dump(profile))
     out = {}
     for name, job in jobs.items():
         path = folder / f"{name.replace(' ', '-')}.yaml"
         path.write_text(yamlio.dump(job))
-        (layout,) = hpctrain.plan(path, profile, tp=1, pp=1)["layouts"]
+        (layout,) = hpctrain.plan(path, folder / "h100.yaml", tp=1, pp=1)["layouts"]
         out[name] = (job, layout)
     return out
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> dict:
+    return _plan_captured_jobs(tmp_path_factory.mktemp("captured"))
 
 
 def test_every_captured_layout_is_planned():
@@ -70,22 +76,8 @@ def test_the_itemized_peak_is_within_a_tenth_of_the_measured_peak(planned, name)
 def planned_from_the_table(tmp_path_factory) -> dict:
     """The same jobs planned from the kernel table hpctrain ships for this GPU kind (measured
     by the same gpu_check run)."""
-    tool = _tool()
-    folder = tmp_path_factory.mktemp("timed")
-    data = str(folder / "unused")
-    jobs = {"check fused": tool.job_mapping(data, False, "local"),
-            "check local": tool.job_mapping(data, False, "local", stock_local=True),
-            **dict(tool.variant_jobs(data, False))}
-    profile = tool.profile_mapping(False, 989.0, 79.18)
-    profile["node"]["kernel_table"] = "builtin:nvidia-h100-80gb-hbm3"
-    (folder / "h100.yaml").write_text(yamlio.dump(profile))
-    out = {}
-    for name, job in jobs.items():
-        path = folder / f"{name.replace(' ', '-')}.yaml"
-        path.write_text(yamlio.dump(job))
-        (layout,) = hpctrain.plan(path, folder / "h100.yaml", tp=1, pp=1)["layouts"]
-        out[name] = layout
-    return out
+    return {name: layout for name, (_, layout) in _plan_captured_jobs(
+        tmp_path_factory.mktemp("timed"), "builtin:nvidia-h100-80gb-hbm3").items()}
 
 
 @pytest.mark.parametrize("name", sorted(CAPTURED["step_time_s"]))
