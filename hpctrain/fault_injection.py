@@ -52,6 +52,10 @@ VARIABLES = {
                                      "own host memory for it, and fill it with 0xA5 while the "
                                      "writer runs; the resume then checks the weights it loads "
                                      "against the digest taken at the save",
+    "HPCTRAIN_TEST_PAGE_LOCK_S": "=SECONDS: on the CPU, the checkpoint staging memory is "
+                                 "page-locked as on a GPU, each segment taking SECONDS (a "
+                                 "stand-in for cudaHostRegister): page-locking starts after the "
+                                 "attempt's first step, and a save waits for it",
     "HPCTRAIN_TEST_READ_THREADS": "=N: a resume reads its checkpoint with N threads (0: "
                                   "megatron-core's own reader, one thread, the files verified "
                                   "in a pass before it), to compare parallel and serial loads",

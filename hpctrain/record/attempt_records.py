@@ -94,6 +94,7 @@ class AttemptResult(AttemptOutcome):
     verify_seconds: float | None = None
     resume_read: dict | None = None     # the checkpoint reader's bytes, rate, items verified
     host_staging: str | None = None     # the checkpoint host memory this attempt held
+    host_staging_locked: dict | None = None   # its page-locking: after_step, seconds, bytes
     first_step_after_s: float | None = None
     weights_digest: str | None = None
     straggler: dict | None = None       # the slow node this attempt stopped to exclude

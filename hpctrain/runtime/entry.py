@@ -270,6 +270,7 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
                      if k in ("step", "reason", "seconds", "stall_seconds", "total_seconds",
                               "bytes", "sync", "write_seconds")} for s in ckpt.saves]
     result.host_staging = ckpt.arena.describe()
+    result.host_staging_locked = ckpt.arena.lock_record()
     if loaded is not None:
         result.load_seconds = round(loaded.seconds, 3)
         result.verify_seconds = round(ckpt.verify_seconds or 0.0, 3)

@@ -85,6 +85,7 @@ class TestHooks:
     fill_after_save: bool = False
     slow_writer_s: float = 0.0
     read_threads: int | None = None
+    page_lock_s: float = 0.0
     filled: list = field(default_factory=list)   # what the fill hook allocated (kept alive)
     _kill_armed: bool = True
     file_size_limit: int | None = None
@@ -118,6 +119,8 @@ class TestHooks:
         hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
         if get("HPCTRAIN_TEST_SLOW_WRITER_S"):
             hooks.slow_writer_s = _parsed("HPCTRAIN_TEST_SLOW_WRITER_S", get, float, "SECONDS")
+        if get("HPCTRAIN_TEST_PAGE_LOCK_S"):
+            hooks.page_lock_s = _parsed("HPCTRAIN_TEST_PAGE_LOCK_S", get, float, "SECONDS")
         if get("HPCTRAIN_TEST_READ_THREADS"):
             hooks.read_threads = int(get("HPCTRAIN_TEST_READ_THREADS"))
         if get("HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE"):
@@ -137,7 +140,7 @@ class TestHooks:
                     or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
                     or self.slow_rank is not None or self.fill_after_save or self.slow_writer_s
-                    or self.read_threads is not None
+                    or self.read_threads is not None or self.page_lock_s
                     or self.file_size_limit is not None)
 
     def first_attempt(self) -> bool:
@@ -250,6 +253,20 @@ class TestHooks:
         import signal
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit, self.file_size_limit))
+
+    def cpu_page_lock(self):
+        """HPCTRAIN_TEST_PAGE_LOCK_S: on the CPU, the checkpoint staging memory is
+        "page-locked" as on a GPU, each segment taking SECONDS (a stand-in for
+        ``cudaHostRegister``, which needs a GPU), so that the order of the resume, the first
+        step, page-locking and the saves that wait for it runs as it does there. None: no
+        stand-in."""
+        if not self.page_lock_s:
+            return None
+
+        def page_lock(data_ptr: int, nbytes: int) -> None:
+            time.sleep(self.page_lock_s)
+
+        return page_lock
 
     def writer_delay(self, sync: bool) -> float:
         """HPCTRAIN_TEST_SLOW_WRITER_S: seconds a background save's writer waits before it

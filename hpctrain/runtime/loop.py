@@ -291,6 +291,7 @@ class Trainer:
             info = self.train_step()
             if timer is not None:
                 timer.step_end()
+            self.ckpt.step_done(self.step)
             if profiled is not None:
                 self._profile_end(profiled, started)
             elapsed = time.time() - started

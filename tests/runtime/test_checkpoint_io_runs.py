@@ -39,12 +39,13 @@ def test_weights_loaded_equal_the_digest_taken_at_the_save(ws, filled):
     assert r["resume_read"]["verified"] == r["resume_read"]["items"] > 0
 
 
-def _resumes_to_its_digest(ws, source, step: int, name: str, steps: int) -> dict:
+def _resumes_to_its_digest(ws, source, step: int, name: str, steps: int,
+                           env: dict | None = None) -> dict:
     """A new run resumed from ``source``'s checkpoint of ``step``: its weights equal the digest
     taken at the save and it trains on with ``source``'s losses. Returns its result.json."""
     run = ws.new_run(name, "dp2_zero1", steps=steps)
     _copy_checkpoint(source, step, run)
-    out = launch(run.path, 2)
+    out = launch(run.path, 2, env=env)
     assert out.codes == [0, 0], _explain(out)
     r = result(run, 1)
     assert r["start_step"] == step and r["resume_read"]["digest_checked"] is True
@@ -101,10 +102,19 @@ def test_a_save_that_comes_while_the_previous_writer_still_reads_waits_for_it(ws
     """Background saves every 2 steps whose writers wait 3 s before writing: the save of step 4
     comes while step 2's writer still needs the staged bytes. It must wait for that writer
     instead of staging step 4's state over them, so step 2's checkpoint gives back, at a
-    resume, exactly the weights of step 2's digest and the losses that followed it."""
+    resume, exactly the weights of step 2's digest and the losses that followed it.
+
+    Both runs page-lock their staging memory as a GPU rank does (a stand-in taking 0.5 s per
+    segment): after the attempt's first step, never during the resume, and every save waits
+    for it."""
+    lock = {"HPCTRAIN_TEST_PAGE_LOCK_S": "0.5"}
     source, res = ws.train("slow-writer", "dp2_zero1", steps=6,
-                           env={"HPCTRAIN_TEST_SLOW_WRITER_S": "3"},
+                           env={"HPCTRAIN_TEST_SLOW_WRITER_S": "3", **lock},
                            checkpoint={"interval_steps": 2, "async_save": True})
     saved = sorted(p.name for p in (source.path / "checkpoints").glob("step-*"))
     assert saved == [store.step_name(s) for s in (2, 4, 6)]
-    _resumes_to_its_digest(ws, source, 2, "resume-after-slow-writer", steps=6)
+    locked = result(source, 1)["host_staging_locked"]
+    assert locked["after_step"] == 1 and locked["bytes"] > 0
+    r = _resumes_to_its_digest(ws, source, 2, "resume-after-slow-writer", steps=6, env=lock)
+    assert r["host_staging_locked"]["after_step"] == 3            # the resume's first step
+    assert r["resume_read"]["host_memory_wait_s"] == 0.0          # nothing was locking yet

@@ -65,6 +65,80 @@ def test_memory_held_by_a_writer_is_not_given_out():
     arena.acquire("the data loader", [4096])
 
 
+class PageLocks:
+    """A stand-in for cudaHostRegister (the CPU has none): records the bytes each call
+    page-locks and the thread it ran on, taking ``seconds`` (or failing with ``error``)."""
+
+    def __init__(self, seconds: float = 0.0, error: str | None = None) -> None:
+        import threading
+        self.seconds, self.error = seconds, error
+        self.calls: list[tuple[int, str]] = []
+        self.main = threading.current_thread().name
+
+    def __call__(self, data_ptr: int, nbytes: int):
+        import threading
+        import time
+        time.sleep(self.seconds)
+        self.calls.append((nbytes, threading.current_thread().name))
+        return self.error
+
+
+def test_page_locking_waits_for_the_first_step_and_never_for_the_resume():
+    """Page-locking holds a driver-wide lock that CUDA memory calls wait for: the resume
+    (which builds the optimizer's state on the GPU) reads into the memory as it is, and
+    locking starts after the first step, in the background, once."""
+    locks = PageLocks(seconds=0.05)
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 20, page_lock=locks)
+    arena.reserve(3 << 20)
+    assert arena.capacity == 3 << 20 and not locks.calls and not arena.locking_started
+    sizes = [900_000, 900_000, 900_000, 4 << 20]            # the last one grows the arena
+    arena.acquire("the resume", sizes, page_locked=False)
+    assert not locks.calls and arena.pinned_bytes == 0 and arena.wait_ready() < 0.05
+    arena.release("the resume")
+    arena.lock_pages(after_step=1)
+    arena.lock_pages(after_step=2)                          # once
+    arena.wait_ready()
+    assert sorted(n for n, _ in locks.calls) == sorted(s.nbytes for s in arena.segments)
+    assert all(thread == "hpctrain-host-arena" for _, thread in locks.calls)
+    assert arena.pinned_bytes == arena.capacity
+    assert arena.lock_record()["after_step"] == 1 and "after step 1" in arena.describe()
+    arena.acquire("the save of step 2", sizes)
+    assert len(locks.calls) == len(arena.segments)          # nothing locked again
+
+
+def test_a_save_before_the_first_step_starts_page_locking_and_waits_for_it():
+    locks = PageLocks(seconds=0.05)
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 20, page_lock=locks)
+    arena.reserve(2 << 20)
+    slots = arena.acquire("an emergency save", [1 << 20, 1 << 20, 3 << 20])
+    # every placed byte is page-locked when the save gets it: the reserved segments by the
+    # background thread, the one it grew by the save's own thread
+    assert arena.pinned_bytes == arena.capacity and all(arena.is_pinned(s) for s in slots)
+    assert [t for _, t in locks.calls] == ["hpctrain-host-arena"] * 2 + [locks.main]
+    assert arena.lock_record()["after_step"] is None
+
+
+def test_memory_that_could_not_be_page_locked_is_still_used_and_not_locked_again():
+    locks = PageLocks(error="cudaHostRegister returned 2")
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 20, page_lock=locks)
+    arena.reserve(1 << 20)
+    arena.lock_pages(after_step=1)
+    arena.wait_ready()
+    (slot,) = arena.acquire("save 1", [1000])
+    arena.release("save 1")
+    arena.acquire("save 2", [1000])
+    assert len(locks.calls) == 1 and not arena.is_pinned(slot)
+    assert arena.segments[0].pin_error == "cudaHostRegister returned 2"
+    assert "0.00 GB page-locked" in arena.describe()
+
+
+def test_off_cuda_nothing_is_page_locked_without_a_stand_in():
+    arena = staging.HostArena(pin=False)
+    arena.reserve(1 << 20)
+    arena.lock_pages(after_step=1)
+    assert not arena.locking_started and arena.lock_record() is None
+
+
 def test_a_forked_writer_sees_what_the_rank_writes_into_staging_memory_later():
     """Why the memory must be held until the writer is done: staging memory is shared with
     the forked writer (as pinned memory is), so bytes reused by the rank after the fork are

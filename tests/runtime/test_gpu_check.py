@@ -46,6 +46,10 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     # memory of the staged sizes taken while the first save's writer ran: the staging memory
     # refused it, and the resume found the weights of the save's digest
     assert train["staging_refused_the_fill"]
+    # the staging memory was page-locked (the CPU's stand-in) after the first step, within the
+    # logged steps
+    assert train["host_staging_locked_through_step"] >= 2
+    assert "page-locked" in train["host_staging"] and "after step 1" in train["host_staging"]
     assert resume["start_step"] == 44 and resume["end_step"] == 48
     assert resume["loaded"].endswith("step-00000044") and resume["digest_checked"]
     assert resume["read"]["verified"] == resume["read"]["items"] > 0
@@ -171,3 +175,14 @@ def test_the_check_models_micro_batch_can_be_chosen_with_the_same_global_batch()
         assert {k: v for k, v in four.items() if k != "batch"} == \
             {k: v for k, v in base.items() if k != "batch"}
         assert job_from_mapping(four, "job").batch.micro_batch_size == 4
+
+
+def test_the_step_in_which_page_locking_ended_is_found_from_the_logged_step_times():
+    through = _tool().locked_through_step
+    times = {1: 5.0, 2: 0.8, 3: 0.8, 4: 0.8, 5: 0.8}
+    assert through({"after_step": 1, "seconds": 2.0}, times) == 4     # 0.8 + 0.8 + 0.8 >= 2
+    assert through({"after_step": 1, "seconds": 1.6}, times) == 3
+    assert through({"after_step": 2, "seconds": 0.1}, times) == 3
+    assert through({"after_step": 1, "seconds": 9.0}, times) is None  # still locking at the end
+    assert through(None, times) is None and through({"after_step": None, "seconds": 1}, times) \
+        is None

@@ -283,7 +283,7 @@ def test_test_variables_do_nothing_without_the_switch():
              "HPCTRAIN_TEST_PROC_MOUNTS": "/x", "HPCTRAIN_TEST_SITE_PACKAGES": "/x",
              "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "2@1", "HPCTRAIN_TEST_SLOW_RANK": "1:0.5",
              "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "1", "HPCTRAIN_TEST_FILL_AFTER_SAVE": "1",
-             "HPCTRAIN_TEST_READ_THREADS": "0",
+             "HPCTRAIN_TEST_READ_THREADS": "0", "HPCTRAIN_TEST_PAGE_LOCK_S": "0.5",
              "HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": "1@1", "HPCTRAIN_TEST_SLOW_WRITER_S": "3"}
     assert set(stray) == set(fault_injection.VARIABLES)      # every registered variable
     for switch in ({}, {"HPCTRAIN_TEST_HOOKS": "0"}, {"HPCTRAIN_TEST_HOOKS": "yes"}):
@@ -291,6 +291,7 @@ def test_test_variables_do_nothing_without_the_switch():
         hooks = TestHooks.from_env(env)
         assert not hooks.active and hooks.step_sleep_s == 0 and not hooks.nan_in(1)
         assert not hooks.fill_after_save and hooks.read_threads is None
+        assert hooks.cpu_page_lock() is None
         hooks.maybe_crash(1, 0)                                # no crash
         assert hooks.hold_in_evaluation(1, released=lambda: False)   # no hold
         assert not hooks.kill_during_save(0, 1) and hooks.writer_delay(sync=False) == 0
@@ -302,6 +303,7 @@ def test_test_variables_do_nothing_without_the_switch():
     assert TestHooks.from_env(on).active and node_name(on) == "fake-node"
     assert TestHooks.from_env(on).writer_delay(sync=False) == 3.0
     assert TestHooks.from_env(on).writer_delay(sync=True) == 0.0     # background saves only
+    assert TestHooks.from_env(on).cpu_page_lock()(0, 1) is None       # the stand-in locks
     assert fault_injection.preflight_delay(0, "n1", on) == 600.0 and not fault_injection.ignored(on)
     with pytest.raises(KeyError):                              # only registered names are read
         fault_injection.value("HPCTRAIN_TEST_SOMETHING_ELSE", on)

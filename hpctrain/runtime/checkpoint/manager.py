@@ -154,7 +154,8 @@ class Checkpointer:
         self.saves: list[dict] = []         # timings of every save this attempt
         self.on_published = None            # rank 0: called with each published step
         self.verify_seconds: float | None = None
-        self.arena = staging.process_arena(ctx.device)   # host memory of every save and load
+        # host memory of every save and load
+        self.arena = staging.process_arena(ctx.device, hooks.cpu_page_lock())
         self.arena.reserve(staging_estimate(mo, ctx.layout))
         self.read_stats: dict = {}
 
@@ -264,6 +265,12 @@ class Checkpointer:
             self.hooks.fill_after_staging(self.arena, logger.info)
         self.saves.append(info)
         return info
+
+    def step_done(self, step: int) -> None:
+        """After each training step: the first one starts page-locking the staging memory
+        (:meth:`.staging.HostArena.lock_pages`: not during the resume or the first step)."""
+        if not self.arena.locking_started:
+            self.arena.lock_pages(after_step=step)
 
     def poll(self) -> None:
         """Publish background saves that every rank finished (collective, non-blocking)."""
@@ -484,7 +491,7 @@ class Checkpointer:
         template["hpctrain"] = None
         kept = cross_device.set_aside_absent_entries(template, folder, "checkpoint")
         phases["template_s"] = time.monotonic() - mark
-        arena_wait = self.arena.wait_ready()    # host memory still being page-locked
+        arena_wait = self.arena.wait_ready()    # (page-locking starts after the first step)
         read_started = time.monotonic()
         try:
             with reader.installed(folder, manifest, self.arena, self.hooks.read_threads) \

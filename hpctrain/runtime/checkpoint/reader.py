@@ -154,7 +154,8 @@ def read_data(reader, plan, planner) -> None:
             order.append(key)
         requests.append((req, ranges[key]))
     owner = "the resume"
-    slots = reader.arena.acquire(owner, [length for _, _, length in order])
+    # the memory as it is: page-locking it first would cost more than it saves (staging)
+    slots = reader.arena.acquire(owner, [length for _, _, length in order], page_locked=False)
     root = str(reader.path)
 
     def fetch(i: int) -> None:

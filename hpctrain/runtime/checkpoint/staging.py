@@ -17,9 +17,18 @@ shared mapping: a forked child sees the parent's later writes).
   page-locked with ``cudaHostRegister`` so that copies to and from the GPU are asynchronous
   DMA; sized to exactly what is placed in them (torch's pinned cache rounds every block up to
   a power of two);
-* allocated and page-locked by a background thread (on the rank's CUDA device) started when
-  the model is built (:meth:`reserve`), so the training thread does not pay for it; a save
-  that needs more than was reserved grows the arena once and keeps it;
+* allocated when the model is built (:meth:`reserve`: anonymous memory, mapped lazily, so
+  this costs nothing), and page-locked by a background thread (on the rank's CUDA device)
+  that starts only after the attempt's first step (:meth:`lock_pages`), so the training
+  thread does not pay for it; a save that needs more than was reserved grows the arena once
+  and keeps it;
+* page-locking is slow (about 1.4 GB/s on an H100 host: 10.5 s for 14.7 GB) and holds a
+  driver-wide lock that the CUDA memory calls of every process on the node wait for. So it
+  never runs while a resume builds its optimizer state and copies the checkpoint to the GPU
+  (the resume reads into the memory as it is: a copy from pageable memory is synchronous, and
+  still far faster than locking the pages first), nor during the first step, when the
+  caching allocator is still asking CUDA for memory. A save's placement waits for it (a save
+  before the first step starts it);
 * :meth:`acquire` places tensors in it for one owner (a save, or the resume) and refuses to
   place anything while another owner holds it: a save's bytes stay untouched until
   :meth:`release`, which the save calls after its writer finished;
@@ -50,8 +59,25 @@ class Slot:
     nbytes: int
 
 
+class CudaPageLock:
+    """``cudaHostRegister`` for the CUDA device of the thread that made it. A new thread's
+    CUDA device is device 0: page-locking from it would open a CUDA context on GPU 0 for every
+    rank of the node; this works on the rank's own device from any thread."""
+
+    def __init__(self) -> None:
+        import torch
+        self.device = torch.cuda.current_device()
+
+    def __call__(self, data_ptr: int, nbytes: int) -> str | None:
+        """Page-lock ``nbytes`` at ``data_ptr``; None, or why not."""
+        import torch
+        torch.cuda.set_device(self.device)
+        rc = torch.cuda.cudart().cudaHostRegister(data_ptr, nbytes, 0)
+        return None if int(getattr(rc, "value", rc)) == 0 else f"cudaHostRegister returned {rc}"
+
+
 class _Segment:
-    def __init__(self, nbytes: int, pin: bool) -> None:
+    def __init__(self, nbytes: int) -> None:
         import torch
         self.nbytes = nbytes
         self.map = mmap.mmap(-1, nbytes)       # anonymous and MAP_SHARED
@@ -59,17 +85,12 @@ class _Segment:
         self.used = 0
         self.pinned = False
         self.pin_error: str | None = None
-        if pin:
-            self._pin()
 
-    def _pin(self) -> None:
-        import torch
-        cudart = torch.cuda.cudart()
-        rc = cudart.cudaHostRegister(self.bytes.data_ptr(), self.nbytes, 0)
-        if int(getattr(rc, "value", rc)) == 0:
-            self.pinned = True
-        else:
-            self.pin_error = f"cudaHostRegister returned {rc}"
+    def lock(self, page_lock) -> None:
+        """Page-lock this segment (once: a failure is kept in ``pin_error``, not retried)."""
+        if not self.pinned and self.pin_error is None:
+            self.pin_error = page_lock(self.bytes.data_ptr(), self.nbytes)
+            self.pinned = self.pin_error is None
 
     def view(self, offset: int, nbytes: int):
         """``nbytes`` at ``offset`` as a uint8 tensor with a storage of its own."""
@@ -84,8 +105,12 @@ def _aligned(n: int) -> int:
 
 
 class HostArena:
-    def __init__(self, pin: bool, segment_bytes: int = SEGMENT_BYTES) -> None:
+    """``pin``: page-lock the memory (CUDA), with ``page_lock(data_ptr, nbytes) -> error or
+    None`` (default: a :class:`CudaPageLock` made on the thread that first needs it)."""
+
+    def __init__(self, pin: bool, segment_bytes: int = SEGMENT_BYTES, page_lock=None) -> None:
         self.pin = pin
+        self.page_lock = page_lock
         self.segment_bytes = segment_bytes
         self.segments: list[_Segment] = []
         self._lock = threading.Lock()
@@ -93,7 +118,8 @@ class HostArena:
         self._ready.set()
         self._thread: threading.Thread | None = None
         self.holder: str | None = None
-        self.reserve_seconds: float | None = None
+        self.lock_seconds: float | None = None     # how long page-locking took
+        self.locked_after_step: int | None = None  # the step after which it started
         self.grown_bytes = 0          # allocated on the caller's thread (more than reserved)
         self.last_sizes: list[int] = []
 
@@ -106,45 +132,64 @@ class HostArena:
     def pinned_bytes(self) -> int:
         return sum(s.nbytes for s in self.segments if s.pinned)
 
+    @property
+    def locking_started(self) -> bool:
+        return self._thread is not None
+
     def reserve(self, nbytes: int) -> None:
-        """Allocate (and on CUDA page-lock) ``nbytes`` in the background."""
-        if nbytes <= self.capacity or self._thread is not None:
+        """Allocate ``nbytes`` (mapped lazily: instant); :meth:`lock_pages` page-locks them."""
+        with self._lock:
+            while self.capacity < nbytes:
+                self.segments.append(_Segment(min(self.segment_bytes, nbytes - self.capacity)))
+
+    def lock_pages(self, after_step: int | None = None) -> None:
+        """Page-lock every segment in a background thread (once; nothing to do off CUDA).
+        ``after_step``: the step it follows, for the record."""
+        if not self.pin or self._thread is not None:
             return
         self._ready.clear()
-        # a new thread's CUDA device is device 0: page-locking from it would open a CUDA
-        # context on GPU 0 for every rank of the node; it works on the rank's own device
-        device = None
-        if self.pin:
-            import torch
-            device = torch.cuda.current_device()
+        self.locked_after_step = after_step
+        page_lock = self._page_lock()
 
         def work():
             started = time.monotonic()
             try:
-                if device is not None:
-                    import torch
-                    torch.cuda.set_device(device)
-                while self.capacity < nbytes:
-                    segment = _Segment(min(self.segment_bytes, nbytes - self.capacity), self.pin)
-                    with self._lock:
-                        self.segments.append(segment)
+                for segment in self._snapshot():
+                    segment.lock(page_lock)
             finally:
-                self.reserve_seconds = time.monotonic() - started
+                self.lock_seconds = time.monotonic() - started
                 self._ready.set()
 
         self._thread = threading.Thread(target=work, name="hpctrain-host-arena", daemon=True)
         self._thread.start()
 
+    def _page_lock(self):
+        if self.page_lock is None:
+            self.page_lock = CudaPageLock()
+        return self.page_lock
+
+    def _snapshot(self) -> list[_Segment]:
+        with self._lock:
+            return list(self.segments)
+
     def wait_ready(self) -> float:
-        """Wait for a reservation in progress; returns the seconds waited."""
+        """Wait for page-locking in progress; returns the seconds waited."""
         started = time.monotonic()
         self._ready.wait()
         return time.monotonic() - started
 
     # ---------------------------------------------------------------- placement
-    def acquire(self, owner: str, sizes: list[int]) -> list[Slot]:
-        """Places for tensors of ``sizes`` bytes, for ``owner`` alone until :meth:`release`."""
-        self.wait_ready()
+    def acquire(self, owner: str, sizes: list[int], page_locked: bool = True) -> list[Slot]:
+        """Places for tensors of ``sizes`` bytes, for ``owner`` alone until :meth:`release`.
+        ``page_locked``: in page-locked memory where the arena pins (a save: its copies from
+        the GPU are then asynchronous), waiting for page-locking in progress and starting it
+        if it has not started; False (the resume) takes the memory as it is, now."""
+        if page_locked:
+            self.lock_pages()
+            self.wait_ready()
+            if self.pin:    # memory a later resume added (rare: a restart in the process)
+                for segment in self._snapshot():
+                    segment.lock(self._page_lock())
         with self._lock:
             if self.holder is not None and self.holder != owner:
                 raise ArenaBusy(f"host staging memory is held by {self.holder}")
@@ -154,16 +199,18 @@ class HostArena:
                 s.used = 0
             slots = []
             for n in sizes:
-                slots.append(self._place(_aligned(n)) if n else Slot(-1, 0, 0))
+                slots.append(self._place(_aligned(n), page_locked) if n else Slot(-1, 0, 0))
             return [Slot(s.segment, s.offset, n) for s, n in zip(slots, sizes)]
 
-    def _place(self, n: int) -> Slot:
+    def _place(self, n: int, page_locked: bool) -> Slot:
         for i, s in enumerate(self.segments):
             if s.nbytes - s.used >= n:
                 slot = Slot(i, s.used, n)
                 s.used += n
                 return slot
-        segment = _Segment(max(n, GROW_BYTES), self.pin)
+        segment = _Segment(max(n, GROW_BYTES))
+        if self.pin and page_locked:
+            segment.lock(self._page_lock())  # (a resume's growth is locked with the rest)
         self.grown_bytes += segment.nbytes
         self.segments.append(segment)
         segment.used = n
@@ -192,20 +239,31 @@ class HostArena:
     def is_pinned(self, slot: Slot) -> bool:
         return slot.nbytes > 0 and self.segments[slot.segment].pinned
 
+    def lock_record(self) -> dict | None:
+        """When page-locking ran (None where it did not finish, or the arena does not pin)."""
+        if self.lock_seconds is None:
+            return None
+        return {"after_step": self.locked_after_step, "seconds": round(self.lock_seconds, 3),
+                "bytes": self.pinned_bytes}
+
     def describe(self) -> str:
         pinned = f", {self.pinned_bytes / 1e9:.2f} GB page-locked" if self.pin else ""
-        took = f" in {self.reserve_seconds:.2f}s" if self.reserve_seconds is not None else ""
-        return f"{self.capacity / 1e9:.2f} GB host staging{pinned}{took}"
+        took = f" in {self.lock_seconds:.2f}s" if self.lock_seconds is not None else ""
+        after = (f" after step {self.locked_after_step}" if self.locked_after_step is not None
+                 else "")
+        return f"{self.capacity / 1e9:.2f} GB host staging{pinned}{took}{after}"
 
 
 _ARENA: HostArena | None = None
 
 
-def process_arena(device: str) -> HostArena:
-    """The one arena of this process (every save and the resume share it)."""
+def process_arena(device: str, cpu_page_lock=None) -> HostArena:
+    """The one arena of this process (every save and the resume share it), page-locked on
+    CUDA; on the CPU by ``cpu_page_lock`` when given (a test's stand-in)."""
     global _ARENA
     if _ARENA is None:
-        _ARENA = HostArena(pin=device == "cuda")
+        stand_in = cpu_page_lock if device != "cuda" else None
+        _ARENA = HostArena(pin=device == "cuda" or stand_in is not None, page_lock=stand_in)
     return _ARENA
 
 
