@@ -164,6 +164,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "a_profile_names_a_table_hpctrain_ships_and_nothing_else_by_that_prefix")]),
     "reader": ("hpctrain/record/reader.py", [
         "tests/runs/test_run_reader.py", "tests/runs/test_hostile_records.py"]),
+    # the checkpoint's host staging memory: placement, lifetime, page-locking and its order
+    "staging": ("hpctrain/runtime/checkpoint/staging.py", [
+        "tests/runtime/test_checkpoint_staging.py"]),
 }
 
 # Operators left out (see the module docstring).
