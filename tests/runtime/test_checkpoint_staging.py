@@ -69,15 +69,17 @@ class PageLocks:
     """A stand-in for cudaHostRegister (the CPU has none): records the bytes each call
     page-locks and the thread it ran on, taking ``seconds`` (or failing with ``error``)."""
 
-    def __init__(self, seconds: float = 0.0, error: str | None = None) -> None:
+    def __init__(self, seconds: float = 0.0, error: str | None = None, gate=None) -> None:
         import threading
-        self.seconds, self.error = seconds, error
+        self.seconds, self.error, self.gate = seconds, error, gate
         self.calls: list[tuple[int, str]] = []
         self.main = threading.current_thread().name
 
     def __call__(self, data_ptr: int, nbytes: int):
         import threading
         import time
+        if self.gate is not None:
+            self.gate.wait()
         time.sleep(self.seconds)
         self.calls.append((nbytes, threading.current_thread().name))
         return self.error
@@ -116,6 +118,31 @@ def test_a_save_before_the_first_step_starts_page_locking_and_waits_for_it():
     assert arena.pinned_bytes == arena.capacity and all(arena.is_pinned(s) for s in slots)
     assert [t for _, t in locks.calls] == ["hpctrain-host-arena"] * 2 + [locks.main]
     assert arena.lock_record()["after_step"] is None
+
+
+def test_a_synchronous_save_does_not_wait_for_page_locking_in_progress(tmp_path):
+    """An emergency save right after a resume stages on the training thread anyway: it takes
+    the memory as it is while page-locking (held here until the save is done) goes on."""
+    import threading
+    gate = threading.Event()
+    locks = PageLocks(gate=gate)
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 20, page_lock=locks)
+    arena.reserve(2 << 20)
+    arena.lock_pages(after_step=1)
+    tensor = torch.arange(1000, dtype=torch.float32)
+    staged = []
+    save = threading.Thread(target=lambda: staged.append(writer.stage(
+        arena, "the emergency save", [("f", "k", ([], [("item", tensor)]))], page_locked=False)))
+    save.start()
+    save.join(timeout=60)
+    finished = not save.is_alive()
+    gate.set()
+    save.join()
+    assert finished and not locks.calls                     # staged while the lock was held
+    ((_, _, (_, ((_, copy),))),) = staged[0]
+    assert torch.equal(copy, tensor)
+    arena.wait_ready()
+    assert arena.pinned_bytes == arena.capacity
 
 
 def test_memory_that_could_not_be_page_locked_is_still_used_and_not_locked_again():

@@ -84,16 +84,19 @@ def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, pr
 
 
 def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, kill: bool,
-                           progress=None, delay: float = 0.0):
+                           progress=None, delay: float = 0.0, page_locked: bool = True):
     """megatron's save request with hpctrain's staging (the process's host arena, held until
     the writer finished) and writer (checksums of the bytes written) in place of its own.
-    ``progress``: called after each item written (a synchronous save: the watchdog's)."""
+    ``progress``: called after each item written (a synchronous save: the watchdog's).
+    ``page_locked``: False for a synchronous save, which stages on the training thread anyway
+    and must not wait for page-locking still in progress (an emergency save right after a
+    resume)."""
     if request.async_fn is None:            # nothing for this rank to write
         return request
     transform_list = request.async_fn.args[0]      # partial(write_preloaded_data_multiproc, ..)
     buckets = request.async_fn_args[1]
     return request._replace(
-        preload_fn=functools.partial(writer.stage, arena, owner, buckets),
+        preload_fn=functools.partial(writer.stage, arena, owner, buckets, page_locked),
         async_fn=functools.partial(_write, transform_list, folder, rank, os.getpid(), kill,
                                    progress, delay))
 
@@ -249,7 +252,7 @@ class Checkpointer:
         progress = functools.partial(self.ctx.progress, writing) if sync else None
         request = own_staging_and_writer(request, self.arena, owner, str(partial),
                                          self.ctx.rank, kill, progress,
-                                         self.hooks.writer_delay(sync))
+                                         self.hooks.writer_delay(sync), page_locked=not sync)
         info = {"step": step, "reason": reason, "partial": partial, "started": started,
                 "sync": sync, "wall_started": time.time(), "digest": digest}
         request.add_finalize_fn(functools.partial(self.arena.release, owner))

@@ -112,12 +112,14 @@ class ChecksumStream(io.RawIOBase):
         return {"size": self.position, CHECKSUM: crc_hex(self.crc), "items": self.items}
 
 
-def stage(arena, owner: str, write_buckets: list) -> list:
+def stage(arena, owner: str, write_buckets: list, page_locked: bool = True) -> list:
     """Copy every tensor of megatron's write buckets into ``arena`` (held for ``owner`` until
-    the writer finished); returns the buckets with the staged tensors in their place."""
+    the writer finished); returns the buckets with the staged tensors in their place.
+    ``page_locked``: :meth:`.staging.HostArena.acquire`'s (False: the memory as it is, now)."""
     import torch
     tensors = [t for _, _, (_, tensor_data) in write_buckets for _, t in tensor_data]
-    slots = iter(arena.acquire(owner, [t.numel() * t.element_size() for t in tensors]))
+    slots = iter(arena.acquire(owner, [t.numel() * t.element_size() for t in tensors],
+                               page_locked=page_locked))
     cuda = False
     staged_buckets = []
     for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
