@@ -262,3 +262,120 @@ def test_format_1_manifests_are_still_verified_with_zlib_crc32(tmp_path):
     (tmp_path / "f").write_bytes(b"hellO")
     assert store.checksum_problems(tmp_path, old, ["f"])[0].startswith("f: CRC32 ")
     assert reader.manifest_items(old) == {}                 # verified before loading, as before
+
+
+# ------------------------------------------------------------- the arena's arithmetic and doors
+def test_a_reservation_is_cut_into_segments_of_exactly_its_size_and_never_shrinks():
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    arena.reserve((3 << 20) + 1000)
+    assert [s.nbytes for s in arena.segments] == [1 << 20] * 3 + [1000]
+    arena.reserve(1 << 20)                                  # less than it has: nothing changes
+    arena.reserve((3 << 20) + 1000)
+    assert arena.capacity == (3 << 20) + 1000 and len(arena.segments) == 4
+
+
+def test_placed_tensors_are_aligned_and_do_not_overlap():
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    arena.reserve(1 << 20)
+    sizes = [1, 63, 64, 65, 1000, 0, 7]
+    slots = arena.acquire("save", sizes)
+    placed = [s for s, n in zip(slots, sizes) if n]
+    assert all(s.offset % staging.ALIGN == 0 for s in placed)
+    ends = [s.offset + s.nbytes for s in placed]
+    assert all(end <= nxt.offset for end, nxt in zip(ends, placed[1:]))   # in order, apart
+    assert placed[1].offset == staging.ALIGN and placed[3].offset == 3 * staging.ALIGN
+    for slot, n in zip(slots, sizes):
+        assert len(arena.buffer(slot)) == n and arena.tensor(slot, torch.uint8, (n,)).numel() == n
+    assert not arena.is_pinned(slots[5])                   # the empty one holds no memory
+    for s in placed:                                       # each slot's bytes are its own
+        arena.buffer(s)[:] = bytes([s.offset % 251]) * s.nbytes
+    assert all(bytes(arena.buffer(s)) == bytes([s.offset % 251]) * s.nbytes for s in placed)
+
+
+def test_only_the_holder_releases_and_an_equal_name_is_the_same_holder():
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 20)
+    arena.acquire("a save", [100])
+    with pytest.raises(staging.ArenaBusy):                 # whatever the names' order
+        arena.acquire("the resume", [100])
+    same = "".join(["a ", "save"])                         # equal, not the same object
+    arena.acquire(same, [100])                             # the holder again: allowed
+    arena.release("Z")                                     # sorts before the holder: no effect
+    with pytest.raises(staging.ArenaBusy):
+        arena.acquire("the resume", [100])
+    arena.release("".join(["a ", "save"]))
+    arena.acquire("the resume", [100])
+
+
+def test_memory_a_resume_added_after_locking_is_locked_by_the_next_save():
+    """A resume that grows the arena after page-locking ended (a restart in the process):
+    the next save locks what it added before placing anything."""
+    locks = PageLocks()
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 20, page_lock=locks)
+    arena.reserve(1 << 20)
+    arena.lock_pages(after_step=1)
+    arena.wait_ready()
+    arena.acquire("the resume", [20 << 20], page_locked=False)
+    arena.release("the resume")
+    assert arena.pinned_bytes == 1 << 20 < arena.capacity
+    arena.acquire("the save of step 9", [100])
+    assert arena.pinned_bytes == arena.capacity and locks.calls[-1] == (20 << 20, locks.main)
+
+
+def test_the_locking_record_says_how_long_and_how_much():
+    import time
+    locks = PageLocks(seconds=0.05)
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 30, page_lock=locks)
+    arena.reserve(2_500_000_000)                           # mapped lazily: nothing is touched
+    assert arena.lock_record() is None and "page-locked in" not in arena.describe()
+    started = time.monotonic()
+    arena.lock_pages(after_step=7)
+    arena.wait_ready()
+    took = time.monotonic() - started
+    record = arena.lock_record()
+    assert 3 * 0.05 <= record["seconds"] <= took + 0.001  # three segments, at least 0.05 s each
+    assert record == {"after_step": 7, "seconds": record["seconds"], "bytes": 2_500_000_000}
+    assert arena.describe() == (f"2.50 GB host staging, 2.50 GB page-locked in "
+                                f"{record['seconds']:.2f}s after step 7")
+
+
+def test_the_process_arena_is_one_and_page_locked_on_cuda_or_by_a_stand_in(monkeypatch):
+    monkeypatch.setattr(staging, "_ARENA", None)
+    plain = staging.process_arena("cpu")
+    assert not plain.pin and staging.process_arena("cpu", PageLocks()) is plain   # one
+    monkeypatch.setattr(staging, "_ARENA", None)
+    locks = PageLocks()
+    stood_in = staging.process_arena("cpu", locks)
+    assert stood_in.pin and stood_in.page_lock is locks
+    monkeypatch.setattr(staging, "_ARENA", None)
+    cuda = staging.process_arena("cuda", locks)              # the stand-in is the CPU's only
+    assert cuda.pin and cuda.page_lock is None
+
+
+class _Model:
+    """What staging_estimate reads of a built model: its modules (``mo.modules``)."""
+
+    def __init__(self, *modules) -> None:
+        self.modules = list(modules)
+
+
+class _Layout:
+    def __init__(self, dp: int) -> None:
+        self.data_parallel_size = dp
+
+
+def test_the_staging_estimate_is_parameters_and_adam_state_over_the_data_parallel_ranks():
+    bf16 = torch.nn.Linear(100, 30).to(torch.bfloat16)      # 3030 parameters
+    fp32 = torch.nn.Linear(10, 10)                          # 110 parameters
+    grow = staging.GROW_BYTES
+    # 16-bit weights: 2 bytes each, plus Adam's fp32 main copy and two moments (12 bytes)
+    share = 3030 * (2 + 12)
+    assert staging.staging_estimate(_Model(bf16), _Layout(1)) == share + share // 10 + grow
+    share = (3030 * (2 + 12)) // 4
+    assert staging.staging_estimate(_Model(bf16), _Layout(4)) == share + share // 10 + grow
+    # fp32 weights are their own main copy: 4 bytes each, plus two moments (8 bytes)
+    share = 110 * (4 + 8)
+    assert staging.staging_estimate(_Model(fp32), _Layout(1)) == share + share // 10 + grow
+    both = staging.staging_estimate(_Model(bf16, fp32), _Layout(1))
+    share = (3030 * 2 + 110 * 4) + 3140 * 12
+    assert both == share + share // 10 + grow             # any 16-bit weight: 12 bytes each
+    assert staging.staging_estimate(_Model(), _Layout(0)) == grow
