@@ -20,6 +20,9 @@ MAX_CHAIN = 1000                 # jobs of one chain (--chain)
 MAX_PARALLEL = 10_000            # --max-parallel of a sweep's job array
 REPORT_PIXELS = (200, 10_000)    # each side of `report --size`
 MAX_MICRO_BATCH = 2**16
+# `data prepare --workers`: a process per core of the largest nodes; each is a Python with a
+# tokenizer (tens of MB, ~0.1 s to start), so -j 100000 would exhaust the machine, not help
+MAX_TOKENIZER_WORKERS = 256
 
 # What hpctrain reads from a run folder (``hpctrain.record.reader``): far above what it writes
 # there, so only a damaged or hostile file reaches them.
@@ -47,6 +50,7 @@ INTEGERS = {
     "plan_top": ("--top", 1, 10_000),
     "preflight_wait_s": ("--wait", 1, 7 * 24 * 3600),
     "report_height": ("--size (height)", REPORT_PIXELS[0], REPORT_PIXELS[1]),
+    "workers": ("--workers", 1, MAX_TOKENIZER_WORKERS),
 }
 
 
@@ -72,6 +76,31 @@ def click_range(name: str):
     import click
     _, low, high = INTEGERS[name]
     return click.IntRange(min=low, max=high)
+
+
+# name -> (the option, lowest, highest) of the CLI's options that take a number that need not
+# be whole (seconds)
+NUMBERS = {
+    "kernel_budget_s": ("--budget", 10, 3600),
+}
+
+
+def click_float_range(name: str):
+    """The click type of the number option behind ``name``: its range, NaN refused (click's
+    FloatRange lets ``nan`` through, since it compares false with both ends, and a budget of
+    NaN seconds is never spent: ``time > deadline`` is always false)."""
+    import click
+
+    class FiniteRange(click.FloatRange):
+        def convert(self, value, param, ctx):
+            number = super().convert(value, param, ctx)
+            if math.isnan(number):
+                self.fail(f"{value!r} is not a number in the range {self._describe_range()}.",
+                          param, ctx)
+            return number
+
+    _, low, high = NUMBERS[name]
+    return FiniteRange(min=low, max=high)
 
 
 def boolean(option: str, value, *, optional: bool = True):

@@ -89,6 +89,8 @@ def _show_usage_error(self, file=None) -> None:
         file = click.get_text_stream("stderr")
     where = f" (see `{self.ctx.command_path} --help`)" if self.ctx is not None else ""
     message = " ".join(self.format_message().split())   # click's own may span lines
+    if len(message) > 480:   # and quote back a value of any length: its start and end say enough
+        message = f"{message[:300]} ... {message[-160:]}"
     click.echo(f"Error: {message}{where}", file=file)
 
 

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from .. import limits
 from ..config import DEFAULT_PROFILE
 from .common import complete_profiles, echo_json, json_option, runs_dir_option
 
@@ -76,8 +77,9 @@ def scaling(job_file, profile_name, nodes_text, steps, warmup, strong, runs_dir,
               help="Where to write the table (JSON); an existing file is not overwritten.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]),
               default="bfloat16", show_default=True, help="The training precision to time.")
-@click.option("--budget", "budget_s", type=click.FloatRange(min=10, max=3600), default=240.0,
-              show_default=True, help="Stop measuring after this many seconds (an error).")
+@click.option("--budget", "budget_s", type=limits.click_float_range("kernel_budget_s"),
+              default=240.0, show_default=True,
+              help="Stop measuring after this many seconds (an error).")
 def kernels(output, dtype, budget_s):
     """Measure this GPU kind's kernel table (GEMMs per shape, attention by backend, memory
     bandwidth) on the GPU this runs on, for a profile's node.kernel_table: the planner then

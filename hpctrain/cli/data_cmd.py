@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import limits
 from .common import echo_json, interactive, json_option
 
 
@@ -27,7 +28,8 @@ def data():
                    "SentencePiece .model or a tiktoken ranks file.")
 @click.option("--json-key", default="text", show_default=True,
               help="Field of each JSONL record that holds the text.")
-@click.option("--workers", "-j", default=1, show_default=True, type=int,
+@click.option("--workers", "-j", default=1, show_default=True,
+              type=limits.click_range("workers"),
               help="Tokenizer processes; the output bytes are the same for any count.")
 @json_option
 def prepare_cmd(files, output, tokenizer, json_key, workers, as_json):

@@ -37,14 +37,15 @@ def report(run_refs, output, size, runs_dir, as_json):
       hpctrain report tiny-gpt-20250101-130000-ef56      # a sweep's id: all its runs
     """
     from .. import limits
+    from ..config.safety import short
     low, high = limits.REPORT_PIXELS
     try:
         width, height = (int(x) for x in size.lower().split("x"))
         limits.integer("report_width", width)
         limits.integer("report_height", height)
     except (ValueError, UsageError):
-        raise UsageError(f"--size {size!r}: expected WIDTHxHEIGHT in pixels, each from {low:,} to "
-                         f"{high:,} (e.g. 1200x900)") from None
+        raise UsageError(f"--size {short(size)}: expected WIDTHxHEIGHT in pixels, each from "
+                         f"{low:,} to {high:,} (e.g. 1200x900)") from None
     from ..ops.compare import runs_of
     root = runs_root(runs_dir)
     single = len(run_refs) == 1 and not _is_sweep(run_refs[0], root)

@@ -306,7 +306,7 @@ class JobConfig:
 
 def check_job(j: JobConfig, problems: Problems) -> None:
     """Checks that need only the job itself (not the cluster's world size)."""
-    if not j.name:
+    if not j.name and not problems.about("name"):   # `name: true` is wrong, not missing
         problems.add("name", "missing: every job needs a name (1-128 of letters, digits and "
                              "_.+-, not starting with - or .), which starts its run ids")
     safety.check(safety.JOB_NAME, j.name, "name", problems,

@@ -18,5 +18,9 @@ class Problems:
     def add(self, path: str, message: str) -> None:
         self.items.append((path, message))
 
+    def about(self, path: str) -> bool:
+        """Whether a problem of the field ``path`` itself is already recorded."""
+        return any(p == path for p, _ in self.items)
+
     def __bool__(self) -> bool:
         return bool(self.items)

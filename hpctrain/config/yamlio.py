@@ -105,6 +105,14 @@ def parse(text: str, source: str) -> Any:
 def _parse(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=StrictLoader)
+    except yaml.reader.ReaderError as e:   # a character YAML does not take (NUL, BEL, U+FFFE)
+        # PyYAML's own text has no line ("at unacceptable character #x0000: ..."): say where
+        at = min(e.position, len(text))
+        line, column = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+        char = e.character if isinstance(e.character, int) else ord(e.character)
+        raise ConfigError(source, [("", f"invalid YAML at line {line}, column {column}: the "
+                                        f"character U+{char:04X} is not allowed in YAML; "
+                                        "remove it")]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

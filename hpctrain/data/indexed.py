@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import file_door
 from ..errors import UsageError
 
 HEADER = b"MMIDIDX\x00\x00"
@@ -145,7 +146,16 @@ class IndexedDataset:
         self.prefix = str(prefix)
         ip, bp = idx_path(prefix), bin_path(prefix)
         for p in (ip, bp):
-            if not p.is_file():
+            # through the file door: a FIFO, a device or a folder at the path is said to be
+            # one (it was "does not exist"), and nothing blocks on it
+            try:
+                with file_door.open_regular(p, follow_links=True) as fd:
+                    missing = fd is None
+            except file_door.Refused as e:
+                raise UsageError(f"dataset file {file_door.show(p)} {e.why}; give the prefix of a "
+                                 f"PREFIX.bin + PREFIX.idx pair (`hpctrain data prepare` writes "
+                                 f"them)") from None
+            if missing:
                 raise UsageError(f"dataset file {p} does not exist (data.path is the prefix of "
                                  f"PREFIX.bin + PREFIX.idx; `hpctrain data prepare` writes them)")
         fixed = len(HEADER) + 8 + 1 + 8 + 8

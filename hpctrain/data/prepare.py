@@ -49,8 +49,8 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
 
     ``workers > 1`` tokenizes batches in that many processes; the output is the same bytes
     (batches are cut and written in input order whatever the count)."""
-    if workers < 1:
-        raise UsageError(f"--workers: {workers} is below 1; give 1 (no extra process) or more")
+    from .. import limits
+    limits.integer("workers", workers, optional=False)   # the CLI's range, for every caller
     paths = check_inputs(list(files))
     out = Path(output).expanduser()
     if out.is_dir():

@@ -163,7 +163,8 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
                      marker="v", markersize=8, color="tab:gray", label="checkpoint", gid="checkpoints")
     if data.total_steps:
         loss_ax.set_xlim(0, 1.02 * max([data.total_steps] + data.steps))
-    loss_ax.legend(loc="upper right", fontsize=8)
+    if loss_ax.get_legend_handles_labels()[0]:   # a run with nothing marked yet has no legend
+        loss_ax.legend(loc="upper right", fontsize=8)   # (matplotlib would warn on stderr)
     axes[-1].set_xlabel("step")
     attempts = max(data.attempts, len(data.ledger))
     fig.suptitle(f"{data.run_id}: {attempts} attempt{'s' if attempts != 1 else ''}, "

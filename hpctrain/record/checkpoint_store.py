@@ -31,11 +31,13 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 import zlib
 from pathlib import Path
 from typing import Callable
 
+from .. import file_door
 from ..errors import HpcTrainError, UsageError
 from ..outputs import fsync_folder as fsync_dir, write_atomic
 from .reader import CHECKPOINT_FORMAT
@@ -393,6 +395,17 @@ def location_problem(root: Path, run_dir: str | os.PathLike | None,
             return f"{root} is {what}"
         if holder is not None and real in holder.parents:
             return f"{root} holds run folders ({holder} is inside it)"
+    # A file (a link to one, a FIFO, a device) where the folder is to be, or as a part of its
+    # path: the claim's mkdir cannot make it, and the ranks would find out at their first save,
+    # after the queue and the steps before it.
+    for above in (real, *real.parents):
+        if os.path.exists(above):            # the nearest part of the path that is there
+            if not above.is_dir():
+                mode = os.stat(above).st_mode
+                what = "a file" if stat.S_ISREG(mode) else file_door.kind_of(mode)
+                where = "is" if above == real else f"is inside {above}, which is"
+                return f"{root} {where} {what}, not a folder"
+            break
     try:
         inside = next((d for d in real.iterdir() if is_run_folder(d)), None) \
             if real.is_dir() else None

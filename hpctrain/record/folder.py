@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config import yamlio
+from ..config import safety, yamlio
 from ..errors import HpcTrainError, RunNotFoundError, UsageError
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
@@ -473,5 +473,7 @@ def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) ->
     if len(prefix) > 1:
         names = ", ".join(sorted(r.id for r in prefix)[:5])
         raise RunNotFoundError(f"{ref!r} matches {len(prefix)} runs ({names}); give more of the name")
-    raise RunNotFoundError(f"no run {ref!r} under {root} (give a run folder, run name or job id; "
+    # the name as given, cut short: a pasted log line or a 50,000-character word is one line
+    raise RunNotFoundError(f"no run {safety.short(ref)} under {root} (give a run folder, run name "
+                           "or job id; "
                            f"`hpctrain runs` lists them; --runs-dir or $HPCTRAIN_RUNS_DIR picks the root)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ClusterProfile, JobConfig, Resolved, job_from_mapping, load_job, resolve, yamlio
+from ..config import safety
 from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
@@ -45,35 +46,58 @@ class SweepPoint:
     resolved: Resolved
 
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.values.items())
+        return label(self.values)
+
+
+def label(values: Mapping) -> str:
+    """``train.lr=0.001, train.steps=200``: values as they read in a message. A value that is
+    long or not one line of printable text (an API caller's ``"a\\nb"``) is quoted and cut, so
+    the label of an error stays on its one line."""
+    return ", ".join(f"{k}={_shown(v)}" for k, v in values.items())
+
+
+def _shown(value) -> str:
+    text = str(value)
+    return text if len(text) <= 60 and text.isprintable() else safety.short(value)
+
+
+def _quoted(text: str) -> str:
+    """What the user typed, quoted for a message; cut when long (a list of 2,000 values)."""
+    return safety.short(text, 200)
 
 
 def parse_axis(spec: str, option: str = "--sweep") -> SweepAxis:
     """``train.lr=1e-4,3e-4`` -> SweepAxis('train.lr', (0.0001, 0.0003)). ``option`` names the
     flag in errors: ``--set`` parses its KEY=VALUE with this same function."""
     example = "train.lr=1e-4,3e-4" if option == "--sweep" else "train.lr=3e-4"
+    # The text as typed, before YAML reads it: YAML would fold a line break inside a value
+    # into a space (``$'a\nb'`` -> ``a b``) and accept what the job file's strings may not hold.
+    # A value's length is the job schema's to bound (each field's own limit).
+    why = safety.text_problem(spec, limit=max(len(spec), safety.MAX_TEXT))
+    if why:
+        raise UsageError(f"{option} {_quoted(spec)}: {why}")
     key, sep, rest = spec.partition("=")
     key = key.strip()
     if not sep or not rest.strip():
         shape = "KEY=V1,V2,..." if option == "--sweep" else "KEY=VALUE"
-        raise UsageError(f"{option} {spec!r}: expected {shape} (e.g. {option} {example})")
+        raise UsageError(f"{option} {_quoted(spec)}: expected {shape} (e.g. {option} {example})")
     if not KEY_RE.match(key):
-        raise UsageError(f"{option} {spec!r}: {key!r} is not a dotted job-file key "
+        raise UsageError(f"{option} {_quoted(spec)}: {_quoted(key)} is not a dotted job-file key "
                          "(e.g. train.lr, batch.global_batch_size)")
     values = []
     for raw in rest.split(","):
         raw = raw.strip()
         if not raw:
-            raise UsageError(f"{option} {spec!r}: empty value in the list")
+            raise UsageError(f"{option} {_quoted(spec)}: empty value in the list")
         try:
             v = yamlio.parse(raw, f"{option} {key}")   # the job file's loader: same meaning
         except ConfigError:
             v = raw
         if isinstance(v, (dict, list)):
-            raise UsageError(f"{option} {spec!r}: {raw!r} is not a single value")
+            raise UsageError(f"{option} {_quoted(spec)}: {_quoted(raw)} is not a single value")
         values.append(v)
     if len(set(map(repr, values))) != len(values):
-        raise UsageError(f"{option} {spec!r}: a value is listed twice")
+        raise UsageError(f"{option} {_quoted(spec)}: a value is listed twice")
     return SweepAxis(key, tuple(values))
 
 
@@ -84,7 +108,7 @@ def parse_overrides(specs: list[str] | tuple[str, ...]) -> dict:
     for spec in specs:
         axis = parse_axis(spec, option="--set")
         if len(axis.values) != 1:
-            raise UsageError(f"--set {spec!r}: one value per --set (several values, one run "
+            raise UsageError(f"--set {_quoted(spec)}: one value per --set (several values, one run "
                              "each, is --sweep)")
         if axis.key in overrides:
             raise UsageError(f"--set: {axis.key} is given twice")
@@ -116,8 +140,8 @@ def with_overrides(job: JobConfig, overrides: Mapping, folder: Path, source: str
     data = to_dict(job)
     for key, value in overrides.items():
         set_path(data, key, value, option="--set")
-    label = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return resolve_job_paths(job_from_mapping(data, f"{source} [--set {label}]"), folder)
+    return resolve_job_paths(job_from_mapping(data, f"{source} [--set {label(overrides)}]"),
+                             folder)
 
 
 def parse_axes(specs: list[str]) -> list[SweepAxis]:
@@ -172,8 +196,7 @@ def expand(job: str | JobConfig, profile: ClusterProfile, specs: list[str], *,
         data = copy.deepcopy(base)
         for k, v in values.items():
             set_path(data, k, v)
-        label = ", ".join(f"{k}={v}" for k, v in values.items())
-        where = f"{job_file} [sweep {label}]"
+        where = f"{job_file} [sweep {label(values)}]"
         try:
             point_job = resolve_job_paths(job_from_mapping(data, where), job_folder)
             typed = {k: get_path(to_dict(point_job), k) for k in values}  # "1e-4" -> 0.0001

@@ -29,3 +29,36 @@ def test_blank_names_are_refused_at_the_lookup(name):
 def test_report_size_is_bounded(tmp_path):
     proc = hpctrain("report", "x", "--size", "100000x100000", "--runs-dir", str(tmp_path))
     assert proc.returncode == 2 and "each from 200 to 10,000" in proc.stderr
+
+
+def _options(command, path=()):
+    """(command path, option) for every option of every command of the CLI."""
+    import click
+    if isinstance(command, click.Group):     # the CLI loads its commands when asked for them
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            yield from _options(command.get_command(ctx, name), path + (name,))
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.is_flag:
+            yield " ".join(path), param
+
+
+def test_every_number_option_has_a_range_and_refuses_nan():
+    """What the doors say for sizes holds for every option, not the ones a test tried: an
+    integer option takes its range from limits.py (``data prepare -j 100000`` once spawned a
+    hundred thousand tokenizer processes), and a number option refuses NaN (click's
+    FloatRange takes it: ``bench kernels --budget nan`` was a budget never spent)."""
+    import click
+
+    from hpctrain.cli import cli
+    seen = 0
+    for where, option in _options(cli):
+        kind = option.type
+        if isinstance(kind, click.types._NumberParamTypeBase):
+            seen += 1
+            assert isinstance(kind, (click.IntRange, click.FloatRange)), (where, option.name)
+            assert kind.min is not None and kind.max is not None, (where, option.name)
+            for word in ("nan", "inf", "-inf", str(10 ** 30)):
+                with pytest.raises(click.BadParameter):
+                    kind.convert(word, option, None)
+    assert seen >= 15

@@ -125,3 +125,16 @@ def test_a_comparison_is_never_written_into_a_run_folder(two_runs, tmp_path):
     assert notes.read_text() == "x"
     result = _report(root, run.name, other.name, "-o", str(tmp_path / "c.png"))
     assert result.exit_code == 0, result.output
+
+
+def test_a_report_of_a_run_with_nothing_recorded_says_so_and_nothing_else(two_runs):
+    """A run with no metrics yet (a dry run): the PNG and the summary, and not a word more on
+    stderr (matplotlib warned "No artists with labels found to put in legend", with its
+    source line, for the empty legend)."""
+    from tests.conftest import hpctrain
+    root, _, other = two_runs
+    proc = hpctrain("report", other.name, env={"HPCTRAIN_RUNS_DIR": str(root),
+                                               "PYTHONWARNINGS": "always"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and "No metrics recorded yet." in proc.stdout, proc.stderr
+    assert (other / "report.png").read_bytes().startswith(PNG_SIGNATURE)

@@ -144,6 +144,25 @@ def test_a_job_name_that_cannot_start_a_run_id_is_refused(name, said):
         err.value.problems
 
 
+@pytest.mark.parametrize("name, said", [
+    (True, "expected a string, got true"),
+    ("a\nb", "holds a line feed"),
+    ("x" * 5000, "the limit is 4,096"),
+    (None, "missing"),
+])
+def test_a_wrong_job_name_is_one_problem_not_also_missing(name, said):
+    """The name the schema refused is reported once, as what is wrong with it; it is not
+    also "missing" (it was given)."""
+    data = job(name=name)
+    if name is None:
+        del data["name"]
+    with pytest.raises(ConfigError) as err:
+        job_from_mapping(data, "job.yaml")
+    (problem,) = [msg for path, msg in err.value.problems if path == "name"]
+    assert said in problem, err.value.problems
+    assert len(err.value.problems) == 1 and "\n" not in str(err.value), str(err.value)
+
+
 def test_an_empty_profile_option_is_not_the_default_profile(tmp_path):
     """`-p "$UNSET"` must not train on this machine (the default profile, local)."""
     proc = hpctrain("render", str(REPO / "examples" / "tiny.yaml"), "-p", "",

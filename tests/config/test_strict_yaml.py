@@ -9,11 +9,12 @@ Regression tests for each way YAML 1.1 changed meaning silently, then property-b
 from __future__ import annotations
 
 import os
+import re
 import string
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from hpctrain.config import job_from_mapping, load_job, profile_from_mapping, yamlio
 from hpctrain.errors import ConfigError, UsageError
@@ -137,11 +138,16 @@ def test_a_string_field_gets_exactly_the_text_written(word):
 
 
 @given(st.text(max_size=300))
+@example("name: a\x00b\n")      # PyYAML's reader error had no line: "at unacceptable character"
+@example("a: 1\nb: \ufffe\n")
 def test_any_document_is_a_mapping_or_one_config_error(text):
     try:
         data = yamlio.parse_mapping(text, "x")
     except ConfigError as e:
         assert str(e).startswith("x")
+        if "invalid YAML" in str(e):        # where it is, or (a number's digits) what it is
+            assert re.match(r"x: invalid YAML( at line \d+, column \d+)?: ", str(e)), str(e)
+        assert "\n" not in str(e), str(e)
         return
     assert isinstance(data, dict)
     for build in (job_from_mapping, lambda d, s: profile_from_mapping(d, s)):

@@ -193,6 +193,21 @@ def test_meta_json_through_a_symlink_to_a_regular_file_is_read(tmp_path):
     assert json.loads(result.output)["vocab_size"] == 257
 
 
+@pytest.mark.parametrize("suffix", [".idx", ".bin"])
+@pytest.mark.parametrize("kind, said", [("fifo", "is a FIFO"), ("dev-zero", "is a character device"),
+                                        ("socket", "is a socket"), ("folder", "is a folder")])
+def test_a_dataset_file_that_is_not_a_regular_file_is_said_to_be_what_it_is(tmp_path, suffix,
+                                                                          kind, said):
+    """``PREFIX.idx`` or ``PREFIX.bin`` a FIFO, a link to /dev/zero, a socket or a folder: one
+    line saying what is there (it was "does not exist"), never a hang; nothing changes."""
+    prefix = _prepared(tmp_path / "d")
+    _damage(Path(f"{prefix}{suffix}"), kind)
+    before = _snapshot(prefix.parent)
+    line = _one_error_line(_invoke(["data", "info", str(prefix)]), f"d{suffix}")
+    assert said in line and "does not exist" not in line, line
+    assert _snapshot(prefix.parent) == before
+
+
 def test_an_index_whose_sequences_are_not_aligned_is_one_error_line(tmp_path):
     idx = struct.pack("<9sQBQQ", indexed.HEADER, 1, 8, 1, 2)       # uint16, 1 sequence
     idx += np.array([1], np.int32).tobytes() + np.array([1], np.int64).tobytes()

@@ -138,9 +138,15 @@ def test_prepare_with_workers_writes_the_same_bytes(tmp_path, monkeypatch):
         ref = (tmp_path / f"serial{suffix}").read_bytes()
         assert (tmp_path / f"par{suffix}").read_bytes() == ref
         assert (tmp_path / f"par16{suffix}").read_bytes() == ref
-    proc = hpctrain("data", "prepare", str(DOCS), "--output", str(tmp_path / "x"), "--workers", "0")
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
-        "Error: --workers: 0 is below 1; give 1 (no extra process) or more")
+    for count in ("0", "100000"):      # bounded by limits.py: -j 100000 once spawned until killed
+        proc = hpctrain("data", "prepare", str(DOCS), "--output", str(tmp_path / "x"),
+                        "--workers", count, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"Error: Invalid value for '--workers' / '-j': {count} is not in the range "
+            "1<=x<=256. (see `hpctrain data prepare --help`)"], proc.stderr
+    with pytest.raises(UsageError, match="--workers: expected an integer from 1 to 256, got 0"):
+        prepare([DOCS], tmp_path / "y", workers=0)
+    assert not list(tmp_path.glob("[xy].*"))
 
 
 def _job(tmp_path, tokenizer, vocab_size):

@@ -49,6 +49,9 @@ def test_product_varies_the_first_axis_slowest():
     ("train.lr=1e-4,,3e-4", "empty value"),
     ("train.lr=1e-4,1e-4", "listed twice"),
     ("train.lr={a: 1}", "not a single value"),
+    # the text as typed is one line of printable text: YAML would fold this one into 'a b'
+    ("train.schedule=a\nb", r"holds a line feed \(\\n\) at position 16"),
+    ("train.schedule=cosine,a\u2028b", r"holds a line separator \(U\+2028\)"),
 ])
 def test_bad_specs_say_what_to_write(spec, message):
     with pytest.raises(UsageError, match=message):
@@ -71,6 +74,20 @@ def test_every_invalid_combination_is_reported_at_once(job_file):
     assert "[sweep batch.global_batch_size=6]" in text and "[sweep batch.global_batch_size=7]" in text
     assert "batch.global_batch_size: 6 is not divisible by micro_batch_size (2) × DP (2) = 4" in text
     assert "=8]" not in text
+
+
+def test_labels_of_values_from_the_api_stay_on_one_line(job_file):
+    """An API caller's values are not typed text: a line break or a long value in one is
+    quoted and cut in the ``[--set ...]`` / ``[sweep ...]`` label, never printed as it is."""
+    from hpctrain.config import load_job
+    from hpctrain.submission.sweep_values import label, with_overrides
+    assert label({"train.lr": 0.001, "train.schedule": "wsd"}) == "train.lr=0.001, train.schedule=wsd"
+    assert label({"train.schedule": "a\nb"}) == "train.schedule='a\\nb'"
+    assert len(label({"data.path": "x" * 100_000})) < 100
+    with pytest.raises(UsageError) as err:
+        with_overrides(load_job(job_file), {"train.schedule": "a\n\nb" + "y" * 10_000},
+                       REPO, job_file)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400, str(err.value)
 
 
 def test_unknown_keys_get_the_job_files_did_you_mean(job_file):

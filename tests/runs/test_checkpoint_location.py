@@ -80,3 +80,29 @@ def test_the_claim_refuses_it_too_and_allows_the_runs_own_places(other, tmp_path
 def test_a_checkpoint_dir_of_its_own_is_accepted(tmp_path):
     result = _dry_run(tmp_path / "runs", f"checkpoint.dir={tmp_path / 'ckpt' / 'exp1'}")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("make, at, said", [
+    (lambda p: p.write_text("keep"), "", "is a file, not a folder"),
+    (lambda p: p.write_text("keep"), "sub/ck", "which is a file, not a folder"),
+    (lambda p: os.mkfifo(p), "", "is a FIFO, not a folder"),
+    (lambda p: p.symlink_to("/dev/null"), "", "is a character device, not a folder"),
+])
+def test_a_checkpoint_dir_that_is_not_a_folder_is_refused_before_anything_is_created(
+        tmp_path, make, at, said):
+    """A file where the folder is to be (or on its path) was accepted: the claim's mkdir failed
+    quietly and the job was queued, to fail at its first save. Refused at submission, the file
+    untouched, and at the claim."""
+    thing = tmp_path / "thing"
+    make(thing)
+    target = thing / at if at else thing
+    before = _tree(tmp_path)
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={target}")
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("Error: checkpoint.dir: ") and said in line, line
+    assert _tree(tmp_path) == before
+    if thing.is_file() and not thing.is_symlink():
+        assert thing.read_text() == "keep"
+    with pytest.raises(store.ForeignCheckpointsError, match="not a folder"):
+        store.claim(target, "tiny-gpt-new", tmp_path / "runs" / "tiny-gpt-new")
