@@ -1,5 +1,10 @@
 """Parsers of Slurm's output, on real captured output (tests/fixtures/slurm/README.md)."""
 
+import pytest
+from hypothesis import given, strategies as st
+
+from hpctrain.errors import HpcTrainError
+from hpctrain.scheduler.slurm import commands
 from hpctrain.scheduler.slurm.commands import (parse_sacct, parse_scontrol_record, parse_squeue,
                                                parse_step_ids)
 from hpctrain.scheduler.backend import JobState
@@ -83,3 +88,35 @@ def test_a_job_that_lost_a_node_is_in_its_last_accounting_row(monkeypatch, tmp_p
     monkeypatch.setattr(commands, "sacct", lambda ids: rows)
     state = SlurmBackend().job_states([JobRef(RunFolder(tmp_path), "4")])["4"]
     assert (state.state, state.nodes, state.active) == ("COMPLETED", "n[1,3]", False)
+
+
+# ------------------------------------------------------------- job ids into acting commands
+@pytest.mark.parametrize("job_id", ["177", "177_3", "177_[0-3]", "177_[1,4-6]", "177.0",
+                                    "177+1"])
+def test_a_slurm_job_id_passes_the_door_unchanged(job_id):
+    assert commands.acted_on([job_id]) == [job_id]
+
+
+@pytest.mark.parametrize("job_id", ["--user=alice", "-1", "", " 177", "177 178", "177=1",
+                                    "abc", "177;id", "177\n178", "1" * 201, 177, None])
+def test_anything_else_never_reaches_scancel_or_scontrol(job_id, monkeypatch):
+    """A run record edited to hold ``--user=alice`` as its job id would, passed to scancel,
+    cancel every job of that user: each command that acts on jobs refuses it before any
+    process is started."""
+    started = []
+    monkeypatch.setattr(commands, "run", lambda argv, **kw: started.append(argv))
+    for act in (lambda: commands.cancel([job_id]), lambda: commands.requeue(job_id),
+                lambda: commands.exclude_nodes(job_id, ["n1"]),
+                lambda: commands.resize_pending_job(job_id, nodes=1)):
+        with pytest.raises(HpcTrainError, match="is not a Slurm job id"):
+            act()
+    assert started == []
+
+
+@given(st.text(max_size=30))
+def test_what_the_door_lets_through_cannot_be_an_option_or_a_setting(text):
+    try:
+        (job_id,) = commands.acted_on([text])
+    except HpcTrainError:
+        return
+    assert job_id[0].isdigit() and "=" not in job_id and not any(c.isspace() for c in job_id)

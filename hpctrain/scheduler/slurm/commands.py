@@ -228,6 +228,27 @@ def node_states(hostlist: str) -> dict[str, str]:
     return parse_node_states(run(["scontrol", "show", "node", hostlist]).stdout)
 
 
+# A Slurm job id as hpctrain hands it to Slurm's commands: a job (177), an array task (177_3)
+# or a range of them (177_[0-3]), a step (177.0), a heterogeneous component (177+1). It starts
+# with a digit, so a run record edited to hold ``--user=alice`` cannot become an option of
+# scancel (which would cancel every job of that user), and it has no space or ``=``.
+JOB_ID_RE = re.compile(r"[0-9][0-9_.+\[\],-]*")
+
+
+def acted_on(ids) -> list[str]:
+    """``ids`` checked at the one door before a command that acts on jobs (scancel, scontrol
+    requeue/update) gets them (raises on anything else; reading commands take any text as
+    the value of their ``-j``)."""
+    out = []
+    for job_id in ids:
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id) or len(job_id) > 200:
+            shown = job_id[:40] if isinstance(job_id, str) else type(job_id).__name__
+            raise HpcTrainError(f"{shown!r} is not a Slurm job id (digits, with _N, .N or +N); "
+                                f"the run's records may be damaged: `hpctrain status` says")
+        out.append(job_id)
+    return out
+
+
 def job_info(job_id: str) -> dict:
     proc = run(["scontrol", "show", "job", job_id], check=False)
     if proc.returncode != 0:
@@ -236,11 +257,12 @@ def job_info(job_id: str) -> dict:
 
 
 def requeue(job_id: str) -> None:
-    run(["scontrol", "requeue", job_id])
+    run(["scontrol", "requeue", *acted_on([job_id])])
 
 
 def exclude_nodes(job_id: str, nodes: list[str]) -> None:
     """Add nodes to a job's exclude list (the job must be pending or be requeued after)."""
+    (job_id,) = acted_on([job_id])
     run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])
 
 
@@ -248,6 +270,7 @@ def resize_pending_job(job_id: str, *, nodes: int, tasks: int = 0, cpus: int = 0
     """Change a pending (held, requeued) job's node count; its task and CPU counts with it
     (0: left as they are): Slurm keeps a job whose tasks no longer fit its nodes pending for
     ever ("BadConstraints")."""
+    (job_id,) = acted_on([job_id])
     argv = ["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"]
     if tasks:
         argv.append(f"NumTasks={tasks}")
@@ -256,15 +279,15 @@ def resize_pending_job(job_id: str, *, nodes: int, tasks: int = 0, cpus: int = 0
     run(argv)
 
 
-def cancel(job_ids: list[str], *, signal: str | None = None, full: bool = False) -> None:
-    if not job_ids:
+def cancel(ids: list[str], *, signal: str | None = None, full: bool = False) -> None:
+    if not ids:
         return
     argv = ["scancel"]
     if signal:
         argv += ["--signal", signal]
     if full:
         argv.append("--full")
-    run(argv + job_ids)
+    run(argv + acted_on(ids))
 
 
 def parse_step_ids(text: str) -> list[str]:
