@@ -115,6 +115,10 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
     seen_ledger = len(run.ledger())
     start = time.time()
     idle_rounds = 0
+    # A ledger record is shown one round after it appeared: rank 0 appends it and then logs
+    # the requeue decision, so the logs read in the next round hold the lines that came
+    # before it (read in the same round, the record could print before "no requeue: ...").
+    held: list[dict] = []
     while True:
         attempts = [attempt] if attempt else [n for n in run.attempts_started()
                                                if from_attempt is None or n >= from_attempt]
@@ -130,9 +134,10 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
             for line in batch_tails[n].lines():
                 if batch_filter(line):
                     echo(line)
-        ledger = run.ledger()
-        for rec in ledger[seen_ledger:]:
+        for rec in held:
             echo(describe_attempt(rec))
+        ledger = run.ledger()
+        held = ledger[seen_ledger:]
         seen_ledger = len(ledger)
         if not is_active():
             idle_rounds += 1
@@ -143,6 +148,8 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
         if timeout_s is not None and time.time() - start > timeout_s:
             break
         time.sleep(poll_s)
+    for rec in held:              # seen in the last round: after every line there was
+        echo(describe_attempt(rec))
     ledger = run.ledger()
     return ledger[-1] if ledger else {}
 
