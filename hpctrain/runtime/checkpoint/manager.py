@@ -271,9 +271,9 @@ class Checkpointer:
 
     def step_done(self, step: int) -> None:
         """After each training step: the first one starts page-locking the staging memory
-        (:meth:`.staging.HostArena.lock_pages`: not during the resume or the first step)."""
-        if not self.arena.locking_started:
-            self.arena.lock_pages(after_step=step)
+        (:meth:`.staging.HostArena.lock_pages`, which starts once: not during the resume or
+        the first step)."""
+        self.arena.lock_pages(after_step=step)
 
     def poll(self) -> None:
         """Publish background saves that every rank finished (collective, non-blocking)."""

@@ -244,7 +244,7 @@ def acted_on(ids) -> list[str]:
         if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id) or len(job_id) > 200:
             shown = job_id[:40] if isinstance(job_id, str) else type(job_id).__name__
             raise HpcTrainError(f"{shown!r} is not a Slurm job id (digits, with _N, .N or +N); "
-                                f"the run's records may be damaged: `hpctrain status` says")
+                                f"the run's records may be damaged (see `hpctrain status RUN`)")
         out.append(job_id)
     return out
 
