@@ -11,7 +11,8 @@ nested 200,000 deep. So every such read goes through these few functions:
   run-folder files do not (``O_NOFOLLOW``: a link left in a run folder is refused, wherever it
   points).
 * :func:`read_fd` / :func:`read_file`: at most a bounded number of bytes.
-* :func:`json_object`: JSON text that must hold one object (deep nesting included).
+* :func:`json_object`: JSON text that must hold one object (deep nesting included), parsed
+  by :func:`loads`, which refuses an object giving a key twice.
 
 What is wrong is a :class:`Refused` carrying a short reason (``is a FIFO, not a regular
 file``, ``cannot be read (Permission denied)``); each caller says it in its own words (a config
@@ -52,11 +53,27 @@ class NotText(Refused):
     """Bytes that are not UTF-8 text."""
 
 
-def show(path: Path | str, width: int = 300) -> str:
-    """A path as an error line shows it: as is, or quoted and cut when it is long or holds
-    characters a terminal would act on."""
-    text = str(path)
-    return text if len(text) <= width and text.isprintable() else repr(text[:width])
+def show(text: Path | str, width: int = 300) -> str:
+    """A path, a name or a value read from a file, as a message or a listing prints it: as is
+    when it is one line of printable text; quoted with every character a terminal would act on
+    escaped (a line feed as ``\\n``, an escape code as ``\\x1b``) when it is not; and cut in
+    the middle past ``width`` characters, so that both ends (a path's folder and its run id)
+    show. The one printable form of text hpctrain did not write itself: run folder names found
+    on disk, sweep values and labels from ``run.yaml``, paths in errors. Reads at most
+    ``2 * width`` characters of ``text``, however long it is."""
+    text = str(text)
+    plain = text.isprintable() if len(text) <= 2 * width else \
+        (text[:width] + text[-width:]).isprintable()
+    if plain and len(text) <= width:
+        return text
+    head = (width - 3) * 2 // 3
+    tail = width - 3 - head
+    if plain:
+        return f"{text[:head]}...{text[len(text) - tail:]}"
+    quoted = repr(text) if len(text) <= width else None
+    if quoted is not None and len(quoted) <= width:
+        return quoted
+    return f"{repr(text[:width])[:head]}...{repr(text[-width:])[-tail:]}"
 
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
@@ -151,13 +168,53 @@ def json_kind(value: Any) -> str:
             type(None): "null", dict: "object"}.get(type(value), type(value).__name__)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice. ``json`` keeps the last value silently, so two
+    readers (or a person and hpctrain) could read one record two ways: it is refused instead."""
+
+    def __init__(self, key: str) -> None:
+        shown = repr(key)
+        self.key = key
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        super().__init__(f"an object gives the key {shown} twice")
+
+
+def _object(pairs: list) -> dict:
+    """``object_pairs_hook``: the object, or DuplicateKey when a key is given twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object)
+
+
+def loads(data: str | bytes) -> Any:
+    """``data`` parsed as JSON, as ``json.loads`` parses it (bytes in any JSON encoding,
+    surrogates passed) except that an object giving a key twice is refused
+    (:class:`DuplicateKey`, a ``ValueError``). The one place JSON from a file is parsed:
+    :func:`json_object` and the run-folder reader's JSONL lines."""
+    if isinstance(data, (bytes, bytearray)):
+        data = bytes(data).decode(json.detect_encoding(data), "surrogatepass")
+    elif data.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)
+    return _DECODER.decode(data)
+
+
 def json_object(text: str) -> dict:
     """``text`` parsed as JSON holding one object; :class:`Refused` otherwise (nesting past
-    Python's recursion limit included)."""
+    Python's recursion limit and a key given twice included)."""
     try:
-        data = json.loads(text)
+        data = loads(text)
     except RecursionError:
         raise Refused("is JSON nested too deeply to read") from None
+    except DuplicateKey as e:
+        raise Refused(f"is not valid JSON: {e}; which value is meant cannot be told") from None
     except ValueError as e:
         raise Refused(f"is not JSON ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(data, dict):

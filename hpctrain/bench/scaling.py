@@ -30,7 +30,7 @@ from typing import Callable
 from ..config import ClusterProfile, Resolved, resolve
 from ..config.job import JobConfig
 from ..config.profile import MAX_NODES
-from ..errors import ConfigError, HpcTrainError, UsageError
+from ..errors import ConfigError, HpcTrainError, SubmissionError, UsageError
 from ..scheduler.choose import backend_for
 
 TARGET_EFFICIENCY = 0.85      # the seeds' target: more than 85% up to 64 GPUs
@@ -266,8 +266,9 @@ def wait_for(submitted, poll_s: float = 2.0) -> str:
 
 def submit_size(size: Size, runs_root: Path, source: str):
     """One size through the library ``hpctrain submit`` uses: fit check, data, run folder, job.
-    A job refused because its checkpoint folder is another run's (claimed between the run
-    folder's creation and its own claim) leaves no run folder behind, as with ``submit``."""
+    A job refused by sbatch, or because its checkpoint folder is another run's (claimed
+    between the run folder's creation and its own claim), leaves no run folder behind, as
+    with ``submit``."""
     from ..record.checkpoint_store import ForeignCheckpointsError
     from ..submission import (check_data, check_fits, prepare_run, remove_refused_run,
                               submit_training)
@@ -280,7 +281,7 @@ def submit_size(size: Size, runs_root: Path, source: str):
     run = prepare_run(r, runs_root, source=f"{source} [bench scaling, {size.nodes} node(s)]")
     try:
         return submit_training(r, run)
-    except ForeignCheckpointsError:
+    except (ForeignCheckpointsError, SubmissionError):
         remove_refused_run(run)
         raise
 

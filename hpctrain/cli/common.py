@@ -127,7 +127,7 @@ def follow_in_terminal(run, *, job=None, quiet: bool = False,
         bar.close()
     if not quiet:
         loss = last.get("last_loss")
-        click.echo(f"Run {run.id} finished at step {last.get('end_step')} "
+        click.echo(f"Run {run.shown} finished at step {last.get('end_step')} "
                    f"(loss {f'{loss:.4f}' if isinstance(loss, float) else loss}).")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from .. import limits
+from ..file_door import show
 from .common import (complete_profiles, complete_runs, echo_json, find, follow_in_terminal,
                      json_option, parsed_overrides, run_argument, runs_dir_option, runs_root,
                      set_option)
@@ -83,7 +84,7 @@ def runs_prune(dry_run, runs_dir):
     root = runs_root(_group_runs_dir(runs_dir))
     found = dry_run_folders(root)
     if not found:
-        click.echo(f"No dry-run folders under {root}.")
+        click.echo(f"No dry-run folders under {show(root)}.")
         return
     _remove(plan_removal(found), dry_run)
 
@@ -91,10 +92,11 @@ def runs_prune(dry_run, runs_dir):
 def _remove(removals, dry_run: bool) -> None:
     from ..ops.cleanup import remove
     for item in removals:
-        kept = f" (checkpoints kept in {item.checkpoints_kept})" if item.checkpoints_kept else ""
+        kept = (f" (checkpoints kept in {show(item.checkpoints_kept)})" if item.checkpoints_kept
+                else "")
         if not dry_run:
             remove([item])
-        click.echo(f"{'would remove' if dry_run else 'removed'} {item.run.path}{kept}")
+        click.echo(f"{'would remove' if dry_run else 'removed'} {show(item.run.path)}{kept}")
 
 
 def _group_runs_dir(runs_dir):
@@ -193,11 +195,12 @@ def cancel(run_ref, runs_dir, as_json):
         echo_json({"run": run.id, "cancelled": ids})
         return
     if not ids:
-        click.echo(f"Run {run.id} has no pending or running job ({build_view(run).state}); "
+        click.echo(f"Run {run.shown} has no pending or running job ({build_view(run).state}); "
                    "nothing to cancel.")
         return
-    click.echo(f"Cancelled run {run.id}: job(s) {', '.join(ids)}. Checkpoints are kept in "
-               f"{run.checkpoint_dir()} (`hpctrain resume {run.id}` continues from them).")
+    click.echo(f"Cancelled run {run.shown}: job(s) {', '.join(ids)}. Checkpoints are kept in "
+               f"{show(run.checkpoint_dir())} (`hpctrain resume {run.shown}` continues from "
+               "them).")
 
 
 # ---- requeue / resume ----------------------------------------------------------------------------
@@ -212,11 +215,12 @@ def _after_resubmit(run, res, wait, as_json: bool, verb: str) -> None:
         echo_json({"run": run.id, "job_id": res.job_id, "how": res.how, "from_step": res.from_step,
                    "profile": res.profile, "world_size": res.world_size})
     elif res.how == "scontrol requeue":
-        click.echo(f"Requeued job {res.job_id} of run {run.id}: Slurm stops it (the ranks save on "
-                   f"SIGTERM) and starts it again from the newest checkpoint ({where}).")
+        click.echo(f"Requeued job {res.job_id} of run {run.shown}: Slurm stops it (the ranks save "
+                   f"on SIGTERM) and starts it again from the newest checkpoint ({where}).")
     else:
         ranks = f"{res.world_size} rank{'' if res.world_size == 1 else 's'}"
-        click.echo(f"{verb} run {run.id} as job {res.job_id} on {res.profile} ({ranks}), from {where}.")
+        click.echo(f"{verb} run {run.shown} as job {res.job_id} on {res.profile} ({ranks}), "
+                   f"from {where}.")
     if res.submitted is None:
         return
     if wait is None:

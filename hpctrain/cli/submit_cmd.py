@@ -100,8 +100,8 @@ def submit(job_file, profile_name, nodes, overrides, runs_dir, dry_run, wait, fo
 
 
 def _values(run) -> str:
-    values = (run.meta().get("sweep") or {}).get("values") or {}
-    return ", ".join(f"{k}={v}" for k, v in values.items())
+    from ..submission.sweep_values import label
+    return label((run.meta().get("sweep") or {}).get("values") or {})
 
 
 def _report_sweep(done, as_json: bool) -> None:

@@ -174,12 +174,29 @@ def path_problem(value: str) -> str | None:
     return None
 
 
+def option_problem(value: str, what: str) -> str | None:
+    """Why ``value`` cannot stand where a command reads a name, or None. Every value these
+    checks match lands in an option's value or a command's word (``--container-image=IMAGE``,
+    ``--partition=NAME``, ``module load NAME``, srun's program ``PYTHON``): one starting with
+    ``-`` is read as an option there (srun would take ``--help`` as its own, enroot an image
+    named ``--help`` as a flag), so no such value may start with ``-``."""
+    if value.startswith("-"):
+        return (f"{short(value)} starts with '-', which a command would read as an option; a "
+                f"{what} may not start with '-'")
+    return None
+
+
 def check(pattern: re.Pattern, value, path: str, problems: Problems, what: str) -> None:
-    """Add a problem when a (non-empty) string value does not match ``pattern`` as a whole."""
+    """Add a problem when a (non-empty) string value does not match ``pattern`` as a whole, or
+    starts with ``-`` (``option_problem``)."""
     if value is None or value == "":
         return
     if not isinstance(value, str) or not pattern.fullmatch(value):
         problems.add(path, f"{short(value)} is not a valid {what}")
+        return
+    why = option_problem(value, what)
+    if why:
+        problems.add(path, why)
 
 
 def check_path(value, path: str, problems: Problems, pattern: re.Pattern | None = None,
@@ -191,6 +208,10 @@ def check_path(value, path: str, problems: Problems, pattern: re.Pattern | None 
     if pattern is not None and not pattern.fullmatch(value):
         problems.add(path, f"{short(value)} is not a valid {what} (letters, digits, spaces and "
                            "_./~+@%:=- only)")
+        return
+    why = option_problem(value, what) if pattern is not None else None
+    if why:
+        problems.add(path, f"{why} (a relative one may start with ./)")
         return
     why = path_problem(value)
     if why:

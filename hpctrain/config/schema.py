@@ -78,6 +78,50 @@ def _describe(value: Any) -> str:
     return safety.short(value)
 
 
+def key_text(key: Any) -> str:
+    """How an error names a mapping key that is not text. YAML reads ``~:``, ``null:``,
+    ``true:``, ``1.5:`` and ``0x10:`` as null, a boolean and numbers, which no field is named:
+    the key is named as written (a number keeps its text) and as what YAML made of it, never as
+    Python's ``None`` or ``True``. Every non-text key of a profile or job is named here."""
+    if key is None:
+        return "a null key (~ or null)"
+    written = _written(key)
+    if isinstance(key, bool):
+        return f"the key {written} (a boolean)"
+    if written is not None:
+        return f"the key {written} (a number)"
+    if isinstance(key, str):
+        return f"the key {safety.short(key, 40)}"
+    return f"a key that is {_describe(key)}"
+
+
+def _written(key: Any) -> str | None:
+    """A null, boolean or number key as YAML text (a number as it was written), or None."""
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, (int, float)):
+        written = yamlio.source_text(key)
+        if written is not None:
+            return written
+        return str(key) if isinstance(key, float) or abs(key) < 10**18 else None
+    return None
+
+
+def _unknown_key(key: Any, fields, path: str, problems: Problems) -> None:
+    """A key of a section that is not one of its fields: a name gets its own path and a
+    did-you-mean; a key that is not text (null, a boolean, a number) is named by ``key_text``
+    on the section's path, with the fix."""
+    if isinstance(key, str):
+        name = key if key.isidentifier() and len(key) <= 64 else safety.short(key, 40)
+        hint = did_you_mean(key, fields) if len(key) <= 64 else ""
+        problems.add(_join(path, name), "unknown key" + hint)
+        return
+    problems.add(path, f"unknown key: {key_text(key)} is not a field name; remove it or write "
+                       "the field's name")
+
+
 def _unwrap_optional(tp):
     """``X | None`` -> (X, True); anything else -> (tp, False)."""
     origin = typing.get_origin(tp)
@@ -117,7 +161,9 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                problems.add(path, f"keys must be strings, got {_describe(k)}")
+                quote = f' (\"{_written(k)}\": ...)' if _written(k) is not None else ""
+                problems.add(path, f"{key_text(k)} is not text; a key here is a name: quote "
+                                   f"it{quote} or remove it")
                 continue
             why = safety.text_problem(k, 256)
             if why:
@@ -292,10 +338,7 @@ def build(cls, data: dict, path: str, problems: Problems):
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
         if key not in fields:
-            name = key if isinstance(key, str) and key.isidentifier() and len(key) <= 64 \
-                else safety.short(key, 40)
-            hint = did_you_mean(key, fields) if isinstance(key, str) and len(key) <= 64 else ""
-            problems.add(_join(path, name), "unknown key" + hint)
+            _unknown_key(key, fields, path, problems)
     kwargs = {}
     for name, f in fields.items():
         fpath = _join(path, name)

@@ -10,12 +10,12 @@ anything outside the run folder: checkpoints kept elsewhere (``checkpoint.dir``,
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..record.folder import REMOVING_PREFIX, RunFolder, is_run_folder, iter_runs
+from ..record.files import remove_run_folder
+from ..record.folder import RunFolder, is_run_folder, iter_runs
 
 
 @dataclass
@@ -66,32 +66,6 @@ def plan_removal(runs: list[RunFolder]) -> list[Removal]:
 def remove(removals: list[Removal]) -> None:
     for item in removals:
         remove_run_folder(item.run.path)
-
-
-def remove_run_folder(path: Path) -> None:
-    """Remove one run folder, also while someone lists the runs.
-
-    A listing keeps each run's row in the run's folder (``view.summary_cache``), so deleting
-    the folder where it is could race with a row being written into it (``rmtree`` then fails
-    with "Directory not empty"). The folder is first renamed beside it, to a name no listing
-    takes for a run (``record.folder.REMOVING_PREFIX``; one atomic step: a row being written
-    then fails quietly), then deleted."""
-    import errno
-    import os
-    import time
-    path = Path(path)
-    doomed = path.with_name(f"{REMOVING_PREFIX}{path.name}-{os.getpid()}")
-    os.rename(path, doomed)
-    for tries_left in range(20, -1, -1):
-        try:
-            shutil.rmtree(doomed)
-            return
-        except OSError as e:
-            # a row whose write began before the rename lands in the folder (the write door
-            # works in its folder by descriptor): it is written once, so a retry finishes
-            if e.errno != errno.ENOTEMPTY or not tries_left:
-                raise
-            time.sleep(0.05)
 
 
 def _checkpoints_outside(run: RunFolder) -> Path | None:

@@ -17,7 +17,7 @@ from ..config.schema import to_dict
 from ..errors import HpcTrainError, UsageError
 from ..record.folder import RunFolder, find_run
 from .report import per_step
-from ..submission.sweep_values import SWEEP_DIR
+from ..submission.sweep_values import SWEEP_DIR, label
 
 # settings that name a run rather than configure it: never a label
 _NOT_LABELS = ("name", "checkpoint.dir")
@@ -71,7 +71,7 @@ def labels(runs: list[RunFolder]) -> list[str]:
     """What differs between the runs: a sweep's values, else the job settings that differ."""
     values = [(r.meta().get("sweep") or {}).get("values") for r in runs]
     if all(values):
-        return [", ".join(f"{k}={v}" for k, v in v.items()) for v in values]
+        return [label(v) for v in values]
     flat = []
     for run in runs:
         try:
@@ -82,10 +82,11 @@ def labels(runs: list[RunFolder]) -> list[str]:
     differ = [k for k in keys if k not in _NOT_LABELS and len({repr(f.get(k)) for f in flat}) > 1]
     out = []
     for run, f in zip(runs, flat):
-        text = ", ".join(f"{k}={f.get(k)}" for k in differ)
-        out.append(text or run.id)
+        text = label({k: f.get(k) for k in differ})
+        out.append(text or run.shown)
     if len(set(out)) < len(out):       # the settings do not tell them apart: add the run id
-        out = [f"{run.id}: {text}" if text != run.id else text for run, text in zip(runs, out)]
+        out = [f"{run.shown}: {text}" if text != run.shown else text
+               for run, text in zip(runs, out)]
     return out
 
 

@@ -73,8 +73,8 @@ def _newest_step(run: RunFolder) -> int | None:
 
 
 def _refuse_finished(view: RunView, what: str) -> None:
-    raise UsageError(f"run {view.run.id} finished at step {view.step}; nothing to {what} "
-                     f"(to train further: `hpctrain resume {view.run.id} --steps N`, N > "
+    raise UsageError(f"run {view.run.shown} finished at step {view.step}; nothing to {what} "
+                     f"(to train further: `hpctrain resume {view.run.shown} --steps N`, N > "
                      f"{view.step})")
 
 
@@ -88,12 +88,12 @@ def requeue_run(run: RunFolder) -> Resubmitted:
         job = view.current_job
         backend = view.backend
         if not backend.requeues_in_place:
-            raise UsageError(f"run {run.id} is running {backend.where()}, where a job cannot be "
-                             f"requeued in place; `hpctrain cancel {run.id}` then "
-                             f"`hpctrain resume {run.id}`")
+            raise UsageError(f"run {run.shown} is running {backend.where()}, where a job cannot be "
+                             f"requeued in place; `hpctrain cancel {run.shown}` then "
+                             f"`hpctrain resume {run.shown}`")
         if job.state.split()[0] != "RUNNING":
             why = f" ({job.reason})" if job.reason not in ("", "None") else ""
-            raise UsageError(f"run {run.id}'s job {job.job_id} is {job.state.lower()}{why}; it will "
+            raise UsageError(f"run {run.shown}'s job {job.job_id} is {job.state.lower()}{why}; it will "
                              "start by itself, there is nothing to requeue")
         run.event("requeue", job_id=job.job_id, how="scontrol requeue", by=_user())
         backend.requeue(job.job_id)
@@ -117,8 +117,8 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
     view = build_view(run)
     if view.active_jobs and not force:
         job = view.current_job
-        raise UsageError(f"run {run.id} is still {view.state.lower()} (job {job.job_id}); a "
-                         f"preempted job resumes by itself. `hpctrain cancel {run.id}` first, or "
+        raise UsageError(f"run {run.shown} is still {view.state.lower()} (job {job.job_id}); a "
+                         f"preempted job resumes by itself. `hpctrain cancel {run.shown}` first, or "
                          "pass --force if the scheduler's view is wrong")
     new_job = _job_with(run, view, overrides or {})
     extends = new_job is not None and new_job.train.steps > (view.step or 0)
@@ -129,7 +129,7 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
     backend_named(new.scheduler).check_nodes(nodes)   # the flag named when it asks too much
     new = new.with_nodes(nodes)
     if new.scheduler != old.scheduler:
-        raise UsageError(f"--profile: run {run.id} ran with scheduler {old.scheduler!r} and "
+        raise UsageError(f"--profile: run {run.shown} ran with scheduler {old.scheduler!r} and "
                          f"{new.name!r} uses {new.scheduler!r}; a run stays on one kind of "
                          "scheduler (start a new run with `train.init_from` instead)")
     backend_for(new)
@@ -153,7 +153,7 @@ def _job_with(run: RunFolder, view: RunView, overrides: dict):
     job = with_overrides(run.resolved_job(), overrides, run.path, str(run.job_file))
     reached = view.step or 0
     if "train.steps" in overrides and job.train.steps <= reached:
-        raise UsageError(f"train.steps: run {run.id} already reached step {reached}; give more "
+        raise UsageError(f"train.steps: run {run.shown} already reached step {reached}; give more "
                          f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")
     return job
 
@@ -188,7 +188,7 @@ def _resolve_for(run: RunFolder, profile: ClusterProfile, job=None) -> Resolved:
         return resolve(job, profile, source=str(run.job_file))
     except ConfigError as e:
         problems = "; ".join(f"{path}: {msg}" if path else msg for path, msg in e.problems)
-        raise UsageError(f"run {run.id} cannot run on {profile.name!r} with {profile.world_size} "
+        raise UsageError(f"run {run.shown} cannot run on {profile.name!r} with {profile.world_size} "
                          f"ranks ({profile.slurm.nodes} node(s) × {profile.slurm.gpus_per_node}): "
                          f"{problems}. Pick a --nodes count that fits the run's layout "
                          f"(in {run.job_file})") from None

@@ -8,6 +8,9 @@ from __future__ import annotations
 import datetime as _dt
 
 from ..config.durations import format_duration, parse_iso  # noqa: F401  (shared with the ranks and backends)
+from ..file_door import show
+
+CELL_WIDTH = 300    # a run folder's name (at most 255 bytes) whole; a reason read from a file cut
 
 
 def format_table(headers: list[str], rows: list[list], *, indent: str = "") -> str:
@@ -37,11 +40,14 @@ def format_table(headers: list[str], rows: list[list], *, indent: str = "") -> s
 
 
 def cell(value) -> str:
+    """One table cell as printed: a run folder's name found on disk, a profile or a reason read
+    from a run's files come through here, so each is one line of printable text, cut when very
+    long (:func:`hpctrain.file_door.show`)."""
     if value is None or value == "":
         return "-"
     if isinstance(value, float):
         return format_number(value)
-    return str(value)
+    return show(str(value), CELL_WIDTH)
 
 
 def format_number(x: float | int | None) -> str:

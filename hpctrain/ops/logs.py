@@ -30,12 +30,13 @@ def choose_log(run: RunFolder, *, rank: int, attempt: int | None, batch: bool,
         if not started:
             if not must_exist:
                 return None
-            raise UsageError(f"run {run.id} has no attempt yet (its job has not started: "
-                             f"`hpctrain status {run.id}` says why; `hpctrain logs {run.id} -f` waits)")
+            raise UsageError(f"run {run.shown} has no attempt yet (its job has not started: "
+                             f"`hpctrain status {run.shown}` says why; `hpctrain logs "
+                             f"{run.shown} -f` waits)")
         attempt = started[-1]
     elif attempt not in started:
         have = f"attempts {', '.join(map(str, started))}" if started else "no attempt yet"
-        raise UsageError(f"--attempt {attempt}: run {run.id} has {have}")
+        raise UsageError(f"--attempt {attempt}: run {run.shown} has {have}")
     path = run.attempt_dir(attempt) / "batch.log" if batch else run.rank_log(attempt, rank)
     if must_exist and not path.exists():
         ranks = ranks_logged(run, attempt)
@@ -43,9 +44,9 @@ def choose_log(run: RunFolder, *, rank: int, attempt: int | None, batch: bool,
         if batch:   # the batch shell of a Slurm job writes it; a local run has none
             fix = ("drop --batch to read a rank's log (--rank)" if ranks else
                    "pick another attempt with --attempt")
-            raise UsageError(f"no batch.log in attempt {attempt} of run {run.id} (it has {have}; "
+            raise UsageError(f"no batch.log in attempt {attempt} of run {run.shown} (it has {have}; "
                              f"only a Slurm job's batch shell writes one); {fix}")
-        raise UsageError(f"no {path.name} in attempt {attempt} of run {run.id} (it has {have}"
+        raise UsageError(f"no {path.name} in attempt {attempt} of run {run.shown} (it has {have}"
                          f"{' and batch.log' if (run.attempt_dir(attempt) / 'batch.log').exists() else ''}); "
                          "pick one with --rank or --batch")
     return path

@@ -34,7 +34,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from .. import limits
+from .. import file_door, limits
 from ..record import reader
 from ..record.files import RunFileError
 from ..view.summary_cache import SETTLED, fingerprint_at, summaries
@@ -81,7 +81,7 @@ def decode(data: bytes) -> tuple[list, dict, str | None]:
     if length != len(body) or crc != zlib.crc32(body):
         return [], {}, "does not match its checksum (cut short or edited)"
     try:
-        data = json.loads(body)
+        data = file_door.loads(body)
     except (ValueError, RecursionError):
         return [], {}, "is not JSON"
     columns = data.get("columns") if isinstance(data, dict) else None

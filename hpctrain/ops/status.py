@@ -7,6 +7,7 @@ it for people. Keeping the two apart lets the tests check the numbers and the la
 from __future__ import annotations
 
 from ..exit_codes import ExitReason
+from ..file_door import show
 from ..record.folder import RunFolder
 from ..view.runview import RunView, build_view
 from .checkpoints import (CheckpointFolder, checkpoint_step, describe_checkpoint_ref,
@@ -167,9 +168,10 @@ def attempts_table(rows: list[dict]) -> str:
 
 def format_status(data: dict) -> str:
     ranks = data.get("world_size")
-    lines = [f"Run         {data['run']}  ({data.get('profile')}, {data.get('layout')}, "
-             f"{ranks} rank{'' if ranks == 1 else 's'})",
-             f"Folder      {data['run_dir']}"]
+    # the folder's name and run.yaml's words as found on disk: in their printable form
+    lines = [f"Run         {show(data['run'])}  ({show(data.get('profile'), 60)}, "
+             f"{show(data.get('layout'), 60)}, {ranks} rank{'' if ranks == 1 else 's'})",
+             f"Folder      {show(data['run_dir'])}"]
     state = data["state"]
     where = []
     if data.get("job_id"):
@@ -226,9 +228,10 @@ def format_status(data: dict) -> str:
                      f"{s.get('intervals')} intervals (step {s.get('step')}, attempt "
                      f"{s.get('attempt')}){left}")
     if data.get("sweep"):
-        sw = data["sweep"]
-        values = ", ".join(f"{k}={v}" for k, v in (sw.get("values") or {}).items())
-        lines.append(f"Sweep       {sw.get('id')} #{sw.get('index')}: {values}")
+        from ..submission.sweep_values import label   # the sweep's own form (imported here:
+        sw = data["sweep"]                             # ``status`` of other runs stays quick)
+        lines.append(f"Sweep       {show(sw.get('id'), 60)} #{sw.get('index')}: "
+                     f"{label(sw.get('values') or {})}")
     rows = data.get("attempts") or []
     lines.append("")
     if rows:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
+import shutil
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -24,7 +27,7 @@ from ..errors import UsageError
 
 
 RUN_FILE = "run.yaml"           # what makes a folder a run folder
-# a run folder being removed is renamed to this prefix first (ops.cleanup.remove_run_folder)
+# a run folder being removed is renamed to this prefix first (remove_run_folder)
 REMOVING_PREFIX = ".removing-"
 
 
@@ -35,6 +38,36 @@ def is_run_folder(path: Path) -> bool:
     return (not os.path.basename(path).startswith(REMOVING_PREFIX) and os.path.isdir(path)
             and os.path.lexists(os.path.join(path, RUN_FILE)))
 
+
+def remove_run_folder(path: Path) -> None:
+    """Remove one run folder, also while someone lists the runs.
+
+    A listing keeps each run's row in the run's folder (``view.summary_cache``), so deleting
+    the folder where it is could race with a row being written into it (``rmtree`` then fails
+    with "Directory not empty"). The folder is first renamed beside it, to a name no listing
+    takes for a run (``REMOVING_PREFIX``; one atomic step: a row being written then fails
+    quietly), then deleted."""
+    path = Path(path)
+    doomed = path.with_name(_removing_name(path.name))
+    os.rename(path, doomed)
+    for tries_left in range(20, -1, -1):
+        try:
+            shutil.rmtree(doomed)
+            return
+        except OSError as e:
+            # a row whose write began before the rename lands in the folder (the write door
+            # works in its folder by descriptor): it is written once, so a retry finishes
+            if e.errno != errno.ENOTEMPTY or not tries_left:
+                raise
+            time.sleep(0.05)
+
+
+def _removing_name(name: str) -> str:
+    """``.removing-<name>-<pid>``, the run's name cut to fit a file name (255 bytes: a run
+    folder named near the limit is removed too)."""
+    suffix = f"-{os.getpid()}"
+    room = 255 - len(REMOVING_PREFIX) - len(suffix)
+    return f"{REMOVING_PREFIX}{os.fsdecode(os.fsencode(name)[:room])}{suffix}"
 
 
 class RunFileError(UsageError):

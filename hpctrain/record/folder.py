@@ -43,6 +43,7 @@ from ..errors import HpcTrainError, RunNotFoundError, UsageError
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
 from .. import limits
+from ..file_door import show
 from . import reader
 from .files import (REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl, folder_lock,
                     is_run_folder, now_iso, record_kind)
@@ -136,6 +137,13 @@ class RunFolder:
     @property
     def id(self) -> str:
         return self.path.name
+
+    @property
+    def shown(self) -> str:
+        """The run's id as a message or a listing prints it. The folder's name is whatever is
+        on disk (a folder renamed by hand may hold a line feed or an escape code), so it is
+        printed in the one printable form, :func:`hpctrain.file_door.show`."""
+        return show(self.id)
 
     @property
     def run_file(self) -> Path:
@@ -466,12 +474,12 @@ def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) ->
     named = runs_named(ref, prefix)
     if named:
         if note is not None and len(named) > 1:
-            note(f"{ref}: the newest of {len(named)} runs of that job, {named[0].id}")
+            note(f"{show(ref)}: the newest of {len(named)} runs of that job, {named[0].shown}")
         return named[0]
     if len(prefix) == 1:
         return prefix[0]
     if len(prefix) > 1:
-        names = ", ".join(sorted(r.id for r in prefix)[:5])
+        names = ", ".join(r.shown for r in sorted(prefix, key=lambda r: r.id)[:5])
         raise RunNotFoundError(f"{ref!r} matches {len(prefix)} runs ({names}); give more of the name")
     # the name as given, cut short: a pasted log line or a 50,000-character word is one line
     raise RunNotFoundError(f"no run {safety.short(ref)} under {root} (give a run folder, run name "

@@ -26,7 +26,6 @@ is not damage: readers return their "missing" value (None or empty).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -179,14 +178,17 @@ def parse_jsonl(data: bytes, path: Path | str,
                 check: Callable[[dict], str | None] | None = None) -> list[dict]:
     """The records of JSONL bytes. A line that is not JSON (torn by a writer killed
     mid-write, or cut by a tail read) is skipped; a record that parses but is not an object,
-    or that ``check`` refuses (a field of the wrong type), is damage naming the line."""
+    gives a key twice (no writer of hpctrain's does; which value is meant cannot be told), or
+    that ``check`` refuses (a field of the wrong type), is damage naming the line."""
     out = []
     for number, line in enumerate(data.split(b"\n"), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            record = json.loads(line)
+            record = file_door.loads(line)
+        except file_door.DuplicateKey as e:
+            _damaged_line(path, number, str(e))
         except (ValueError, RecursionError):
             continue
         if not isinstance(record, dict):
@@ -195,11 +197,15 @@ def parse_jsonl(data: bytes, path: Path | str,
         problem = SURROGATE if _escapes_surrogate(line) and _lone_surrogate(record) else \
             check(record) if check else None
         if problem:
-            why = f"line {number}: {problem}"
-            raise DamagedFile(path, why, f"cannot read {_show(Path(path))}: {why} (nothing was "
-                                         f"changed: repair or remove line {number})")
+            _damaged_line(path, number, problem)
         out.append(record)
     return out
+
+
+def _damaged_line(path: Path | str, number: int, problem: str) -> None:
+    why = f"line {number}: {problem}"
+    raise DamagedFile(path, why, f"cannot read {_show(Path(path))}: {why} (nothing was "
+                                 f"changed: repair or remove line {number})")
 
 
 def read_jsonl(path: Path | str, limit: int = limits.RUN_RECORD_BYTES,

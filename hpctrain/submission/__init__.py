@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import DEFAULT_PROFILE, ClusterProfile, JobConfig, Resolved
-from ..errors import UsageError
+from ..errors import SubmissionError, UsageError
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for
 from .checks import (check_data, check_fits, check_offline, decided, job_source,
                      launch_warnings, load_job_input, load_profile_for, load_resolved, resolve_job)
 from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep,
-                      remove_refused_run, runs_root_for, write_sweep_file)
+                      remove_refused_run, remove_refused_sweep, runs_root_for, write_sweep_file)
 from .jobs import (Submitted, chain_dependency, check_chain, claim_checkpoints,
                    release_checkpoints, submit_chain, submit_function, submit_preflight,
                    submit_training)
@@ -157,6 +157,9 @@ def submit(job_file: str | Path | Mapping | JobConfig,
         # on one folder): remove the run folder this call created, and nothing else.
         remove_refused_run(run)
         raise
+    except SubmissionError as e:
+        # sbatch refused the first job: the run never reached the scheduler
+        raise _refused(e, remove_refused_run(run), "the run folder prepared for it") from None
     script = run.script_file if backend.batch_script else None
     return Submission(resolved, [run], subs, script=script)
 
@@ -202,11 +205,28 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
             r.run.update_meta(dry_run=True)
         return out
     if backend.arrays:
-        out.array_job_id = submit_sweep_array(sweep_dir, sweep_runs,
-                                              max_parallel=max_parallel).array_job_id
+        try:
+            out.array_job_id = submit_sweep_array(sweep_dir, sweep_runs,
+                                                  max_parallel=max_parallel).array_job_id
+        except SubmissionError as e:
+            raise _refused(e, remove_refused_sweep(sweep_dir, sweep_runs),
+                           f"the sweep's folder and its {len(sweep_runs)} run folders",
+                           "were") from None
         return out
     run_sweep_locally(sweep_dir, sweep_runs, follow_local_run or _follow_quietly)
     return out
+
+
+def _refused(error: SubmissionError, removed: bool, what: str,
+             verb: str = "was") -> SubmissionError:
+    """sbatch's refusal as it said it, and what became of the folders made for the job: removed
+    (nothing was queued, so nothing is lost; ``--dry-run`` prepares them to look at), or kept
+    (they hold something else) for ``runs rm``."""
+    fate = (f"{what} {verb} removed (`hpctrain submit --dry-run` prepares the same, to look at "
+            "the script)" if removed else
+            f"{what} {verb} kept: more than this submission wrote is there (`hpctrain runs rm` "
+            "removes a run)")
+    return SubmissionError(f"{error}\nNothing was queued: {fate}.")
 
 
 def _python_warning(message: str) -> None:

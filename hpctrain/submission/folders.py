@@ -6,7 +6,7 @@ every attempt reads (``hpctrain.record.folder`` describes the layout). Nothing i
 
 from __future__ import annotations
 
-import shutil
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +14,10 @@ from .. import __version__
 from ..config import ClusterProfile, Resolved, yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError
-from ..record.files import now_iso
+from ..record.files import RUN_FILE, now_iso, remove_run_folder
 from ..record.folder import (RunFolder, checkpoint_location, create_run, default_runs_root,
                              folder_mode, usable_root)
+from ..view.summary_cache import CACHE_FILE
 from .checks import decided
 from .sweep_values import SweepPoint, new_sweep_dir
 
@@ -63,21 +64,49 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     return run
 
 
-def remove_refused_run(run: RunFolder) -> None:
-    """Remove the run folder that ``prepare_run`` created in this same submission, whose first
-    job was then refused before it was queued (another submission claimed ``checkpoint.dir``
-    between this one's check and its claim), or whose files the storage refused (full,
-    read-only): a refused submission leaves nothing behind.
+# What a submission writes into a run folder, and into a sweep's folder, before its first job
+# is queued (``logs`` and ``checkpoints`` stay empty until a job runs). A refused submission
+# removes a folder it created only while it holds nothing else.
+PREPARED_RUN = frozenset({RUN_FILE, "job.yaml", "profile.yaml", ".lock", "sbatch.sh", "submitit",
+                          "logs", "checkpoints", CACHE_FILE})
+PREPARED_SWEEP = frozenset({"sweep.yaml", ".lock", "sbatch.sh", "submitit", "logs"})
+_EMPTY_UNTIL_A_JOB_RUNS = ("logs", "checkpoints")
 
-    Only for a folder this call created; one that records a job is kept. The folder holds only
-    what ``prepare_run`` wrote (nothing ran in it), so removing it loses nothing; if that
-    fails, the refusal is what the user sees, and the empty run can be removed by hand."""
+
+def remove_refused_run(run: RunFolder) -> bool:
+    """Remove the run folder that ``prepare_run`` created in this same submission when its
+    first job never reached the scheduler: sbatch refused it, another submission claimed
+    ``checkpoint.dir`` between this one's check and its claim, or the storage refused the
+    folder's files (full, read-only). A run that never reached the scheduler has nothing to
+    show in ``hpctrain runs`` but clutter, and the refusal is what the user is told.
+
+    Only a folder that records no job and holds nothing but what a submission writes before
+    its first job (``PREPARED_RUN``, with ``logs`` and ``checkpoints`` empty) is removed: never
+    another run's files, nothing a job wrote. True when it was removed; if that fails, the
+    refusal is still what the user sees, and the empty run can be removed with ``runs rm``."""
     try:
-        if run.job_ids(kind=None):
-            return
-        shutil.rmtree(run.path)
+        if run.job_ids(kind=None) or not holds_only(run.path, PREPARED_RUN):
+            return False
+        remove_run_folder(run.path)
+        return True
     except (OSError, HpcTrainError):
-        pass
+        return False
+
+
+def holds_only(folder: Path, names: frozenset) -> bool:
+    """Whether ``folder`` holds no entry but ``names``, its ``logs`` and ``checkpoints`` (if
+    any) being empty folders. Nothing is followed or opened but the folder itself."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name not in names:
+                return False
+            if entry.name in _EMPTY_UNTIL_A_JOB_RUNS:
+                if not entry.is_dir(follow_symlinks=False):
+                    return False
+                with os.scandir(entry.path) as inside:
+                    if next(inside, None) is not None:
+                        return False
+    return True
 
 
 def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> RunFolder:
@@ -118,6 +147,22 @@ def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
         runs.append(SweepRun(p, run))
     write_sweep_file(sweep_dir, runs, source=source, profile=profile.name)
     return sweep_dir, runs
+
+
+def remove_refused_sweep(sweep_dir: Path, runs: list[SweepRun]) -> bool:
+    """Remove a sweep whose job array sbatch refused: each run folder as
+    :func:`remove_refused_run` would, then the sweep's folder if it holds nothing but what the
+    submission wrote (``PREPARED_SWEEP``). True when all of it was removed."""
+    removed = [remove_refused_run(r.run) for r in runs]
+    if not all(removed):
+        return False
+    try:
+        if not holds_only(sweep_dir, PREPARED_SWEEP):
+            return False
+        remove_run_folder(sweep_dir)
+        return True
+    except OSError:
+        return False
 
 
 def write_sweep_file(sweep_dir: Path, runs: list[SweepRun], **info) -> None:

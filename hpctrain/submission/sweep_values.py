@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ClusterProfile, JobConfig, Resolved, job_from_mapping, load_job, resolve, yamlio
+from .. import file_door
 from ..config import safety
 from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
@@ -50,15 +51,18 @@ class SweepPoint:
 
 
 def label(values: Mapping) -> str:
-    """``train.lr=0.001, train.steps=200``: values as they read in a message. A value that is
-    long or not one line of printable text (an API caller's ``"a\\nb"``) is quoted and cut, so
-    the label of an error stays on its one line."""
-    return ", ".join(f"{k}={_shown(v)}" for k, v in values.items())
+    """``train.lr=0.001, train.steps=200``: values as they read in a message. A key or value
+    that is long or not one line of printable text (an API caller's ``"a\\nb"``, a ``run.yaml``
+    edited to hold an escape code) is quoted and cut, so the label stays on its one line and
+    nothing in it acts on the terminal: what ``status``, ``report`` and ``submit`` print."""
+    return ", ".join(f"{_shown(k)}={_shown(v)}" for k, v in values.items())
 
 
 def _shown(value) -> str:
-    text = str(value)
-    return text if len(text) <= 60 and text.isprintable() else safety.short(value)
+    """One key or value in the printable form of :func:`hpctrain.file_door.show`."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return safety.short(value)      # str() of a number of thousands of digits raises
+    return file_door.show(str(value), 60)
 
 
 def _quoted(text: str) -> str:

@@ -181,7 +181,7 @@ def follow_run(run: RunFolder, echo: Callable[[str], None] | None = None, *,
 
     def active() -> bool:
         if timeout_s is not None and time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"run {run.id} still has a pending or running job after "
+            raise TimeoutError(f"run {run.shown} still has a pending or running job after "
                                f"{timeout_s:g} s")
         running = bool(live_jobs(run))
         if on_poll is not None:
@@ -214,11 +214,11 @@ def unfinished_reason(run: RunFolder, last: dict, job: Any = None) -> str | None
     if reason == ExitReason.FINISHED:
         return None
     detail = failure_detail(job) if job is not None else ""
-    msg = (f"run {run.id} did not finish: last attempt ended with {reason or 'no record'}"
+    msg = (f"run {run.shown} did not finish: last attempt ended with {reason or 'no record'}"
            + (f" ({last['decision']['reason']})" if (last.get("decision") or {}).get("reason")
               else "")
            + (f"; {last['message']}" if reason == ExitReason.FAILED and last.get("message") else "")
-           + f"; see `hpctrain logs {run.id}`")
+           + f"; see `hpctrain logs {run.shown}`")
     return msg + (f"\n{detail}" if detail else "")
 
 
@@ -247,7 +247,7 @@ def wait_for_runs(runs: list[RunFolder], echo: Callable[[str], None] | None = No
                 pending.discard(view.run.path)
                 states[view.run.path] = view.state
                 if echo is not None:
-                    echo(f"run {view.run.id}: {view.state} at step {view.step}")
+                    echo(f"run {view.run.shown}: {view.state} at step {view.step}")
         if pending:
             time.sleep(poll_s)
     return states

@@ -135,6 +135,35 @@ def test_runs_rm_needs_the_full_id_and_keeps_checkpoints_outside_the_run(tmp_pat
     assert not run.path.exists() and outside.exists() and other.path.exists()
 
 
+def test_a_run_folder_renamed_to_hold_control_characters_is_printed_escaped_and_cut(tmp_path):
+    """A run folder's name is whatever is on disk: one renamed to hold a terminal's title
+    escape, a bell and a line feed, and long, is printed by ``runs``, ``status`` and ``runs rm``
+    in one printable form (quoted, escapes shown, cut in the middle past 300 characters), one
+    line each; ``runs rm`` still removes exactly that folder."""
+    root = tmp_path / "runs"
+    run, other = crafted_run(root), crafted_run(root)
+    name = "x" * 225 + "\x1b]0;owned\x07\nFAKE" + "-tail"    # 245 bytes: NAME_MAX is 255
+    hostile = run.path.with_name(name)
+    os.rename(run.path, hostile)
+    outputs = []
+    listing = cli(root, "runs").stdout
+    assert len(listing.splitlines()) == 3, listing      # the header and two rows
+    assert any(ln.startswith(repr(name)[:40]) and "\\nFAKE-tail' " in ln
+               for ln in listing.splitlines()), listing
+    status = cli(root, "status", str(hostile)).stdout
+    (folder,) = [ln for ln in status.splitlines() if ln.startswith("Folder")]
+    assert len(folder) == len("Folder      ") + 300 and "..." in folder, folder
+    assert folder.endswith("\\x07\\nFAKE-tail'"), folder
+    shown = cli(root, "runs", "rm", str(hostile), "--dry-run").stdout
+    assert shown.count("\n") == 1 and shown.startswith("would remove '") and "..." in shown, shown
+    removed = cli(root, "runs", "rm", str(hostile)).stdout
+    assert removed == shown.replace("would remove", "removed", 1)
+    assert not hostile.exists() and other.path.exists()
+    for out in (listing, status, shown, removed):
+        assert not any(c in out for c in "\x1b\x07"), out
+        assert not any(ln.startswith("FAKE") for ln in out.splitlines()), out
+
+
 def test_an_eta_over_an_hour_uses_the_cli_duration_format():
     from hpctrain.runtime.metrics import MetricsWriter
     writer = object.__new__(MetricsWriter)     # progress_line reads total_steps only

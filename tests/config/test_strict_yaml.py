@@ -241,3 +241,64 @@ def test_a_text_read_again_comes_back_equal_and_unshared():
         with pytest.raises(ConfigError, match="given twice"):
             yamlio.parse("a: 1\na: 2\n", "dup")
     assert "a: 1\na: 2\n" not in yamlio._PARSED
+
+
+# ------------------------------------------------------------------ keys that are not names
+
+_SECTIONS = [()] + sorted({leaf[:-1] for leaf in _LEAVES if len(leaf) > 1})
+
+
+@pytest.mark.parametrize("written, named", [
+    ("~", "a null key (~ or null)"), ("null", "a null key (~ or null)"),
+    ("true", "the key true (a boolean)"), ("0x10", "the key 0x10 (a number)"),
+    ("1.50", "the key 1.50 (a number)")])
+def test_a_key_yaml_reads_as_null_a_boolean_or_a_number_is_named_as_written(tmp_path, written,
+                                                                            named):
+    """``~: 1`` used to be ``None: unknown key``: the key is named as written, with the fix, at
+    the top of a job and in a section of it, and in a profile's ``env``."""
+    text = TINY_JOB.read_text()
+    job = tmp_path / "job.yaml"
+    job.write_text(text.replace("\ntrain:\n", f"\n{written}: 1\ntrain:\n  {written}: 2\n", 1))
+    proc = hpctrain("validate", str(job))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    fix = f"unknown key: {named} is not a field name; remove it or write the field's name"
+    assert f"  - {fix}\n" in proc.stderr and f"  - train: {fix}\n" in proc.stderr, proc.stderr
+    assert "None" not in proc.stderr and "True" not in proc.stderr
+    profile = tmp_path / "p.yaml"
+    profile.write_text((REPO / "cluster_profiles" / "local.yaml").read_text()
+                       + f"env:\n  {written}: x\n")
+    proc = hpctrain("profiles", "validate", str(profile))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"Error: {profile}: env: {named} is not text; a key here is a "
+                                  "name: quote it"), proc.stderr
+
+
+_NOT_NAMES = st.sampled_from(["~", "null", "Null", "NULL", "true", "False", "TRUE", "0", "-7",
+                              "0x1F", "0o17", "1e3", "1.50", ".inf", "-.Inf", ".nan"]) \
+    | st.integers(-10**6, 10**6).map(str) | st.floats(allow_nan=False).map(repr)
+
+
+@given(_NOT_NAMES, st.sampled_from(_SECTIONS))
+def test_a_key_that_is_not_text_is_named_as_written_wherever_it_is(written, section):
+    """Property: a plain key YAML reads as null, a boolean or a number, at the top of a job or
+    in any of its sections, is one problem on that section's path naming the key as written
+    (or as null), never Python's ``None``, ``True`` or a number's re-spelling."""
+    import copy
+    data = copy.deepcopy(_TINY)
+    node = data
+    for part in section:
+        node = node[part]
+    key = yamlio.parse(f"{written}: 0", "key").popitem()[0]
+    if isinstance(key, str):        # not read as null, a boolean or a number: not this door
+        return
+    node[key] = 1
+    with pytest.raises(ConfigError) as e:
+        job_from_mapping(data, "job")
+    where = ".".join(section)
+    (problem,) = [m for p, m in e.value.problems if p == where and "not a field name" in m]
+    if key is None:
+        assert "a null key (~ or null)" in problem
+    else:
+        assert f"the key {written if not isinstance(key, bool) else written.lower()} (a " in \
+            problem, problem
+    assert "None" not in problem and "True" not in problem and "False" not in problem

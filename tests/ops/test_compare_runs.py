@@ -52,3 +52,30 @@ def test_a_sweep_is_one_png_in_its_folder_labelled_by_its_values(tmp_path):
         assert f"train.lr={r.point.values['train.lr']}" in text and r.run.id in text
     one = cli(root, "report", runs[0].run.id, runs[0].run.id, check=False)
     assert one.returncode == 2 and "comparing needs at least two runs" in one.stderr
+
+
+def test_sweep_values_edited_to_hold_control_characters_are_printed_escaped_on_one_line(tmp_path):
+    """A run.yaml edited by hand (or by another tool) may hold anything in its sweep's id and
+    values: ``status`` and ``report`` print them in the form the sweep's own labels take
+    (quoted, escapes shown), so no escape code reaches the terminal and no line is added."""
+    from hpctrain.config import yamlio
+    root = tmp_path / "runs"
+    points = expand(ops_job(), ops_profile(ranks_per_node=2), ["train.lr=1e-3,2e-3"])
+    sweep_dir, runs = prepare_sweep(points, root, source=str(OPS_JOB))
+    for i, r in enumerate(runs):
+        for m in metrics(3.0 + i):
+            append_jsonl(r.run.metrics_file, m)
+    run = runs[0].run
+    meta = yamlio.read_mapping(run.run_file)
+    meta["sweep"]["id"] += "\x1b[31m"
+    meta["sweep"]["values"] = {"train.lr": "1e-3\x1b[2J\nFAKE LINE", "k\x1b]0;title\x07": 1}
+    yamlio.write_atomic(run.run_file, yamlio.dump(meta))
+    shown = "train.lr='1e-3\\x1b[2J\\nFAKE LINE', 'k\\x1b]0;title\\x07'=1"
+    status = cli(root, "status", run.id).stdout
+    (line,) = [ln for ln in status.splitlines() if ln.startswith("Sweep")]
+    assert line == f"Sweep       '{sweep_dir.name}\\x1b[31m' #0: {shown}"
+    report = cli(root, "report", run.id, runs[1].run.id, "-o", str(tmp_path / "c.png")).stdout
+    assert report.splitlines()[2].endswith(shown) and len(report.splitlines()) == 4, report
+    for out in (status, report):
+        assert not any(c in out for c in "\x1b\x07"), out
+        assert not any(ln.startswith("FAKE") for ln in out.splitlines()), out

@@ -151,6 +151,39 @@ def test_a_runs_listing_shows_a_hostile_run_as_damaged(template, tmp_path):
     assert row["state"] == "DAMAGED" and "nodes[0]" in row["detail"], row
 
 
+def _with_a_key_twice(record: dict, key: str, value) -> str:
+    """``record`` as one JSON line giving ``key`` again at its end, as a hand edit or another
+    tool may leave it (``json.dumps`` cannot write one)."""
+    return json.dumps(record)[:-1] + f", {json.dumps(key)}: {json.dumps(value)}}}"
+
+
+@pytest.mark.parametrize("target, record, key", [
+    ("ledger.jsonl", {"attempt": 1, "exit_reason": "preempted"}, "exit_reason"),
+    ("events.jsonl", {"event": "cancel", "time": "2026-01-01T00:00:00+00:00"}, "event"),
+    ("metrics.jsonl", {"step": 1, "loss": 2.0}, "loss"),
+])
+def test_a_record_giving_a_key_twice_is_damage_naming_the_line_and_the_key(template, tmp_path,
+                                                                          target, record, key):
+    """JSON keeps the last of two values of one key silently; which one a person or another
+    tool meant cannot be told, so such a record is damage, like a record of the wrong type:
+    one ``Error:`` line naming the file, the line and the key, the run listed as DAMAGED."""
+    root, run_id = _copy(template, tmp_path)
+    path = root / run_id / target
+    path.write_text(json.dumps(record) + "\n" + _with_a_key_twice(record, key, 7) + "\n")
+    before = _snapshot(root)
+    for argv in (["status", run_id], ["report", run_id, "-o", str(tmp_path / "r.png")]):
+        result = _run(root, argv)
+        _answers(result, argv)
+        assert result.exit_code == 2, (argv, result.output)
+        (line,) = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
+        assert target in line and f"line 2: an object gives the key {key!r} twice" in line, line
+    result = _run(root, ["runs", "--json"])
+    _answers(result, ["runs"])
+    (row,) = json.loads(result.output)
+    assert row["state"] == "DAMAGED" and "twice" in row["detail"], row
+    assert _snapshot(root) == before
+
+
 @pytest.mark.parametrize("files, total, words", [
     ({"a\x00b": {"size": 1}}, 0, "NUL"),
     ({"state.json": {"size": 3}}, "abc", "total_bytes"),
@@ -285,16 +318,26 @@ def test_hostile_records_never_break_status_nor_report(template, tmp_path_factor
                                                        target):
     """Property: valid JSON records with hostile field values, in a real run folder: ``status``
     (text and JSON) and ``report`` exit 0, or 2 with one ``Error:`` line; never a traceback
-    nor an internal error; no file of the run folder changes."""
+    nor an internal error; no file of the run folder changes. A record that also gives one of
+    its keys twice is always damage: exit 2, naming the file."""
     base = tmp_path_factory.mktemp("hostile")
     root, run_id = _copy(template, base)
-    _write(root, run_id, target, data.draw(_records(target, run_id), label="records"))
+    records = data.draw(_records(target, run_id), label="records")
+    path = _write(root, run_id, target, records)
+    twice = target.endswith(".jsonl") and data.draw(st.booleans(), label="a key given twice")
+    if twice:       # the first record gives one of its keys again: damage, whatever else it holds
+        key = data.draw(st.sampled_from(sorted(records[0])), label="key")
+        lines = path.read_text().splitlines()
+        lines[0] = _with_a_key_twice(records[0], key, data.draw(_value, label="second value"))
+        path.write_text("\n".join(lines) + "\n")
     before = _snapshot(root)
     out = base / "report.png"
     for argv in (["status", run_id], ["status", run_id, "--json"],
                  ["report", run_id, "-o", str(out)]):
         result = _run(root, argv)
         _answers(result, argv)
+        if twice:
+            assert result.exit_code == 2 and target in result.output, (argv, result.output)
         if argv[0] == "report" and result.exit_code == 0:
             assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert _snapshot(root) == before

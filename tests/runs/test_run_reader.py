@@ -90,6 +90,27 @@ def test_bad_text_and_records(tmp_path):
     assert reader.read_jsonl(path) == []                # deep nesting: no RecursionError
 
 
+def test_a_record_giving_a_key_twice_is_damage_and_a_torn_line_is_still_skipped(tmp_path):
+    """JSON's last-wins would read ``{"attempt": 1, "attempt": 2}`` as attempt 2, silently;
+    such a line is damage naming the line and the key (a torn line still is skipped), and a
+    single-record file giving a key twice, nested or not, is damage too."""
+    path = tmp_path / "ledger.jsonl"
+    path.write_text('{"attempt": 1}\n{"attempt": 2, "end_st\n'
+                    '{"attempt": 3, "decision": {"requeue": true, "requeue": false}}\n')
+    with pytest.raises(reader.DamagedFile) as e:
+        reader.read_jsonl(path, check=reader.ledger_problem)
+    assert e.value.why == "line 3: an object gives the key 'requeue' twice"
+    assert "repair or remove line 3" in str(e.value)
+    path.write_text('{"attempt": 1}\n{"attempt": 2, "end_st\n{"attempt": 3}\n')
+    assert [r["attempt"] for r in reader.read_jsonl(path)] == [1, 3]
+    result = tmp_path / "result.json"
+    result.write_text('{"attempt": 1, "exit_reason": "finished", "exit_reason": "failed"}')
+    with pytest.raises(reader.DamagedFile, match="gives the key 'exit_reason' twice"):
+        reader.read_json(result)
+    result.write_text('{"attempt": 1, "exit_reason": "finished"}')
+    assert reader.read_json(result) == {"attempt": 1, "exit_reason": "finished"}
+
+
 @pytest.mark.parametrize("meta, field", [
     ("jobs: 5\n", "jobs: expected a list"),
     ("jobs:\n- kind: train\n", "jobs[0].job_id"),

@@ -107,12 +107,31 @@ def test_a_read_that_fails_is_refused_with_the_system_s_reason(tmp_path):
     assert e.value.why == "cannot be read (File name too long)" and e.value.kind is None
 
 
-def test_a_path_is_shown_as_is_up_to_its_width_and_quoted_beyond_or_when_not_printable():
+def test_a_path_is_shown_as_is_up_to_its_width_cut_in_the_middle_beyond_and_quoted_when_not_printable():
     assert file_door.show("a" * 300) == "a" * 300
-    assert file_door.show("a" * 301) == repr("a" * 300)
+    long = "/scratch/" + "d" * 400 + "/tiny-gpt-20250101-120000-ab12"
+    shown = file_door.show(long)
+    assert len(shown) == 300 and shown.startswith("/scratch/ddd") and "..." in shown
+    assert shown.endswith("/tiny-gpt-20250101-120000-ab12")     # the run id stays
     assert file_door.show("a" * 30, width=30) == "a" * 30
     assert file_door.show("a\nb") == repr("a\nb")
+    assert file_door.show("run\x1b[2J\x1b]0;title\x07") == repr("run\x1b[2J\x1b]0;title\x07")
     assert file_door.show("/runs/x") == "/runs/x"
+    cut = file_door.show("\n" + "x" * 10_000_000, width=60)    # read in part, however long
+    assert len(cut) == 60 and cut.startswith("'\\nxxx") and cut.endswith("xxx'")
+
+
+@given(st.text(max_size=700), st.integers(8, 400))
+def test_whatever_a_name_holds_it_is_shown_on_one_printable_line_within_its_width(text, width):
+    """The one printable form (run folder names found on disk, sweep labels, paths in errors):
+    one line, nothing a terminal acts on, never longer than ``width``, and the text itself
+    whenever it is short printable text."""
+    shown = file_door.show(text, width)
+    assert shown.isprintable() and len(shown) <= width
+    if text.isprintable() and len(text) <= width:
+        assert shown == text
+    elif len(text) > width:
+        assert "..." in shown
 
 
 def test_a_terminal_named_as_a_file_is_refused_and_never_becomes_the_controlling_one():
@@ -181,3 +200,27 @@ def test_decode_gives_text_or_names_the_first_bad_byte(data):
         assert bad != data and "at offset" in e.why
     else:
         assert text.encode("utf-8") == data
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=12)
+
+
+@given(_json, st.sampled_from(["str", "utf-8", "utf-16", "utf-32"]))
+def test_json_reads_as_json_does_unless_an_object_gives_a_key_twice(value, encoding):
+    """``file_door.loads``, where JSON from a file is parsed: what ``json.loads`` reads, read
+    the same (text or bytes in any JSON encoding); an object that gives a key again, at any
+    depth, is refused, where ``json.loads`` would keep the last value silently."""
+    import json
+    text = json.dumps(value)
+    data = text if encoding == "str" else text.encode(encoding)
+    assert file_door.loads(data) == json.loads(data)
+    twice = '{"k": 1, "inner": [' + text + ', {"a": 1, "b": 2, "a": 3}]}'
+    assert json.loads(twice)["inner"][1] == {"a": 3, "b": 2}
+    with pytest.raises(file_door.DuplicateKey, match="the key 'a' twice"):
+        file_door.loads(twice)
+    with pytest.raises(file_door.Refused, match="gives the key 'a' twice"):
+        file_door.json_object(twice)
+

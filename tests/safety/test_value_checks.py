@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 from hpctrain.config import safety
 from hpctrain.config.problems import Problems
@@ -208,3 +209,98 @@ def test_a_value_in_a_message_is_shown_whole_when_short_and_cut_when_long():
     assert safety.short(10**18 - 1) == str(10**18 - 1)
     assert safety.short(True) == "True"
     assert re.fullmatch(r"a number of about \d+ digits", safety.short(2**4000))
+
+
+# ---- values where a command reads a word may not start with "-" ------------------------------
+
+# Every profile field whose value lands in an option's value or a command's word: pyxis's
+# --container-image/-mounts/-workdir, srun's program (the container's or the nodes' python),
+# `module load`, the #SBATCH --partition/--account/--qos/--reservation/--constraint/--exclude
+# values, NCCL's HCA and interface lists, and the storage roots printed into the script.
+OPTION_PLACES = ["container.image", "container.mounts", "container.workdir", "container.python",
+                 "python", "modules", "slurm.partition", "slurm.account", "slurm.qos",
+                 "slurm.reservation", "slurm.constraint", "slurm.exclude", "interconnect.hcas",
+                 "interconnect.socket_ifname", "storage.runs_root", "storage.checkpoint_root"]
+LISTS = ("container.mounts", "modules", "slurm.exclude", "interconnect.hcas")
+
+
+def _pyxis_with(field: str, value: str) -> list[str]:
+    """The problems of the shipped pyxis profile with ``field`` set to ``value``."""
+    from hpctrain.config import profile_from_mapping
+    from hpctrain.errors import ConfigError
+    from tests.safety.corpus import PROFILES, load_yaml
+    data = load_yaml(next(p for p in PROFILES if p.stem == "h100-ib-pyxis"))
+    *sections, name = field.split(".")
+    node = data
+    for part in sections:
+        node = node.setdefault(part, {})
+    node[name] = [value] if field in LISTS else value
+    try:
+        profile_from_mapping(data, "p.yaml")
+    except ConfigError as e:
+        return [f"{p}: {m}" for p, m in e.problems]
+    return []
+
+
+@pytest.mark.parametrize("field", OPTION_PLACES)
+def test_a_value_read_as_an_option_is_refused_naming_the_field(field):
+    """``container.image: "--help"`` was rendered as ``--container-image=--help``; now every
+    field whose value lands where a command reads a word refuses a leading ``-``, by name."""
+    value = "--help"
+    where = f"{field}[0]" if field in LISTS else field
+    found = [p for p in _pyxis_with(field, value) if p.startswith(f"{where}: ")]
+    assert len(found) == 1, (field, found)
+    assert "'--help' starts with '-', which a command would read as an option" in found[0] or \
+        "is not a valid" in found[0], found            # (an HCA name never holds "-" at all)
+    assert "\n" not in found[0]
+    assert _pyxis_with(field, "gpu.1") == [] or field in ("interconnect.hcas",)
+
+
+@given(st.sampled_from(OPTION_PLACES), st.text("-_.:/abcXYZ019", min_size=1, max_size=16))
+def test_no_option_place_takes_a_value_starting_with_a_dash(field, tail):
+    """Property: whatever follows the dash, the value is refused on that field's path, with the
+    leading-dash reason wherever the field's pattern would otherwise take it."""
+    value = "-" + tail
+    where = f"{field}[0]" if field in LISTS else field
+    found = [p for p in _pyxis_with(field, value) if p.startswith(f"{where}: ")]
+    assert len(found) == 1, (field, value, found)
+    assert "starts with '-'" in found[0] or "is not a valid" in found[0], found
+
+
+def test_the_render_door_refuses_an_option_like_value_however_the_profile_was_made():
+    """A profile built in Python, past the loader's checks, still never renders a value
+    where srun, pyxis or module would read it as an option."""
+    import dataclasses
+    from hpctrain.config import load_job, load_profile, resolve
+    from hpctrain.errors import UsageError
+    from hpctrain.scheduler.slurm.render import ScriptInputs, render_sbatch
+    from tests.conftest import REPO
+    profile = load_profile("h100-ib-pyxis")
+    inputs = ScriptInputs(run_dir="/runs/x", python="/usr/bin/python3",
+                          step_python="/usr/bin/python3", submitit_dir="/runs/x/submitit")
+    job = load_job(REPO / "examples" / "llama2-7b.yaml")
+    render_sbatch(resolve(job, profile), inputs)                       # as shipped: renders
+    for changed, words in [
+            (dataclasses.replace(profile, container=dataclasses.replace(
+                profile.container, image="--help")), "'--help' starts with '-'"),
+            (dataclasses.replace(profile, container=dataclasses.replace(
+                profile.container, mounts=["-x:/y"])), "'-x:/y,/runs/x:/runs/x' starts with '-'"),
+            (dataclasses.replace(profile, modules=["--force"]), "'--force' starts with '-'")]:
+        with pytest.raises(UsageError, match=f"cannot write the batch script: {words}"):
+            render_sbatch(resolve(job, changed), inputs)
+    with pytest.raises(UsageError, match="'-c' starts with '-'"):
+        render_sbatch(resolve(job, profile), dataclasses.replace(inputs, step_python="-c"))
+
+
+def test_render_refuses_a_container_image_read_as_an_option_in_one_line(tmp_path):
+    """The CLI: one ``Error:`` line naming the file and the field, exit 2, nothing rendered."""
+    from tests.conftest import REPO, hpctrain
+    text = (REPO / "cluster_profiles" / "h100-ib-pyxis.yaml").read_text()
+    profile = tmp_path / "pyxis.yaml"
+    profile.write_text(text.replace("  image: /lustre/fsw/llm-pretrain/images/hpctrain-ngc25.11.sqsh",
+                                    '  image: "--help"'))
+    proc = hpctrain("render", "examples/llama2-7b.yaml", "-p", str(profile))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr == (f"Error: {profile}: container.image: '--help' starts with '-', which a "
+                           "command would read as an option; a container image may not start "
+                           "with '-'\n")

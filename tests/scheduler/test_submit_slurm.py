@@ -106,3 +106,5 @@ def test_sbatch_refusal_is_shown_as_sbatch_said_it(slurm_cluster, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "sbatch refused the job" in proc.stderr and "invalid partition" in proc.stderr.lower()
+    assert "Nothing was queued: the run folder prepared for it was removed" in proc.stderr
+    assert list((tmp_path / "runs").glob("*/run.yaml")) == []      # no run that never was

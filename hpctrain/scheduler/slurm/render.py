@@ -151,6 +151,15 @@ def check_script_values(p: ClusterProfile, inputs: ScriptInputs, job_name: str, 
             raise UsageError(f"cannot write the batch script: {what} {safety.short(value, 200)} {why}; "
                              "a line break there would end the line in the script (choose a "
                              "value without one)")
+    # values where a command reads a word: srun's program, module's name, pyxis's options
+    words = [("python", inputs.python), ("python", inputs.step_python)]
+    words += [("module name", m) for m in p.modules]
+    words += [(f"{a.partition('=')[0]} value", a.partition("=")[2])
+              for a in container_args(p, inputs)]
+    for what, value in words:
+        why = safety.option_problem(value, what)
+        if why:
+            raise UsageError(f"cannot write the batch script: {why}")
     for node in inputs.extra_excludes:
         if not safety.NODE_LIST.fullmatch(node):
             raise UsageError(f"cannot write the batch script: {safety.short(node)} is not a node "

@@ -1,0 +1,95 @@
+"""A submission sbatch refuses reaches no scheduler: the user gets sbatch's words and a line
+saying nothing was queued, and the run folder (or the sweep's folders) this submission prepared
+is removed, so ``hpctrain runs`` is not cluttered with a run that never was. Never another
+run's files, nor a folder holding more than the submission wrote.
+
+sbatch here is a stand-in on ``PATH`` that refuses as Slurm's does (its words, exit 1); the
+rest is the real CLI in a subprocess. The dev cluster's own refusal (an unknown partition) is
+tested in ``test_submit_slurm.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hpctrain.record.folder import RunFolder
+from hpctrain.submission.folders import PREPARED_RUN, holds_only, remove_refused_run
+from tests.conftest import hpctrain
+
+REFUSAL = ("sbatch: error: invalid partition specified: nosuchpart\n"
+           "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
+
+
+@pytest.fixture
+def refusing_sbatch(tmp_path) -> dict:
+    """The environment of a submission whose sbatch refuses every job, and counts its calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f"#!/bin/bash\necho called >> {tmp_path / 'sbatch-calls'}\n"
+                      f"printf '%s' '{REFUSAL}' >&2\nexit 1\n")
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")}
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_refused_job_leaves_no_run_folder_and_says_what_sbatch_said(refusing_sbatch, tmp_path):
+    root = Path(refusing_sbatch["HPCTRAIN_RUNS_DIR"])
+    hpctrain("submit", "examples/tiny.yaml", "--dry-run", env=refusing_sbatch, check=True)
+    before = _tree(root)                     # another run, prepared earlier: never touched
+    proc = hpctrain("submit", "examples/tiny.yaml", "-p", "dev-slurm", "--force",
+                    env=refusing_sbatch)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (tmp_path / "sbatch-calls").read_text() == "called\n"
+    assert proc.stderr == ("Error: sbatch refused the job: " + REFUSAL
+                           + "Nothing was queued: the run folder prepared for it was removed "
+                             "(`hpctrain submit --dry-run` prepares the same, to look at the "
+                             "script).\n")
+    assert _tree(root) == before
+    listed = hpctrain("runs", "--json", env=refusing_sbatch, check=True).stdout
+    assert listed.count('"run":') == 1 and '"NOT SUBMITTED"' in listed
+
+
+def test_a_refused_sweep_leaves_neither_its_folder_nor_its_runs(refusing_sbatch):
+    root = Path(refusing_sbatch["HPCTRAIN_RUNS_DIR"])
+    proc = hpctrain("submit", "examples/tiny.yaml", "-p", "dev-slurm", "--force",
+                    "--sweep", "train.lr=1e-3,2e-3", env=refusing_sbatch)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("Error: sbatch refused the sweep's job array: sbatch: error:")
+    assert proc.stderr.endswith("Nothing was queued: the sweep's folder and its 2 run folders "
+                                "were removed (`hpctrain submit --dry-run` prepares the same, "
+                                "to look at the script).\n")
+    assert [p.name for p in root.iterdir()] == ["sweeps"]
+    assert list((root / "sweeps").iterdir()) == []
+
+
+def test_a_refused_run_is_removed_only_while_it_holds_what_a_submission_wrote(tmp_path):
+    """The removal is for this submission's own folder: one that records a job, or holds a
+    file or a log the submission did not write, is kept (nothing in it is lost)."""
+    run = RunFolder(tmp_path / "runs" / "tiny-gpt-20260101-000000-abcd")
+    (run.path / "logs").mkdir(parents=True)
+    (run.path / "checkpoints").mkdir()
+    (run.path / "submitit").mkdir()
+    (run.path / "submitit" / "job.pkl").write_bytes(b"pickle")
+    run.update_meta(run_id=run.id, jobs=[])
+    for name in ("job.yaml", "profile.yaml", "sbatch.sh"):
+        (run.path / name).write_text("x\n")
+    assert holds_only(run.path, PREPARED_RUN)
+    for extra in ("notes.txt", "logs/attempt-1", "checkpoints/step-00000010"):
+        (run.path / extra).mkdir()
+        assert not remove_refused_run(run) and run.path.exists(), extra
+        (run.path / extra).rmdir()
+    run.add_job_id("4242", kind="train")
+    assert not remove_refused_run(run) and run.path.exists()
+    run.update_meta(jobs=[])
+    assert remove_refused_run(run) and not run.path.exists()
+    assert list(run.path.parent.iterdir()) == []
