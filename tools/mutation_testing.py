@@ -167,6 +167,21 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the checkpoint's host staging memory: placement, lifetime, page-locking and its order
     "staging": ("hpctrain/runtime/checkpoint/staging.py", [
         "tests/runtime/test_checkpoint_staging.py"]),
+    # the multi-rank stop decisions: the preemption flag (signals, the batch shell's flag
+    # file), the deadline, the save estimate and periodic saves that rank 0's clocks vote with
+    "preemption": ("hpctrain/runtime/preemption.py", [
+        "tests/runtime/test_pure_logic.py", "tests/runtime/test_gpu_path_logic.py",
+        "tests/runtime/test_checkpoint_interval.py"]),
+    # the save interval chosen from measured save and failure times (train.save_interval: auto)
+    "save_interval": ("hpctrain/runtime/save_interval.py", [
+        "tests/runtime/test_checkpoint_interval.py"]),
+    # the loss-spike guard every rank judges alike, whose state a resume carries on
+    "guard": ("hpctrain/runtime/guard.py", ["tests/runtime/test_pure_logic.py"]),
+    # an attempt's records (rank 0's result, a failing rank's, the ledger line), read by
+    # every later attempt and by older and newer versions of hpctrain
+    "attempt_records": ("hpctrain/record/attempt_records.py", [
+        "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
+        "tests/health/test_culprit.py"]),
 }
 
 # Operators left out (see the module docstring).
@@ -521,6 +536,13 @@ EQUIVALENT.update({
         "`!= \"\"` agree on text (and `_no_nul` has refused what is not text)",
     (_FD, "core/NumberReplacer",
      'raise Refused(f"is not JSON ({str(e).splitlines()[0][:120]})") from None'): _ONE_LINE,
+})
+
+_PS = "hpctrain/runtime/preemption.py"
+EQUIVALENT.update({
+    (_PS, "core/ReplaceComparisonOperator_Eq_LtE",
+     "if self.interval_steps and step % self.interval_steps == 0:"):
+        "a remainder by a positive interval is never negative: `<= 0` holds where `== 0` does",
 })
 
 

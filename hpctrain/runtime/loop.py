@@ -117,7 +117,7 @@ class Trainer:
                                        ck.deadline_margin_s, clock)
         auto = ck.interval_minutes == "auto"
         self.periodic = PeriodicSaves(ck.interval_steps, 0.0 if auto else ck.interval_minutes,
-                                      start_step=self.step)
+                                      self.step)
         # auto: rank 0's clock decides; the interval follows the measured saves
         self.auto_interval = AutoInterval.for_trainer(ctx, self.periodic, self.estimate) \
             if auto and ctx.is_rank0 else None

@@ -107,7 +107,7 @@ class DeadlinePolicy:
     happens at a step boundary, so the next chance comes one step later.
     """
 
-    def __init__(self, deadline: float | None, safety_factor: float = 2.0, margin_s: float = 30.0,
+    def __init__(self, deadline: float | None, safety_factor: float, margin_s: float,
                  clock: Clock = time.time) -> None:
         self.deadline = deadline
         self.safety_factor = safety_factor
@@ -160,8 +160,8 @@ class SaveEstimate:
 class PeriodicSaves:
     """Whether a periodic checkpoint is due after ``step`` completed steps."""
 
-    def __init__(self, interval_steps: int = 0, interval_minutes: float = 0.0,
-                 clock: Clock = time.monotonic, start_step: int = 0) -> None:
+    def __init__(self, interval_steps: int, interval_minutes: float, start_step: int,
+                 clock: Clock = time.monotonic) -> None:
         self.interval_steps = interval_steps
         self.interval_s = interval_minutes * 60.0
         self.clock = clock

@@ -46,14 +46,16 @@ def previous_blocking_s(run, attempt: int) -> float | None:
 
 
 def measured_restart_s(run) -> float | None:
-    """The newest ``recovery_s`` of the run's ledger (None when no recovery was measured)."""
+    """The newest ``recovery_s`` of the run's ledger (None when no recovery was measured).
+    The ledger's reader has checked each field's type (a number, or absent); a negative one
+    (clocks of two nodes apart) measured nothing and is passed over."""
     try:
         ledger = run.ledger()
     except Exception:   # an unreadable ledger: the start-up is used instead
         return None
     for record in reversed(ledger):
-        value = record.get("recovery_s") if isinstance(record, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        value = record.get("recovery_s")
+        if value is not None and value >= 0:
             return float(value)
     return None
 

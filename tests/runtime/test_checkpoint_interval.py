@@ -76,7 +76,7 @@ def test_job_mtbf_and_expected_losses():
 
 def test_auto_interval_caps_until_measured_then_follows_the_measured_saves():
     clock = Clock()
-    periodic = PeriodicSaves(0, 0.0, clock=clock)
+    periodic = PeriodicSaves(0, 0.0, 0, clock=clock)
     # an unmeasured estimate (a whole synchronous save of 300 s) would say hours: capped
     auto = AutoInterval(periodic, node_mtbf_hours=6000, nodes=2, delta_s=300.0,
                         source="bytes at 100 MB/s")
@@ -117,3 +117,105 @@ def test_auto_interval_from_a_previous_attempts_periodic_save(tmp_path):
     # an attempt with no earlier measurement falls back on the deadline check's estimate
     est = SaveEstimate(previous_s=None, load_s=4.0)
     assert est.seconds == 4.0
+
+
+# ------------------------------------------------------------------ across attempts (rank 0)
+def _run(tmp_path):
+    from hpctrain.record.folder import RunFolder
+    run = RunFolder(tmp_path / "run")
+    run.path.mkdir(parents=True)
+    return run
+
+
+def test_the_restart_cost_is_the_newest_recovery_the_ledger_measured(tmp_path):
+    from hpctrain.runtime.save_interval import measured_restart_s
+    run = _run(tmp_path)
+    assert measured_restart_s(run) is None                     # no ledger yet
+    run.append_ledger({"attempt": 1, "exit_reason": "failed"})
+    assert measured_restart_s(run) is None                     # nothing measured
+    for attempt, recovery in ((2, 95.0), (3, 0), (4, -3.0)):
+        run.append_ledger({"attempt": attempt, "exit_reason": "failed", "recovery_s": recovery})
+    run.append_ledger({"attempt": 5, "exit_reason": "preempted"})
+    # newest first: attempt 5 measured nothing, attempt 4's clock skew measured nothing,
+    # attempt 3's restart on a spare took no time worth a decimal
+    assert measured_restart_s(run) == 0.0
+    run.ledger_file.write_text('{"attempt": 6, "recovery_s": "fast"}\n')  # damaged: the
+    assert measured_restart_s(run) is None                               # start-up instead
+
+
+def test_where_the_save_time_came_from_is_said_in_order_of_trust():
+    from hpctrain.runtime.save_interval import estimate_source
+    est = SaveEstimate()
+    assert estimate_source(est) == "default"
+    est = SaveEstimate(state_bytes=10**9)
+    assert estimate_source(est) == "bytes at 100 MB/s"
+    est = SaveEstimate(load_s=4.0, state_bytes=10**9)
+    assert estimate_source(est) == "this attempt's load time"
+    est = SaveEstimate(previous_s=9.0, load_s=4.0, state_bytes=10**9)
+    assert estimate_source(est) == "newest checkpoint's save time"
+    est.record(3.0)
+    assert estimate_source(est) == "measured"
+
+
+def _ctx(run, attempt: int, interval="auto", world: int = 12, per_node: int = 8,
+         rank0: bool = True):
+    from types import SimpleNamespace as NS
+    return NS(job=NS(checkpoint=NS(interval_minutes=interval)), run=run, attempt=attempt,
+              world_size=world, env=NS(local_world_size=per_node), is_rank0=rank0,
+              profile=NS(reliability=NS(node_mtbf_hours=6000.0)))
+
+
+def test_a_later_attempt_starts_from_the_last_ones_measured_save_and_recovery(tmp_path):
+    from hpctrain.runtime.save_interval import AutoInterval
+    run = _run(tmp_path)
+    clock = Clock()
+    periodic = PeriodicSaves(0, 0.0, 0, clock=clock)
+    assert AutoInterval.for_trainer(_ctx(run, 1, interval=30.0), periodic, SaveEstimate()) is None
+    folder = run.attempt_dir(1)
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"exit_reason": "failed", "saves": [
+        {"step": 5, "reason": "periodic", "stall_seconds": 2.0}]}))
+    run.append_ledger({"attempt": 2, "exit_reason": "failed", "recovery_s": 75.0})
+    auto = AutoInterval.for_trainer(_ctx(run, 3), periodic, SaveEstimate(load_s=400.0))
+    # 12 ranks at 8 per node: 2 nodes; δ: attempt 1's periodic save, a measurement (no cap)
+    assert (auto.nodes, auto.delta_s, auto.restart_s) == (2, 2.0, 75.0)
+    assert auto.source == "previous attempt's periodic save" and auto.measured
+    est = auto.compute()
+    assert est.interval_s == pytest.approx(daly_interval_s(2.0, 6000 * 3600 / 2))
+    assert est.interval_s > UNMEASURED_CAP_S
+    # no earlier save measured and no recovery: the deadline check's estimate, capped, and
+    # this process's own start-up as the restart's cost
+    fresh = _run(tmp_path / "fresh")
+    auto = AutoInterval.for_trainer(_ctx(fresh, 1, world=8), periodic,
+                                    SaveEstimate(load_s=400.0))
+    assert (auto.nodes, auto.delta_s, auto.source) == (1, 400.0, "this attempt's load time")
+    assert not auto.measured and auto.compute().interval_s == UNMEASURED_CAP_S
+    assert auto.restart_s is not None and auto.restart_s > 0
+
+
+def test_a_save_that_measured_nothing_leaves_the_interval_as_it_was():
+    clock = Clock()
+    periodic = PeriodicSaves(0, 0.0, 0, clock=clock)
+    auto = AutoInterval(periodic, node_mtbf_hours=6000, nodes=1, delta_s=300.0,
+                        source="bytes at 100 MB/s")
+    for nothing in (None, -1.0):
+        est = auto.saved(nothing)
+        assert est.delta_s == 300.0 and est.interval_s == UNMEASURED_CAP_S
+        assert not auto.measured
+    assert auto.saved(0.0).delta_s == 0.0 and auto.measured   # a free save is a measurement
+
+
+def test_rank_0_reports_the_interval_once_with_the_numbers_it_used(tmp_path):
+    clock = Clock()
+    run = _run(tmp_path)
+    periodic = PeriodicSaves(0, 0.0, 0, clock=clock)
+    auto = AutoInterval(periodic, node_mtbf_hours=6000, nodes=3, delta_s=2.0,
+                        source="measured", restart_s=60.0)
+    est = auto.report(_ctx(run, 1), step=40, why="start")
+    auto.report(_ctx(run, 1, rank0=False), step=40, why="start")    # other ranks: no event
+    (event,) = [e for e in run.events() if e["event"] == "checkpoint_interval"]
+    assert (event["step"], event["why"], event["attempt"]) == (40, "start", 1)
+    assert event["mtbf_hours"] == 2000.0 and event["delta_s"] == 2.0
+    assert event["total_lost_fraction"] == round(est.total_fraction, 6) > 0
+    assert event["interval_s"] == pytest.approx(est.interval_s, rel=1e-3)
+    assert "capped" not in auto.line()

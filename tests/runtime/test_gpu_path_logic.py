@@ -72,6 +72,9 @@ def test_the_flag_file_is_seen_by_the_watcher_without_the_step_asking(tmp_path):
     flag = PreemptionFlag("USR1", str(path))
     flag.watch_file(interval_s=0.05)
     try:
+        watcher = flag._watcher
+        flag.watch_file(interval_s=0.05)            # asked again: still the one watcher
+        assert flag._watcher is watcher
         time.sleep(0.2)
         assert not flag.requested
         path.touch()
@@ -80,7 +83,9 @@ def test_the_flag_file_is_seen_by_the_watcher_without_the_step_asking(tmp_path):
     finally:
         flag.stop_watching()
     assert flag._watcher is None
-    PreemptionFlag("USR1", None).watch_file()      # no flag file (ranks other than 0): no thread
+    nothing_to_watch = PreemptionFlag("USR1", None)
+    nothing_to_watch.watch_file()                   # no flag file (ranks other than 0): no thread
+    assert nothing_to_watch._watcher is None
 
 
 def test_the_watcher_stops_when_the_rank_stands_down(tmp_path):

@@ -94,7 +94,7 @@ def test_deadline_reserves_save_time_margin_and_one_step():
     clock.t = 1000 - 119
     assert d.must_stop(save_estimate_s=40, step_time_s=10)
     assert d.time_left() == pytest.approx(119)
-    assert not DeadlinePolicy(None, clock=clock).must_stop(1e9, 1e9)
+    assert not DeadlinePolicy(None, 2.0, 30.0, clock=clock).must_stop(1e9, 1e9)
 
 
 def test_save_estimate_prefers_measurements():
@@ -116,7 +116,7 @@ def test_save_estimate_prefers_measurements():
 
 def test_periodic_saves_by_steps_and_by_minutes():
     clock = Clock(0.0)
-    p = PeriodicSaves(interval_steps=50, interval_minutes=0, clock=clock, start_step=0)
+    p = PeriodicSaves(interval_steps=50, interval_minutes=0, start_step=0, clock=clock)
     assert [s for s in range(1, 201) if p.due(s)] == [50, 100, 150, 200]
     p = PeriodicSaves(interval_steps=0, interval_minutes=15, clock=clock, start_step=10)
     assert not p.due(11)
@@ -127,9 +127,16 @@ def test_periodic_saves_by_steps_and_by_minutes():
     p.saved(13)
     assert not p.due(14)
     assert not p.due(13)     # never twice for one step
-    off = PeriodicSaves(0, 0, clock=clock)
+    clock.t = 2 * 15 * 60 + 7
+    assert p.due(15)         # a step boundary seldom falls on the minute itself
+    p.interval_steps = 5
+    assert not p.due(10)     # nor for a step before the last save
+    off = PeriodicSaves(0, 0, 0, clock=clock)
     clock.t = 1e9
     assert not off.due(5)
+    resumed = PeriodicSaves(5, 0.0, 10, clock=clock)     # a run resumed from step 10's save
+    assert not resumed.due(10) and resumed.due(15)
+    assert PeriodicSaves(1, 0.0, 0, clock=clock).due(1)   # every step: the first one too
 
 
 def test_preemption_flag_from_signals_and_flag_file(tmp_path):
@@ -150,6 +157,54 @@ def test_preemption_flag_from_signals_and_flag_file(tmp_path):
     (tmp_path / "flag").touch()
     assert late.check_file() and late.received == "flag file"
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+
+def test_a_second_ctrl_c_stops_at_once_and_only_ctrl_c_does():
+    """The first Ctrl-C asks for the emergency checkpoint like a preemption signal; a second
+    Ctrl-C is a person who will not wait for it. A second preemption signal is only a
+    repeat (Slurm sends the warning again on a requeued step)."""
+    flag = PreemptionFlag("USR1")
+    flag.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert flag.received == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        flag.uninstall()
+    repeated = PreemptionFlag("USR1")
+    repeated.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)     # no KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert repeated.received == "SIGUSR1"    # the first signal is the one recorded
+    finally:
+        repeated.uninstall()
+
+
+def test_a_rank_that_stood_down_ignores_the_preemption_signal_but_not_sigterm():
+    """After the attempt's work, a late time-limit warning (the profile's signal) must not
+    kill a clean exit; SIGTERM keeps its handler (the scheduler's real stop)."""
+    flag = PreemptionFlag("USR2")
+    flag.install()
+    try:
+        flag.stand_down()
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == flag._handle
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert not flag.requested
+    finally:
+        flag.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    by_sigterm = PreemptionFlag("TERM")          # a cluster that preempts with SIGTERM only
+    by_sigterm.install()
+    try:
+        by_sigterm.stand_down()
+        assert signal.getsignal(signal.SIGTERM) == by_sigterm._handle
+    finally:
+        by_sigterm.uninstall()
 
 
 # ------------------------------------------------------------------------------- environment
