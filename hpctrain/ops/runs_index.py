@@ -40,7 +40,7 @@ from ..record.files import RunFileError
 from ..view.summary_cache import SETTLED, fingerprint_at, summaries
 
 INDEX_FILE = ".runs-index.json"
-FORMAT = 1
+FORMAT = 2      # 2: rows as summary_cache's format 2 builds them
 MAGIC = b"hpctrain-runs-index"
 
 

@@ -33,7 +33,9 @@ from .cost import ACCOUNTING
 from .runview import CANCELLED, FINISHED, NOT_SUBMITTED, STOPPED, add_usage, build_views
 
 CACHE_FILE = ".summary.json"
-FORMAT = 1
+# 2: rows print names and sweep values read from disk in their printable form, and a run
+# whose file gives a JSON key twice is DAMAGED: a row an older version kept is built again
+FORMAT = 2
 # the files (and the logs folder, whose attempt-N folders count attempts) a row is built from
 SOURCES = ("run.yaml", "job.yaml", "ledger.jsonl", "events.jsonl", "metrics.jsonl", "logs")
 _SOURCE_SUFFIXES = tuple(os.sep + name for name in SOURCES)

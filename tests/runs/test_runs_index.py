@@ -24,7 +24,7 @@ from hpctrain.ops.listing import newest_runs
 from hpctrain.record.folder import RunFolder
 from hpctrain.scheduler.local.jobs import CONTROLLER_MODULE
 from hpctrain.view import summary_cache
-from hpctrain.ops.runs_index import INDEX_FILE, listing_rows, read_index
+from hpctrain.ops.runs_index import FORMAT, INDEX_FILE, listing_rows, read_index
 from hpctrain.view.runview import add_usage, build_views
 from hpctrain.view.summary_cache import CACHE_FILE
 from tests.conftest import unix_socket_at
@@ -57,8 +57,8 @@ def _body(root: Path) -> dict:
 def _write_body(root: Path, body) -> None:
     """An index holding ``body`` under a valid header: damage the checksum cannot see."""
     data = json.dumps(body).encode()
-    (root / INDEX_FILE).write_bytes(b"hpctrain-runs-index 1 %08x %d\n" % (zlib.crc32(data), len(data))
-                                    + data)
+    (root / INDEX_FILE).write_bytes(b"hpctrain-runs-index %d %08x %d\n"
+                                    % (FORMAT, zlib.crc32(data), len(data)) + data)
 
 
 def _kept_names(rows: list[dict]) -> set[str]:
@@ -326,7 +326,8 @@ def _damage(root: Path, kind: str, data: bytes, where: float) -> None:
         path.unlink()
         path.symlink_to(other)
     elif kind == "other-format":
-        path.write_bytes(good.replace(b"hpctrain-runs-index 1 ", b"hpctrain-runs-index 9 ", 1))
+        path.write_bytes(good.replace(b"hpctrain-runs-index %d " % FORMAT,
+                                    b"hpctrain-runs-index %d " % (FORMAT - 1), 1))
 
 
 def _run_files(root: Path) -> dict:

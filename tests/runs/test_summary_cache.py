@@ -13,7 +13,7 @@ import pytest
 from hpctrain.record.folder import RunFolder, iter_runs
 from hpctrain.scheduler.local.jobs import CONTROLLER_MODULE
 from hpctrain.view.runview import add_usage, build_views
-from hpctrain.view.summary_cache import CACHE_FILE, summaries
+from hpctrain.view.summary_cache import CACHE_FILE, FORMAT, fingerprint, summaries
 from tests.conftest import REPO, tool_module
 
 
@@ -69,9 +69,11 @@ def test_a_damaged_kept_file_is_ignored_and_rebuilt(runs):
     expected = _uncached([run])
     summaries([run])
     cache = run.path / CACHE_FILE
-    for bad in ("{not json", json.dumps({"format": 1, "fingerprint": None,
-                                         "row": {**expected[0], "state": "FINISHED",
-                                                 "loss": 99.0}}), "[]"):
+    stale = {**expected[0], "state": "FINISHED", "loss": 99.0}
+    for bad in ("{not json", json.dumps({"format": FORMAT, "fingerprint": None, "row": stale}),
+                # a row an older version kept, for the files as they are now
+                json.dumps({"format": FORMAT - 1, "fingerprint": fingerprint(run),
+                            "row": stale}), "[]"):
         cache.write_text(bad)
         assert summaries([run]) == expected
         assert json.loads(cache.read_text())["row"]["loss"] == expected[0]["loss"]
