@@ -38,13 +38,19 @@ def test_runs_are_labelled_by_the_job_settings_that_differ(tmp_path):
         [(short.id, "train.steps=20", 5, None), (long.id, "train.steps=30", 5, 3.3)]
 
 
-def test_a_sweep_is_one_png_in_its_folder_labelled_by_its_values(tmp_path):
-    root = tmp_path / "runs"
-    points = expand(ops_job(), ops_profile(ranks_per_node=2), ["train.lr=1e-3,2e-3,3e-3"])
+def _sweep_with_metrics(root, spec: str):
+    """A sweep prepared under ``root`` whose runs each logged a few steps (run i at loss 3 + i)."""
+    points = expand(ops_job(), ops_profile(ranks_per_node=2), [spec])
     sweep_dir, runs = prepare_sweep(points, root, source=str(OPS_JOB))
     for i, r in enumerate(runs):
         for m in metrics(3.0 + i):
             append_jsonl(r.run.metrics_file, m)
+    return sweep_dir, runs
+
+
+def test_a_sweep_is_one_png_in_its_folder_labelled_by_its_values(tmp_path):
+    root = tmp_path / "runs"
+    sweep_dir, runs = _sweep_with_metrics(root, "train.lr=1e-3,2e-3,3e-3")
     text = cli(root, "report", sweep_dir.name).stdout
     assert text.startswith(f"Report: {sweep_dir / 'compare.png'} (1200×900), 3 runs")
     assert png_size(sweep_dir / "compare.png") == (1200, 900)
@@ -60,11 +66,7 @@ def test_sweep_values_edited_to_hold_control_characters_are_printed_escaped_on_o
     (quoted, escapes shown), so no escape code reaches the terminal and no line is added."""
     from hpctrain.config import yamlio
     root = tmp_path / "runs"
-    points = expand(ops_job(), ops_profile(ranks_per_node=2), ["train.lr=1e-3,2e-3"])
-    sweep_dir, runs = prepare_sweep(points, root, source=str(OPS_JOB))
-    for i, r in enumerate(runs):
-        for m in metrics(3.0 + i):
-            append_jsonl(r.run.metrics_file, m)
+    sweep_dir, runs = _sweep_with_metrics(root, "train.lr=1e-3,2e-3")
     run = runs[0].run
     meta = yamlio.read_mapping(run.run_file)
     meta["sweep"]["id"] += "\x1b[31m"
