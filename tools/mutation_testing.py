@@ -539,7 +539,30 @@ EQUIVALENT.update({
 })
 
 _PS = "hpctrain/runtime/preemption.py"
+_SI = "hpctrain/runtime/save_interval.py"
+_GU = "hpctrain/runtime/guard.py"
+_GUARD_TEST = ("if self.spike_factor > 0 and len(self.history) == self.spike_window and "
+               "math.isfinite(loss):")
 EQUIVALENT.update({
+    (_SI, "core/ReplaceComparisonOperator_Eq_GtE",
+     'if save.get("reason") == "periodic" and isinstance(save.get("stall_seconds"),'):
+        "a save's reason is periodic, emergency, deadline or final: only periodic sorts at or "
+        "after periodic",
+    (_SI, "core/ReplaceComparisonOperator_Lt_NotEq",
+     "if est.optimum_s is not None and est.interval_s < est.optimum_s:"):
+        "an auto interval is Daly's optimum or the cap below it, never above: `!=` holds where "
+        "`<` does",
+    (_SI, "core/ReplaceComparisonOperator_Gt_GtE",
+     "if not self.measured and est.interval_s > UNMEASURED_CAP_S:"):
+        "at exactly the cap the estimate is replaced by one with the same interval and optimum",
+    (_GU, "core/ReplaceComparisonOperator_Eq_GtE", _GUARD_TEST):
+        "the history is a deque of at most the window's length: `>=` holds where `==` does",
+    (_GU, "core/ReplaceComparisonOperator_Eq_Is", _GUARD_TEST):
+        "the length and the window are small ints, which CPython keeps one object of each",
+    (_GU, "core/ReplaceComparisonOperator_Gt_NotEq", _GUARD_TEST):
+        "the job's loader refuses a negative spike factor: `!= 0` holds where `> 0` does",
+    (_GU, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
+        "no code assigns to a Verdict's fields: frozen or not, each is read as it was made",
     (_PS, "core/ReplaceComparisonOperator_Eq_LtE",
      "if self.interval_steps and step % self.interval_steps == 0:"):
         "a remainder by a positive interval is never negative: `<= 0` holds where `== 0` does",

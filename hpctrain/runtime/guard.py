@@ -29,11 +29,14 @@ class Verdict:
 
 
 class StabilityGuard:
-    def __init__(self, skip_nonfinite: bool = True, spike_factor: float = 3.0,
-                 spike_window: int = 20, max_skipped_steps: int = 5) -> None:
+    """The job's ``train.stability`` (its loader bounds each value: a window of at least one
+    step, a factor of at least 0, at least one skip before stopping)."""
+
+    def __init__(self, skip_nonfinite: bool, spike_factor: float, spike_window: int,
+                 max_skipped_steps: int) -> None:
         self.skip_nonfinite = skip_nonfinite
         self.spike_factor = spike_factor
-        self.spike_window = max(1, spike_window)
+        self.spike_window = spike_window
         self.max_skipped_steps = max_skipped_steps
         self.history: deque[float] = deque(maxlen=self.spike_window)
         self.skipped_in_a_row = 0

@@ -113,6 +113,9 @@ def test_auto_interval_from_a_previous_attempts_periodic_save(tmp_path):
                        {"step": 9, "reason": "emergency", "stall_seconds": 8.0}])
     attempt_result(2, [{"step": 12, "reason": "deadline", "stall_seconds": 7.0}])
     assert previous_blocking_s(run, 3) == 1.5
+    attempt_result(3, [{"step": 14, "reason": "periodic", "stall_seconds": 0.9},
+                       {"step": 16, "reason": "periodic", "stall_seconds": 0.7}])
+    assert previous_blocking_s(run, 4) == 0.7       # the newest attempt's last periodic save
     assert previous_blocking_s(run, 1) is None
     # an attempt with no earlier measurement falls back on the deadline check's estimate
     est = SaveEstimate(previous_s=None, load_s=4.0)
@@ -133,7 +136,7 @@ def test_the_restart_cost_is_the_newest_recovery_the_ledger_measured(tmp_path):
     assert measured_restart_s(run) is None                     # no ledger yet
     run.append_ledger({"attempt": 1, "exit_reason": "failed"})
     assert measured_restart_s(run) is None                     # nothing measured
-    for attempt, recovery in ((2, 95.0), (3, 0), (4, -3.0)):
+    for attempt, recovery in ((2, 95.0), (3, 0), (4, -0.5)):
         run.append_ledger({"attempt": attempt, "exit_reason": "failed", "recovery_s": recovery})
     run.append_ledger({"attempt": 5, "exit_reason": "preempted"})
     # newest first: attempt 5 measured nothing, attempt 4's clock skew measured nothing,
@@ -176,7 +179,8 @@ def test_a_later_attempt_starts_from_the_last_ones_measured_save_and_recovery(tm
     (folder / "result.json").write_text(json.dumps({"exit_reason": "failed", "saves": [
         {"step": 5, "reason": "periodic", "stall_seconds": 2.0}]}))
     run.append_ledger({"attempt": 2, "exit_reason": "failed", "recovery_s": 75.0})
-    auto = AutoInterval.for_trainer(_ctx(run, 3), periodic, SaveEstimate(load_s=400.0))
+    auto = AutoInterval.for_trainer(_ctx(run, 3, interval="".join(["au", "to"])), periodic,
+                                    SaveEstimate(load_s=400.0))    # "auto" as a loader makes it
     # 12 ranks at 8 per node: 2 nodes; δ: attempt 1's periodic save, a measurement (no cap)
     assert (auto.nodes, auto.delta_s, auto.restart_s) == (2, 2.0, 75.0)
     assert auto.source == "previous attempt's periodic save" and auto.measured
@@ -209,13 +213,28 @@ def test_rank_0_reports_the_interval_once_with_the_numbers_it_used(tmp_path):
     clock = Clock()
     run = _run(tmp_path)
     periodic = PeriodicSaves(0, 0.0, 0, clock=clock)
-    auto = AutoInterval(periodic, node_mtbf_hours=6000, nodes=3, delta_s=2.0,
+    auto = AutoInterval(periodic, node_mtbf_hours=6000, nodes=7, delta_s=2.0,
                         source="measured", restart_s=60.0)
-    est = auto.report(_ctx(run, 1), step=40, why="start")
+    assert "capped" not in auto.line()             # computed on first use
+
+    def reported():
+        return [e for e in run.events() if e["event"] == "checkpoint_interval"]
+
     auto.report(_ctx(run, 1, rank0=False), step=40, why="start")    # other ranks: no event
-    (event,) = [e for e in run.events() if e["event"] == "checkpoint_interval"]
+    assert reported() == []
+    est = auto.report(_ctx(run, 1), step=40, why="start")
+    (event,) = reported()
     assert (event["step"], event["why"], event["attempt"]) == (40, "start", 1)
-    assert event["mtbf_hours"] == 2000.0 and event["delta_s"] == 2.0
+    assert event["mtbf_hours"] == 857.14 and event["delta_s"] == 2.0
     assert event["total_lost_fraction"] == round(est.total_fraction, 6) > 0
     assert event["interval_s"] == pytest.approx(est.interval_s, rel=1e-3)
-    assert "capped" not in auto.line()
+
+
+def test_an_unmeasured_interval_below_the_cap_is_kept():
+    """The cap keeps an overestimated δ from leaving a run without checkpoints; an interval
+    already shorter than the cap (a small job on unreliable nodes) is Daly's, as it is."""
+    auto = AutoInterval(PeriodicSaves(0, 0.0, 0, clock=Clock()), node_mtbf_hours=2.0, nodes=4,
+                        delta_s=30.0, source="bytes at 100 MB/s")
+    est = auto.compute()
+    assert est.interval_s == pytest.approx(daly_interval_s(30.0, 2.0 * 3600 / 4))
+    assert est.interval_s < UNMEASURED_CAP_S and "capped" not in auto.line()

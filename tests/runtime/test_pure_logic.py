@@ -60,7 +60,7 @@ def test_linear_constant_and_wsd():
 
 # ------------------------------------------------------------------------------- guard
 def test_guard_skips_nonfinite_and_spikes_and_stops_after_the_limit():
-    g = StabilityGuard(spike_factor=2.0, spike_window=3, max_skipped_steps=2)
+    g = StabilityGuard(True, spike_factor=2.0, spike_window=3, max_skipped_steps=2)
     assert not g.check(4.0, 1.0).skip           # window not full: no spike rule yet
     assert not g.check(3.0, 1.0).skip
     assert not g.check(2.0, 1.0).skip
@@ -73,16 +73,51 @@ def test_guard_skips_nonfinite_and_spikes_and_stops_after_the_limit():
     assert v.skip and "gradient norm is inf" in v.reason
     assert "max_skipped_steps is 2" in v.stop
     assert g.skipped_total == 3
-    restored = StabilityGuard(spike_factor=2.0, spike_window=3, max_skipped_steps=2)
+    restored = StabilityGuard(True, spike_factor=2.0, spike_window=3, max_skipped_steps=2)
     restored.load_state_dict(g.state_dict())
     assert restored.state_dict() == g.state_dict()
     assert restored.judge(7.0, 1.0) == g.judge(7.0, 1.0)
 
 
 def test_guard_can_be_told_not_to_skip():
-    g = StabilityGuard(skip_nonfinite=False, spike_factor=0.0)
+    g = StabilityGuard(skip_nonfinite=False, spike_factor=0.0, spike_window=2,
+                       max_skipped_steps=5)
     assert not g.check(float("nan"), float("nan")).skip
+    assert not g.check(1.0, 1.0).skip and not g.check(1.0, 1.0).skip   # the window is full
     assert not g.check(1e9, 1.0).skip
+
+
+def test_a_spike_is_more_than_the_factor_times_the_mean_of_the_window():
+    g = StabilityGuard(True, spike_factor=2.0, spike_window=3, max_skipped_steps=5)
+    for loss in (3.0, 2.0, 2.5):                 # mean 2.5: a spike is above 5.0
+        g.check(loss, 1.0)
+    assert g.judge(4.9, 1.0) is None              # above 2 + 2.5 and 2 x floor(2.5), not a spike
+    assert g.judge(5.0, 1.0) is None              # exactly the factor times the mean
+    assert "loss spike: 5.0100 > 2 × running mean 2.5000 of the last 3 steps" == \
+        g.judge(5.01, 1.0)
+    one = StabilityGuard(True, spike_factor=2.0, spike_window=1, max_skipped_steps=5)
+    one.check(2.0, 1.0)
+    assert one.check(4.5, 1.0).skip               # a window of one step is the last loss
+
+
+def test_the_guard_counts_skips_in_a_row_across_a_resume():
+    """A fresh guard has skipped nothing; a checkpoint from before the guard kept its counts
+    has skipped nothing either; a resume whose job lowered max_skipped_steps below the
+    skips already in a row stops at its next skip."""
+    fresh = StabilityGuard(True, 2.0, 3, max_skipped_steps=2)
+    assert fresh.check(float("nan"), 1.0).stop is None
+    older = StabilityGuard(True, 2.0, 3, max_skipped_steps=2)
+    older.load_state_dict({"history": [1.0, 1.0, 1.0]})
+    assert older.check(float("nan"), 1.0).stop is None
+    assert older.state_dict() == {"history": [1.0, 1.0, 1.0], "skipped_in_a_row": 1,
+                                  "skipped_total": 1}
+    before = StabilityGuard(True, 2.0, 3, max_skipped_steps=5)
+    for _ in range(3):
+        before.check(float("nan"), 1.0)
+    lowered = StabilityGuard(True, 2.0, 3, max_skipped_steps=2)
+    lowered.load_state_dict(before.state_dict())
+    verdict = lowered.check(float("inf"), 1.0)
+    assert verdict.skip and "4 updates in a row were skipped" in verdict.stop
 
 
 # ------------------------------------------------------------------------------- time
