@@ -175,6 +175,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the save interval chosen from measured save and failure times (train.save_interval: auto)
     "save_interval": ("hpctrain/runtime/save_interval.py", [
         "tests/runtime/test_checkpoint_interval.py"]),
+    # the straggler watch in the ranks: the log step's all-gather and the one decision
+    "straggler_watch": ("hpctrain/runtime/straggler_timing.py", [
+        "tests/runtime/test_straggler_watch.py"]),
+    # the runtime's own collectives: rank 0's work ending alike on every rank, the gathers
+    "collectives": ("hpctrain/runtime/collectives.py", [
+        "tests/runtime/test_rank0_errors.py", "tests/runtime/test_straggler_watch.py"]),
     # the loss-spike guard every rank judges alike, whose state a resume carries on
     "guard": ("hpctrain/runtime/guard.py", ["tests/runtime/test_pure_logic.py"]),
     # an attempt's records (rank 0's result, a failing rank's, the ledger line), read by
