@@ -567,6 +567,20 @@ EQUIVALENT.update({
         "the length and the window are small ints, which CPython keeps one object of each",
     (_GU, "core/ReplaceComparisonOperator_Gt_NotEq", _GUARD_TEST):
         "the job's loader refuses a negative spike factor: `!= 0` holds where `> 0` does",
+    **{("hpctrain/record/attempt_records.py", "core/ReplaceTrueWithFalse", line):
+       "every record is built with its fields named and none is assigned after it is made: "
+       "keyword-only or frozen, each reads as it was made"
+       for line in ("@dataclass(kw_only=True)", "@dataclass(frozen=True)")},
+    ("hpctrain/record/attempt_records.py", "core/ReplaceOrWithAnd",
+     "if value is None or isinstance(value, ExitReason):"):
+        "the shortcut only: ExitReason(member) is the member, and ExitReason(None) raises the "
+        "ValueError that gives None back",
+    ("hpctrain/record/attempt_records.py", "core/ReplaceAndWithOr",
+     "if record.decision is not None and not isinstance(record.decision, Decision):"):
+        "with no decision, `or` calls Decision.from_dict(None), which gives None back",
+    ("hpctrain/record/attempt_records.py", "core/ReplaceComparisonOperator_Eq_Is",
+     'if f.name == "extra":'):
+        "field names are identifiers, which CPython interns: the name is the literal's object",
     (_GU, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
         "no code assigns to a Verdict's fields: frozen or not, each is read as it was made",
     (_PS, "core/ReplaceComparisonOperator_Eq_LtE",

@@ -156,6 +156,26 @@ def test_records_read_older_files_and_keep_what_they_do_not_know(run):
     assert read_result(run, 4) == AttemptResult()          # no file: an empty result
 
 
+def test_a_decision_and_an_exit_reason_keep_what_they_were_across_processes():
+    """The ledger's decision and exit reason cross from the batch shell to every later
+    attempt and the CLI: an in-job restart stays one (and a requeue does not become one), a
+    reason read twice is still the same member, a reason this version does not know stays its
+    text, and an unset one stays unset."""
+    from hpctrain.record.attempt_records import Decision
+    restarted = AttemptRecord.from_dict({"attempt": 2, "decision": {
+        "requeue": False, "reason": "restarted on spare n5", "in_job": True}})
+    assert restarted.decision == Decision(False, "restarted on spare n5", in_job=True)
+    assert restarted.to_dict()["decision"] == {"requeue": False, "in_job": True,
+                                               "reason": "restarted on spare n5"}
+    assert Decision(True, "preempted; requeue 1 of 3").to_dict() == {
+        "requeue": True, "reason": "preempted; requeue 1 of 3"}
+    member = exit_codes.ExitReason.DEADLINE
+    assert AttemptRecord.from_dict({"exit_reason": member}).exit_reason is member
+    assert AttemptRecord.from_dict({"exit_reason": "deadline"}).exit_reason is member
+    assert AttemptRecord.from_dict({"exit_reason": None}).exit_reason is None
+    assert AttemptRecord.from_dict({}).to_dict().get("exit_reason") is None
+
+
 def test_each_run_gets_its_own_folder_under_the_profiles_checkpoint_root(tmp_path, monkeypatch):
     """A cluster profile that keeps checkpoints on shared storage (``storage.checkpoint_root``,
     here under ``~``): two runs of one job get two folders there, named after the run."""
