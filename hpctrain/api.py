@@ -28,6 +28,12 @@ class Run(RunFolder):
     ``Run("runs/tiny-gpt-...")`` opens an existing run folder.
     """
 
+    def __post_init__(self) -> None:
+        # the API's door for a run's path: ``Run(None)`` or ``Run(5)`` would be a TypeError
+        # from pathlib, and ``Run("")`` would be the current folder
+        _path_or_text("path", self.path)
+        super().__post_init__()
+
     def _require(self) -> None:
         if not is_run_folder(self.path):
             raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
@@ -59,7 +65,13 @@ class Run(RunFolder):
         chained jobs included) and return its final :meth:`state`. ``echo`` (e.g. ``print``)
         gets the progress lines ``hpctrain submit --wait`` shows; past ``timeout_s``,
         TimeoutError (the jobs go on)."""
+        from . import limits
         from .view.follow import follow_run
+        limits.number("poll_s", poll_s, optional=False)
+        limits.number("timeout_s", timeout_s)
+        if echo is not None and not callable(echo):
+            raise UsageError(f"echo: expected a function taking one line (e.g. print) or None, "
+                             f"got {limits._show(echo)}")
         self._require()
         follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
         return self.state()
@@ -94,10 +106,9 @@ def submit(job: str | Path | Mapping | JobConfig,
     limits.boolean("force", force, optional=False)
     if sweep is not None and not isinstance(sweep, (Mapping, list, tuple)):
         raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
-                         f"'KEY=V1,V2' strings, got {sweep!r} (a {type(sweep).__name__})")
+                         f"'KEY=V1,V2' strings, got {limits._show(sweep)}")
     _path_or_text("job", job)
-    if not isinstance(profile, ClusterProfile):
-        _path_or_text("profile", profile)
+    profile = _profile_argument(profile)
     if runs_dir is not None:
         _path_or_text("runs_dir", runs_dir)
     done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain, sweep=sweep,
@@ -108,11 +119,13 @@ def submit(job: str | Path | Mapping | JobConfig,
     return Run(done.run.path)
 
 
-def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
-         nodes: int | None = None, gpus: int | None = None, tp: int | None = None,
-         pp: int | None = None, vpp: int | None = None, micro_batch_size: int | None = None,
+def plan(job: str | Path | Mapping | JobConfig,
+         profile: str | Path | ClusterProfile | None = None, *, nodes: int | None = None,
+         gpus: int | None = None, tp: int | None = None, pp: int | None = None,
+         vpp: int | None = None, micro_batch_size: int | None = None,
          sequence_parallel: bool | None = None, recompute: str | None = None) -> dict:
-    """What ``hpctrain plan JOB --json`` prints: every valid layout of ``job`` on ``profile``
+    """What ``hpctrain plan JOB --json`` prints: every valid layout of ``job`` (a job file, a
+    mapping or a JobConfig, as ``submit`` takes it) on ``profile``
     (default: the local profile; none with ``gpus`` alone) ranked by estimated step time among
     those that fit, each with its memory per GPU, and why every other candidate was rejected.
     Pinning any of ``tp``, ``pp``, ``vpp`` (0: none), ``micro_batch_size``,
@@ -125,9 +138,13 @@ def plan(job: str | Path, profile: str | Path | ClusterProfile | None = None, *,
         limits.integer(name, value, argument=True)
     limits.boolean("sequence_parallel", sequence_parallel)
     limits.choice("recompute", recompute, ("none", "selective", "full"))
+    from .submission.checks import load_job_input
     _path_or_text("job", job)
-    if profile is not None and not isinstance(profile, ClusterProfile):
-        _path_or_text("profile", profile)
+    if profile is not None:
+        profile = _profile_argument(profile)
+    # a mapping or a JobConfig is checked as its file would be (a JobConfig changed in Python
+    # with num_layers=10**6 would keep the planner busy for hours): submit's door for a job
+    job, _ = load_job_input(job)
     return plan_data(job, profile, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
                      mbs=micro_batch_size, sp=sequence_parallel, recompute=recompute)
 
@@ -163,14 +180,34 @@ def _check_runs_arguments(runs_dir, limit) -> None:
         raise UsageError(f"limit: expected an integer of at least 0, got {limit!r}")
 
 
+def _profile_argument(profile):
+    """``profile`` as ``submit`` and ``plan`` take it: a name or a file (checked as a path), or
+    a :class:`ClusterProfile` object, checked again as its file would be
+    (``config.load_profile``): one built or changed in Python skipped every check."""
+    from .config import load_profile
+    if isinstance(profile, ClusterProfile):
+        return load_profile(profile)
+    _path_or_text("profile", profile)
+    return profile
+
+
 def _path_or_text(name: str, value) -> None:
+    """The API's door for an argument naming a file or folder: a str or a ``pathlib.Path``,
+    not blank, of at most the file system's lengths and without a NUL byte (``os.stat``
+    raises ValueError on one); a job may also be a mapping or a loaded JobConfig. Anything
+    else is one UsageError naming the argument (the value quoted by ``limits``' words: an
+    object whose repr raises is named by its type)."""
+    from . import limits
+    from .config import safety
     if name == "job" and isinstance(value, (Mapping, JobConfig)):
         return                                  # a job given as a mapping or a loaded job
     if not isinstance(value, (str, Path)) or not str(value).strip():
         what = ("a job file, a mapping or a JobConfig" if name == "job"
                 else "a path (a str or pathlib.Path)")
-        raise UsageError(f"{name}: expected {what}, got {value!r} "
-                         f"(a {type(value).__name__})")
+        raise UsageError(f"{name}: expected {what}, got {limits._show(value)}")
+    why = safety.path_problem(str(value))
+    if why:
+        raise UsageError(f"{name}: the path {safety.short(str(value))} {why}")
 
 
 __all__ = ["Run", "plan", "runs", "runs_table", "submit"]

@@ -82,6 +82,10 @@ def click_range(name: str):
 # be whole (seconds)
 NUMBERS = {
     "kernel_budget_s": ("--budget", 10, 3600),
+    # ``Run.wait``'s seconds: a poll of 0 reads the run's files in a busy loop, one of 1e300
+    # overflows ``time.sleep``, and a NaN timeout never expires (``elapsed > nan`` is false)
+    "poll_s": ("poll_s", 0.05, 3600),
+    "timeout_s": ("timeout_s", 0, 10 * 365 * 24 * 3600),
 }
 
 
@@ -101,6 +105,20 @@ def click_float_range(name: str):
 
     _, low, high = NUMBERS[name]
     return FiniteRange(min=low, max=high)
+
+
+def number(name: str, value, *, optional: bool = True):
+    """``value`` as a float if it is a real number (not a bool, not a string) within
+    ``name``'s range of :data:`NUMBERS`, NaN refused; UsageError naming it and the range
+    otherwise. None passes when ``optional``."""
+    option, low, high = NUMBERS[name]
+    if value is None and optional:
+        return None
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not real or value != value or not low <= value <= high:   # NaN; inf is past every high
+        raise UsageError(f"{option}: expected a number of seconds from {low:g} to {high:,}, got "
+                         f"{_show(value)}")
+    return float(value)
 
 
 def boolean(option: str, value, *, optional: bool = True):
@@ -131,6 +149,7 @@ def sweep_points(counts: list[int]) -> int:
 
 
 def _show(value) -> str:
-    text = repr(value)
-    kind = type(value).__name__
-    return f"{text if len(text) <= 40 else text[:30] + '...'} (a {kind})"
+    """A wrong argument as a message quotes it: ``config.safety.short`` (an object whose repr
+    raises, or a list of millions of items, is named, not written out) and its type."""
+    from .config.safety import short
+    return f"{short(value, 40)} (a {type(value).__name__})"

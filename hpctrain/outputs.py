@@ -146,9 +146,15 @@ class AtomicFile:
         self.durable, self.exclusive = durable, exclusive
         self.path.parent.mkdir(parents=True, exist_ok=True)
         refuse_special(self.path)
-        with _naming(self.path):
+        try:
             self.file, self.tmp = _create(self.path.parent, f".{self.path.name}.",
                                           0o666 & ~_umask())
+        except OSError as e:
+            # mkstemp names the temporary file it could not create (``.out.bin.x1y2.tmp``):
+            # the error names the file being written, which is what the user gave
+            if e.errno is None:
+                raise
+            raise type(e)(e.errno, e.strerror, str(self.path)) from e
         self.done = False
 
     def commit(self) -> None:

@@ -64,7 +64,7 @@ class LazyGroup(click.Group):
             click.echo(f"Error: {e}", err=True)
             ctx.exit(e.exit_code)
         except OSError as e:   # the one place a filesystem error becomes a message
-            if os.environ.get("HPCTRAIN_DEBUG"):
+            if debugging():
                 raise
             err = from_os_error(e)
             click.echo(f"Error: {err}", err=True)
@@ -75,11 +75,18 @@ class LazyGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in hpctrain: say so in one line, keep the traceback opt-in
-            if os.environ.get("HPCTRAIN_DEBUG"):
+            if debugging():
                 raise
             click.echo(f"Error: internal error: {type(e).__name__}: {e} "
                        "(set HPCTRAIN_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def debugging() -> bool:
+    """``HPCTRAIN_DEBUG`` asks for tracebacks: any value but empty, ``0``, ``false``, ``no`` or
+    ``off`` (any case), so ``HPCTRAIN_DEBUG=0`` turns them off as it reads."""
+    return os.environ.get("HPCTRAIN_DEBUG", "").strip().lower() not in ("", "0", "false", "no",
+                                                                       "off")
 
 
 def _show_usage_error(self, file=None) -> None:

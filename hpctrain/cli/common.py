@@ -20,13 +20,36 @@ class CheckedPath(click.Path):
 
     def convert(self, value, param, ctx):
         if isinstance(value, str):
-            why = safety.text_problem(value, safety.PATH_MAX) or safety.path_problem(value)
-            if why:
-                envvar = getattr(param, "envvar", None)
-                source = f" (from ${envvar})" if envvar and ctx and \
-                    ctx.get_parameter_source(param.name).name == "ENVIRONMENT" else ""
-                self.fail(f"{safety.short(value)}{source} {why}", param, ctx)
+            self.check_text(value, param, ctx)
         return super().convert(value, param, ctx)
+
+    def check_text(self, value: str, param, ctx) -> None:
+        why = safety.text_problem(value, safety.PATH_MAX) or safety.path_problem(value)
+        if why:
+            source = f" (from ${param.envvar})" if _from_environment(param, ctx) else ""
+            self.fail(f"{safety.short(value)}{source} {why}", param, ctx)
+
+
+def _from_environment(param, ctx) -> bool:
+    """Whether the option's value came from its environment variable."""
+    if not getattr(param, "envvar", None) or ctx is None:
+        return False
+    source = ctx.get_parameter_source(param.name)
+    return source is not None and source.name == "ENVIRONMENT"
+
+
+class RunsRoot(CheckedPath):
+    """``--runs-dir`` or ``$HPCTRAIN_RUNS_DIR``: checked as a runs root when it is read
+    (``record.folder.usable_root``, the one door of runs roots), so a variable set to a file,
+    a FIFO or ``~nouser/runs`` is refused naming the variable, not the option."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            from ..record.folder import usable_root
+            self.check_text(value, param, ctx)
+            usable_root(value, f"${param.envvar}" if _from_environment(param, ctx)
+                        else "--runs-dir")
+        return click.Path.convert(self, value, param, ctx)
 
 
 def complete_profiles(ctx, param, incomplete: str):
@@ -69,7 +92,7 @@ def parsed_overrides(specs) -> dict:
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 runs_dir_option = click.option(
-    "--runs-dir", type=CheckedPath(file_okay=False, path_type=Path), default=None,
+    "--runs-dir", type=RunsRoot(file_okay=False, path_type=Path), default=None,
     envvar="HPCTRAIN_RUNS_DIR",
     help="Folder holding run folders (default: $HPCTRAIN_RUNS_DIR, the profile's "
          "storage.runs_root, or ./runs).")

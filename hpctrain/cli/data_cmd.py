@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from .. import limits
-from .common import echo_json, interactive, json_option
+from ..file_door import printable, show
+from .common import CheckedPath, echo_json, interactive, json_option
 
 
 @click.group()
@@ -20,10 +21,11 @@ def data():
 
 
 @data.command("prepare")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--output", "-o", required=True, metavar="PREFIX",
+@click.argument("files", nargs=-1, required=True, type=CheckedPath(dir_okay=False))
+@click.option("--output", "-o", required=True, metavar="PREFIX", type=CheckedPath(),
               help="Output prefix: writes PREFIX.bin, PREFIX.idx (and PREFIX.meta.json).")
 @click.option("--tokenizer", "-t", default="byte", show_default=True, metavar="byte|PATH",
+              type=CheckedPath(),
               help="`byte` (built in, vocabulary 257), a local folder with tokenizer.json, a "
                    "SentencePiece .model or a tiktoken ranks file.")
 @click.option("--json-key", default="text", show_default=True,
@@ -63,7 +65,7 @@ def prepare_cmd(files, output, tokenizer, json_key, workers, as_json):
         echo_json(stats.__dict__)
         return
     docs = "document" if stats.documents == 1 else "documents"
-    click.echo(f"Wrote {stats.output}.bin/.idx: {stats.documents:,} {docs}, "
+    click.echo(f"Wrote {show(stats.output)}.bin/.idx: {stats.documents:,} {docs}, "
                f"{stats.tokens:,} tokens ({stats.dtype}, vocabulary {stats.vocab_size}) "
                f"in {stats.seconds:.1f}s")
 
@@ -88,5 +90,5 @@ def info_cmd(prefix, as_json):
     if as_json:
         echo_json(info)
         return
-    for k, v in info.items():
-        click.echo(f"{k:10s} {v}")
+    for k, v in info.items():   # the tokenizer's name is read from the sidecar on disk
+        click.echo(printable(f"{k:10s} {v}"))

@@ -6,6 +6,7 @@ import click
 
 from ..config import find_profile, list_profiles, load_profile, loader, yamlio
 from ..config.schema import to_dict
+from ..file_door import printable, show
 from .common import echo_json, json_option
 
 
@@ -47,12 +48,12 @@ def list_cmd(as_json):
     if as_json:
         echo_json(rows)
         return
-    for r in rows:
+    for r in rows:   # a name is a file's name on disk: printed in the one printable form
         if r["valid"]:
-            click.echo(f"{r['name']:<18} {r['scheduler']:<6} {r['nodes']:>3} node(s) × "
+            click.echo(f"{show(r['name'], 60):<18} {r['scheduler']:<6} {r['nodes']:>3} node(s) × "
                        f"{r['gpus_per_node']} GPU  {r['description']}")
         else:
-            click.echo(f"{r['name']:<18} INVALID: {r['error']}")
+            click.echo(f"{show(r['name'], 60):<18} INVALID: {printable(r['error'])}")
 
 
 @profiles.command("show")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import dataclasses
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,23 +25,71 @@ from .layout import Layout, layout_problems
 from .problems import Problems
 from .resilience import effective as effective_resilience
 from .profile import MAX_WORLD_SIZE, ClusterProfile, check_profile
-from .schema import build, did_you_mean
+from .schema import build, did_you_mean, to_dict
 
 DEFAULT_PROFILE = "local"
 
 
+PROFILE_PATH_VARIABLE = "HPCTRAIN_PROFILE_PATH"
+
+
 def profile_search_path() -> list[Path]:
-    dirs = [Path(d) for d in os.environ.get("HPCTRAIN_PROFILE_PATH", "").split(":") if d]
-    dirs.append(Path.home() / ".config" / "hpctrain" / "profiles")
+    """The folders profiles are found in by name: ``$HPCTRAIN_PROFILE_PATH``'s (colon-separated,
+    read here and nowhere else), ``~/.config/hpctrain/profiles``, the packaged ones.
+
+    An empty entry of the variable (``a::b``, a trailing ``:``) and a folder that does not
+    exist (a share not mounted on this node) are skipped, as ``$PATH`` skips them. An entry
+    that can never be a folder of profiles (a file, as when the variable names one profile
+    file; a FIFO; a line break or a control character; a name too long; a symlink loop) is
+    one UsageError naming the variable, the entry and the fix: skipped silently, its profiles
+    would just be "unknown". A home folder that cannot be looked in is skipped."""
+    dirs = []
+    for entry in os.environ.get(PROFILE_PATH_VARIABLE, "").split(":"):
+        if entry and _profile_folder(entry):
+            dirs.append(Path(entry))
+    try:
+        dirs.append(Path.home() / ".config" / "hpctrain" / "profiles")
+    except RuntimeError:     # no $HOME and no password entry: no home folder to look in
+        pass
     dirs.append(resources.profiles_dir())
     return dirs
+
+
+def _profile_folder(entry: str) -> bool:
+    """Whether ``entry`` of ``$HPCTRAIN_PROFILE_PATH`` is a folder (False: it does not exist);
+    UsageError when it cannot be one."""
+    fix = "the variable lists folders of profile files, separated by ':'; fix it or unset it"
+    why = safety.text_problem(entry, safety.PATH_MAX) or safety.path_problem(entry)
+    if why:
+        raise UsageError(f"${PROFILE_PATH_VARIABLE}: the entry {safety.short(entry)} {why}; {fix}")
+    try:
+        st = os.stat(entry)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise UsageError(f"${PROFILE_PATH_VARIABLE}: the entry {entry}: {e.strerror}; {fix}") \
+            from None
+    if not stat.S_ISDIR(st.st_mode):
+        from ..file_door import kind_of
+        kind = "a file" if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
+        hint = " (give one profile file with --profile FILE)" if stat.S_ISREG(st.st_mode) else ""
+        raise UsageError(f"${PROFILE_PATH_VARIABLE}: the entry {entry} is {kind}, not a folder"
+                         f"{hint}; {fix}")
+    return True
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:      # a home folder whose path is too long, or that cannot be looked in
+        return False
 
 
 def list_profiles() -> dict[str, Path]:
     """name -> file for every profile on the search path (earlier folders win)."""
     found: dict[str, Path] = {}
     for d in profile_search_path():
-        if not d.is_dir():
+        if not _is_folder(d):
             continue
         for f in sorted(d.glob("*.yaml")) + sorted(d.glob("*.yml")):
             found.setdefault(f.stem, f)
@@ -93,10 +142,32 @@ def profile_from_mapping(data: dict, source: str, default_name: str = "",
     return profile
 
 
-def load_profile(name_or_path: str | os.PathLike | None = None) -> ClusterProfile:
+def load_profile(name_or_path: str | os.PathLike | ClusterProfile | None = None) -> ClusterProfile:
+    """A profile by name or file, checked; or a :class:`ClusterProfile` given as an object
+    (the Python API takes one), checked again as its file would be and returned as a new one:
+    ``dataclasses.replace`` and attribute assignment skip every check, and a profile with
+    ``gpus_per_node: 0`` or ``scheduler: "bogus"`` would otherwise reach the planner and the
+    template. The one door every profile goes through."""
+    if isinstance(name_or_path, ClusterProfile):
+        return _checked_profile(name_or_path)
     path = find_profile(DEFAULT_PROFILE if name_or_path is None else name_or_path)
     return profile_from_mapping(yamlio.read_mapping(path, "profile"), str(path), path.stem,
                                 base=path.resolve().parent)
+
+
+def _checked_profile(profile: ClusterProfile) -> ClusterProfile:
+    name = getattr(profile, "name", None)
+    source = f"profile {safety.short(name)}" if isinstance(name, str) and name else "profile"
+    try:
+        data = to_dict(profile)
+    except RecursionError:
+        raise ConfigError(source, [("", "holds itself (a mapping or list that contains "
+                                        "itself); build it from plain values")]) from None
+    checked = profile_from_mapping(data, source)
+    if not checked.name:
+        raise ConfigError(source, [("name", "missing; a profile built in Python needs a name "
+                                            "(1-128 of letters, digits and _.+-)")])
+    return checked
 
 
 def _check_kernel_table(profile: ClusterProfile, base: Path | None, problems: Problems) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 import unicodedata
 
 from .problems import Problems
@@ -324,13 +325,42 @@ def sbatch_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 200, 200
+
+
 def short(value, limit: int = 60) -> str:
-    """repr() of a value for a one-line message, cut short when long."""
+    """repr() of a value for a one-line message, cut short when long. The one way a message
+    quotes a value it was given, whatever the value: an API caller's object whose ``__repr__``
+    raises is named by its type, a container of millions of items is summarised
+    (``reprlib``) rather than written out whole, and a ``__repr__`` that returns a line break
+    or an escape code is escaped (:func:`hpctrain.file_door.show`'s characters)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
         sign = "a negative" if value < 0 else "a"
         return f"{sign} number of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
+    try:
+        if type(value) is str and len(value) > limit * 4:   # a string of gigabytes: its start
+            text = repr(value[:limit * 4])
+        else:
+            text = repr(value) if type(value) in _PLAIN else _REPR.repr(value)
+        if not isinstance(text, str):
+            raise TypeError
+    except Exception:   # noqa: BLE001 - a value's own __repr__ failing is the value's fault
+        return f"a {_type_name(value)} object (its repr() fails)"
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit * 4])
     if len(text) <= limit:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
     return f"{text[:limit - 20]}...{size}"
+
+
+# types whose repr() is bounded by their size and is what a message should quote as is
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _type_name(value) -> str:
+    try:
+        return type(value).__name__
+    except Exception:   # noqa: BLE001
+        return "Python"

@@ -22,6 +22,8 @@ import difflib
 import functools
 import types
 import math
+import numbers
+import operator
 import typing
 from typing import Any
 
@@ -176,6 +178,7 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
             return value
         problems.add(path, f"expected true or false, got {_describe(value)}")
         return None
+    value = _python_number(value)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             value = int(value)   # a plain int, not the loader's TextInt
@@ -224,6 +227,20 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
         problems.add(path, f"expected a string, got {_describe(value)}")
         return None
     raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in a schema, not input
+
+
+def _python_number(value: Any) -> Any:
+    """A number built in Python that is not an ``int`` or a ``float`` (numpy's ``int64`` and
+    ``float32``, a ``Fraction``: what ``np.arange`` and pandas give an API caller's job
+    mapping) as the plain ``int`` or ``float`` it stands for, so it gets a number's checks and
+    is written to the run's YAML as one; anything else unchanged."""
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 def _range(bounds) -> tuple:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import UsageError
+from ..file_door import show
 from . import indexed, sources
 from .files import meta_path, read_meta  # noqa: F401  (the sidecar, read through the door)
 from .sources import check_inputs, read_pieces, total_input_bytes
@@ -59,6 +60,7 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     from ..outputs import check_output_file
     for suffix in (".bin", ".idx", ".meta.json"):
         check_output_file(f"{out}{suffix}", "--output")
+        _not_an_input(Path(f"{out}{suffix}"), paths)
     tok = load_tokenizer(tokenizer)
     started = time.time()
     total = total_input_bytes(paths)
@@ -93,6 +95,22 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
     from ..outputs import write_atomic
     write_atomic(meta_path(out), json.dumps(record, indent=1) + "\n")
     return stats
+
+
+def _not_an_input(target: Path, inputs: list[Path]) -> None:
+    """An output file that is one of the inputs would replace it once written: ``data prepare
+    corpus.meta.json -o corpus`` (a ``.json`` input is read as JSONL) would leave the sidecar
+    where the corpus was. Refused before anything is read."""
+    if not os.path.lexists(target):      # a new file: nothing to replace
+        return
+    for source in inputs:
+        try:
+            same = os.path.samefile(target, source)
+        except OSError:
+            continue
+        if same:
+            raise UsageError(f"--output: {show(target)} is the input file {show(source)}, which "
+                             f"writing it would replace; choose another output prefix")
 
 
 def _batches(path: Path, json_key: str, report) -> Iterator[list]:

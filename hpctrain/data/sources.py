@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .. import file_door
 from ..errors import UsageError
 from ..config.loader import not_utf8
 
@@ -124,7 +125,10 @@ def _json_text(path: Path, lineno: int, line: str, key: str) -> str:
     not JSON, JSON nested past Python's recursion limit, a number past Python's digit limit or
     text that is not characters (a lone surrogate escape) is one error naming the line."""
     try:
-        record = json.loads(line)
+        record = file_door.loads(line)     # the one JSON parser: a key given twice is refused
+    except file_door.DuplicateKey as e:
+        raise UsageError(f"{path}:{lineno}: not valid JSON: {e}; which value is meant cannot "
+                         f"be told (fix the record)") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}:{lineno}: not valid JSON ({e.msg}); JSONL needs one object per "
                          f"line") from None
@@ -135,15 +139,16 @@ def _json_text(path: Path, lineno: int, line: str, key: str) -> str:
         raise UsageError(f"{path}:{lineno}: not valid JSON ({str(e).splitlines()[0][:100]}); "
                          f"JSONL needs one object per line") from None
     if not isinstance(record, dict):
-        raise UsageError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        raise UsageError(f"{path}:{lineno}: expected a JSON object, got a JSON "
+                         f"{file_door.json_kind(record)}; JSONL needs one object per line")
     if key not in record:
         keys = ", ".join(_shown_key(k, quote=False) for k in sorted(record)[:8]) or "none"
         raise UsageError(f"{path}:{lineno}: no {_shown_key(key)} field (fields: {keys}); pick the "
                          f"text field with --json-key")
     value = record[key]
     if not isinstance(value, str):
-        raise UsageError(f"{path}:{lineno}: field {_shown_key(key)} is {type(value).__name__}, "
-                         f"expected text")
+        raise UsageError(f"{path}:{lineno}: field {_shown_key(key)} is a JSON "
+                         f"{file_door.json_kind(value)}, expected text (a string)")
     bad = _SURROGATE.search(value)
     if bad:
         raise UsageError(f"{path}:{lineno}: field {_shown_key(key)} holds a lone surrogate escape "

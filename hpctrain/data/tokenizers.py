@@ -111,12 +111,18 @@ class HuggingFaceTokenizer:
                          f"{shown}); set eos_token in tokenizer_config.json")
 
     def encode(self, text: str) -> np.ndarray:
-        import numpy as np
-        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         import numpy as np
-        out = self._tok.encode_batch(texts, add_special_tokens=False)
+        try:
+            out = self._tok.encode_batch(texts, add_special_tokens=False)
+        except BaseException as e:   # a tokenizer.json that loads but cannot encode this text
+            if not _library_failure(e):
+                raise
+            raise UsageError(f"data.tokenizer: {files.show(self.name)} cannot encode the text "
+                             f"({_first_line(e)}); its tokenizer.json is damaged or incomplete: "
+                             f"{_HF_FIX}") from None
         return [np.asarray(e.ids, dtype=np.int64) for e in out]
 
     def decode(self, ids) -> str:

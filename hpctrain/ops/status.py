@@ -7,7 +7,7 @@ it for people. Keeping the two apart lets the tests check the numbers and the la
 from __future__ import annotations
 
 from ..exit_codes import ExitReason
-from ..file_door import show
+from ..file_door import printable, show
 from ..record.folder import RunFolder
 from ..view.runview import RunView, build_view
 from .checkpoints import (CheckpointFolder, checkpoint_step, describe_checkpoint_ref,
@@ -167,6 +167,13 @@ def attempts_table(rows: list[dict]) -> str:
 
 
 def format_status(data: dict) -> str:
+    """``status``' text. Its lines hold what the run folder says (a failure's message, a node
+    name, a checkpoint's path, a note): the whole text goes through ``file_door.printable``,
+    so nothing a record holds acts on the terminal."""
+    return printable(_format_status(data))
+
+
+def _format_status(data: dict) -> str:
     ranks = data.get("world_size")
     # the folder's name and run.yaml's words as found on disk: in their printable form
     lines = [f"Run         {show(data['run'])}  ({show(data.get('profile'), 60)}, "

@@ -135,12 +135,15 @@ def footguns(env: dict, nodes: int) -> list[str]:
     gdr = env.get("NCCL_NET_GDR_LEVEL")
     if gdr is not None:
         g = gdr.strip().upper()
-        if g == "LOC" or g == "0":
+        # a level NCCL reads as a number: ASCII digits ("²" and "٣" are digits to str.isdigit,
+        # not to NCCL; thousands of them would pass Python's int() digit limit)
+        level = int(g) if g.isascii() and g.isdigit() and len(g) <= 9 else None
+        if g == "LOC" or level == 0:
             out.append(f"NCCL_NET_GDR_LEVEL={gdr} disables GPUDirect RDMA: remove it or use PXB/SYS")
-        elif g not in GDR_LEVELS and not (g.isdigit() and 0 <= int(g) <= 5):
+        elif g not in GDR_LEVELS and not (level is not None and level <= 5):
             out.append(f"NCCL_NET_GDR_LEVEL={gdr} is not one of {'/'.join(GDR_LEVELS)}: NCCL ignores "
                        "it")
-        elif g.isdigit():
+        elif level is not None:
             out.append(f"NCCL_NET_GDR_LEVEL={gdr}: numeric levels are deprecated, use "
                        f"{'/'.join(GDR_LEVELS)}")
     if env.get("NCCL_DEBUG", "").upper() == "TRACE":

@@ -38,6 +38,14 @@ def _size(b: float) -> str:
 
 
 def format_table(report: dict, show_skipped: bool = False) -> str:
+    """The preflight report as a table. What it measured is text from the nodes (their names,
+    the environment's NCCL variables, tools' output): the table goes through
+    ``file_door.printable``, so none of it acts on the terminal."""
+    from ..file_door import printable
+    return printable(_format_table(report, show_skipped))
+
+
+def _format_table(report: dict, show_skipped: bool = False) -> str:
     rows = [Check.from_dict(c) for c in report.get("checks", [])]
     if not show_skipped:
         rows = [r for r in rows if r.status != SKIP]

@@ -43,7 +43,7 @@ from ..errors import HpcTrainError, RunNotFoundError, UsageError
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
 from .. import limits
-from ..file_door import show
+from ..file_door import kind_of, show
 from . import reader
 from .files import (REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl, folder_lock,
                     is_run_folder, now_iso, record_kind)
@@ -71,14 +71,30 @@ def default_runs_root(profile_runs_root: str | None = None) -> Path:
 
 def usable_root(text: str | Path, what: str) -> Path:
     """``text`` as an absolute folder that is, or can become, a runs root; UsageError naming
-    ``what`` and the path when it cannot (a symlink loop, a regular file on the way, a name too
-    long, something other than a folder there): one line, never a traceback."""
+    ``what`` (``--runs-dir``, ``$HPCTRAIN_RUNS_DIR``, the profile's ``storage.runs_root``), the
+    path and the fix when it cannot (not one line of printable text, a NUL byte, a name too
+    long, ``~user`` of no such user, a symlink loop, a regular file on the way, something
+    other than a folder there): one line, never a traceback. The one door every runs root
+    goes through, whichever of those it came from."""
+    fix = "name a folder (it is created when missing)"
+    raw = os.fspath(text)
+    if not raw.strip():    # " " would be a folder named by a space in the current one
+        raise UsageError(f"{what} {raw!r} is blank; {fix}, or leave it unset")
+    why = safety.text_problem(raw, safety.PATH_MAX) or safety.path_problem(raw)
+    if why:
+        raise UsageError(f"{what} {safety.short(raw)} {why}; {fix}")
     try:
-        path = Path(text).expanduser().resolve()
+        expanded = Path(raw).expanduser()
+    except RuntimeError:   # ~name of no such user, or no home folder to expand ~ to
+        raise UsageError(f"{what} {show(raw)}: {raw.split('/')[0]} is no user's home folder "
+                         f"here; {fix}") from None
+    try:
+        path = expanded.resolve()
     except RuntimeError:   # Path.resolve on a symlink loop (Python 3.11)
-        raise UsageError(f"{what} {text}: too many levels of symbolic links (a symlink loop?)") from None
+        raise UsageError(f"{what} {show(raw)}: too many levels of symbolic links (a symlink "
+                         f"loop?); {fix}") from None
     except OSError as e:
-        raise UsageError(f"{what} {text}: {e.strerror}") from None
+        raise UsageError(f"{what} {show(raw)}: {e.strerror}; {fix}") from None
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:   # bytes that are not UTF-8 reach Python as lone surrogates
@@ -89,14 +105,15 @@ def usable_root(text: str | Path, what: str) -> Path:
     while True:
         try:
             st = os.stat(probe)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # the file on the way is named above
             probe = probe.parent
             continue
         except OSError as e:
-            raise UsageError(f"{what} {path}: {e.strerror}") from None
+            raise UsageError(f"{what} {show(path)}: {e.strerror}; {fix}") from None
         if not stat.S_ISDIR(st.st_mode):
-            where = "" if probe == path else f" ({probe} is not a folder)"
-            raise UsageError(f"{what} {path}: not a folder{where}")
+            kind = "a file" if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
+            where = f"is {kind}" if probe == path else f"{show(probe)} on the way is {kind}"
+            raise UsageError(f"{what} {show(path)}: {where}, not a folder; {fix}")
         return path
 
 

@@ -26,6 +26,7 @@ is not damage: readers return their "missing" value (None or empty).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -315,6 +316,11 @@ class Fields(Kind):
 
 
 def _show_value(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON's own NaN/Infinity literals (json.dumps writes them): said as written, so
+        # "expected ... 'inf', got inf" does not read as a contradiction
+        written = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return f"{written} (a JSON literal, not a number JSON allows)"
     try:
         shown = repr(value)
     except ValueError:              # an integer past Python's digit limit for str()

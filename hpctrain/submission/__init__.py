@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import DEFAULT_PROFILE, ClusterProfile, JobConfig, Resolved
+from ..config.safety import short
 from ..errors import SubmissionError, UsageError
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for
@@ -79,20 +80,50 @@ def sweep_specs(sweep: Mapping | list[str] | tuple[str, ...] | None) -> list[str
     if isinstance(sweep, str):
         return [sweep]
     if not isinstance(sweep, Mapping):
-        return list(sweep)
+        specs = list(sweep)
+        for spec in specs:
+            if not isinstance(spec, str):
+                raise UsageError(f"sweep: expected 'KEY=V1,V2' strings (e.g. 'train.lr=1e-4,3e-4')"
+                                 f" or a mapping {{'train.lr': [1e-4, 3e-4]}}, got "
+                                 f"{short(spec)} (a {type(spec).__name__}) in the list")
+        return specs
     specs = []
     for key, values in sweep.items():
+        if not isinstance(key, str):
+            raise UsageError(f"sweep: a key is a dotted job-file key (e.g. 'train.lr'), got "
+                             f"{short(key)} (a {type(key).__name__})")
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
             values = [values]
         texts = []
         for v in values:
-            text = v if isinstance(v, str) else json.dumps(v)   # YAML reads JSON scalars
+            # YAML reads JSON scalars
+            text = v if isinstance(v, str) else json.dumps(sweep_scalar(key, v))
             if "," in text or not text.strip():
-                raise UsageError(f"sweep {key}: {v!r} cannot be a sweep value (empty, or holds "
-                                 "a comma)")
+                raise UsageError(f"sweep {key}: {short(v)} cannot be a sweep value (empty, or "
+                                 "holds a comma)")
             texts.append(text)
         specs.append(f"{key}=" + ",".join(texts))
     return specs
+
+
+def sweep_scalar(key: str, value):
+    """A sweep value given in Python as the one scalar its text will be: text, a number (a
+    numpy or ``fractions`` number included: ``np.linspace`` gives ``np.float64``,
+    ``np.arange`` ``np.int64``), true/false or None. A list, a mapping or any other object is
+    one UsageError naming the key, never a TypeError from ``json``."""
+    import numbers
+    import operator
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        value = operator.index(value)
+        if abs(value) >= 10**100:    # past any field's range, and json.dumps fails at 4,300 digits
+            raise UsageError(f"sweep {key}: {short(value)} is past the range of every job field")
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise UsageError(f"sweep {key}: {short(value)} (a {type(value).__name__}) cannot be a sweep "
+                     "value; give text, numbers, true/false or None (one run per value)")
 
 
 def submit(job_file: str | Path | Mapping | JobConfig,

@@ -52,7 +52,10 @@ def job_source(job: JobInput) -> str:
     """How a job is named in errors and in the run's ``job_source``."""
     if isinstance(job, (str, Path)):
         return str(job)
-    return f"job {job.name!r}" if isinstance(job, JobConfig) else "job mapping"
+    if isinstance(job, JobConfig):   # a JobConfig built in Python may hold any name
+        from ..config.safety import short
+        return f"job {short(job.name)}" if isinstance(job.name, str) else "job (no name)"
+    return "job mapping"
 
 
 def load_job_input(job: JobInput, overrides: Mapping | None = None) -> tuple[JobConfig, Path]:

@@ -62,6 +62,8 @@ def _shown(value) -> str:
     """One key or value in the printable form of :func:`hpctrain.file_door.show`."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
         return safety.short(value)      # str() of a number of thousands of digits raises
+    if not isinstance(value, (str, int, float)):   # an API caller's object: its str() may raise
+        return safety.short(value)
     return file_door.show(str(value), 60)
 
 
@@ -131,7 +133,7 @@ def override_mapping(overrides: Mapping | list[str] | tuple[str, ...] | None) ->
         return parse_overrides(list(overrides))
     for key in overrides:
         if not isinstance(key, str) or not KEY_RE.match(key):
-            raise UsageError(f"overrides: {key!r} is not a dotted job-file key "
+            raise UsageError(f"overrides: {safety.short(key)} is not a dotted job-file key "
                              "(e.g. train.lr, batch.global_batch_size)")
     return dict(overrides)
 

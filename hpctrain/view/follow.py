@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..errors import HpcTrainError
 from ..exit_codes import ExitReason
+from ..file_door import printable
 from .. import limits
 from ..record import reader
 from ..record.folder import RunFolder
@@ -41,7 +42,7 @@ class Tail:
             return []
         self.offset += len(data)
         *complete, self.partial = (self.partial + data).split(b"\n")
-        return [line.decode(errors="replace") for line in complete]
+        return [printable(line.decode(errors="replace")) for line in complete]
 
 
 def complete_lines(path: Path) -> tuple[list[str], int]:
@@ -49,7 +50,7 @@ def complete_lines(path: Path) -> tuple[list[str], int]:
     :class:`Tail` picks up without losing or repeating a line)."""
     data, start = log_end(path)
     end = data.rfind(b"\n") + 1
-    return reader.decode(data[:end], path, strict=False).splitlines(), start + end
+    return _lines(reader.decode(data[:end], path, strict=False)), start + end
 
 
 def log_end(path: Path) -> tuple[bytes, int]:
@@ -68,7 +69,14 @@ def log_end(path: Path) -> tuple[bytes, int]:
 
 def all_lines(path: Path) -> list[str]:
     """Every line of the log's end (:func:`log_end`), the unfinished last one included."""
-    return reader.decode(log_end(path)[0], path, strict=False).splitlines()
+    return _lines(reader.decode(log_end(path)[0], path, strict=False))
+
+
+def _lines(text: str) -> list[str]:
+    """A log's text as the lines ``logs`` and the followers print: each in the printable form
+    (``file_door.printable``: an escape code a rank printed is shown, not acted on; bytes
+    that are not UTF-8 are already U+FFFD)."""
+    return [printable(line) for line in text.splitlines()]
 
 
 class Rank0Progress:
@@ -155,6 +163,12 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
 
 
 def describe_attempt(rec: dict) -> str:
+    """A ledger record as the followers print it, its values (read from the run folder) in the
+    printable form."""
+    return printable(_describe_attempt(rec))
+
+
+def _describe_attempt(rec: dict) -> str:
     d = rec.get("decision") or {}
     steps = f"steps {rec.get('start_step')}→{rec.get('end_step')}"
     then = ("requeued" if d.get("requeue") else "stopped") + (f": {d['reason']}" if d.get("reason") else "")

@@ -256,6 +256,16 @@ def test_nested_problems_name_the_item():
         "got a very large integer")       # past the digits Python's repr() gives
 
 
+def test_a_json_nan_or_infinity_literal_is_named_as_written():
+    """JSON's NaN/Infinity literals (``json.dumps`` writes them) read as "expected ... or
+    'inf', got inf", as if the reader refused what it asks for."""
+    assert reader.metric_problem({"step": 1, "loss": float("inf")}).endswith(
+        "got Infinity (a JSON literal, not a number JSON allows)")
+    assert reader.metric_problem({"step": 1, "loss": float("nan")}).endswith("got NaN (a JSON "
+                                                                            "literal, not a number JSON allows)")
+    assert reader.metric_problem({"step": 1, "loss": "inf"}) is None
+
+
 # ---- the property -------------------------------------------------------------------------------
 
 _odd_text = st.sampled_from(["", "\x00", "a\x00b", "step-\u00b2", "step-" + "9" * 40, "nan",
