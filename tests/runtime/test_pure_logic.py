@@ -18,7 +18,8 @@ from hpctrain.runtime.faults import InjectedCrash, TestHooks
 from hpctrain.runtime.guard import StabilityGuard
 from hpctrain.runtime.job_env import job_env
 from hpctrain.runtime.lr_schedule import LRSchedule
-from hpctrain.runtime.preemption import DeadlinePolicy, PeriodicSaves, PreemptionFlag, SaveEstimate
+from hpctrain.runtime.preemption import (DeadlinePolicy, PeriodicSaves, PreemptionFlag,
+                                         SaveEstimate, signal_number)
 
 
 class Clock:
@@ -208,15 +209,16 @@ def test_a_second_ctrl_c_stops_at_once_and_only_ctrl_c_does():
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         flag.uninstall()
-    repeated = PreemptionFlag("USR1")
-    repeated.install()
-    try:
-        os.kill(os.getpid(), signal.SIGUSR1)
-        os.kill(os.getpid(), signal.SIGUSR1)     # no KeyboardInterrupt
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert repeated.received == "SIGUSR1"    # the first signal is the one recorded
-    finally:
-        repeated.uninstall()
+    for name in ("USR1", "HUP"):                 # HUP: a profile's signal numbered below INT
+        repeated = PreemptionFlag(name)
+        repeated.install()
+        try:
+            os.kill(os.getpid(), signal_number(name))
+            os.kill(os.getpid(), signal_number(name))     # no KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert repeated.received == f"SIG{name}"      # the first signal is the one recorded
+        finally:
+            repeated.uninstall()
 
 
 def test_a_rank_that_stood_down_ignores_the_preemption_signal_but_not_sigterm():
