@@ -30,6 +30,9 @@ RUN_SMALL_BYTES = 16 << 20      # run.yaml, job.yaml, a result, a heartbeat, a m
 RUN_RECORD_BYTES = 256 << 20    # ledger.jsonl, events.jsonl
 RUN_METRICS_BYTES = 1 << 30     # metrics.jsonl read whole (Run.metrics(), report)
 RUN_LOG_BYTES = 64 << 20        # what `logs` prints of a rank log at once (the end of it)
+# the unfinished line a follower (`logs -f`, `submit --wait`) holds: a rank that draws a
+# progress bar with carriage returns for hours never ends its line, and its end is what shows
+FOLLOWED_LINE_BYTES = 1 << 20
 
 # name -> (the option a user knows it by, lowest, highest)
 INTEGERS = {

@@ -27,12 +27,17 @@ NOISE = ("Warning", "warnings.warn", "UserWarning", "FutureWarning", "Deprecatio
 
 class Tail:
     """New complete lines of a file since the last call (the file may not exist yet).
-    ``offset`` counts bytes: a line cut mid-write (or mid-character) waits for its end."""
+    ``offset`` counts bytes: a line cut mid-write (or mid-character) waits for its end.
+
+    The unfinished line is held to its last ``limits.FOLLOWED_LINE_BYTES`` (a progress bar
+    redrawn with carriage returns for hours is one line that never ends): what was let go is
+    counted, and the line, once complete, says how much of its start is not shown."""
 
     def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
         self.offset = offset
         self.partial = b""
+        self.dropped = 0          # bytes let go from the start of the unfinished line
 
     def lines(self) -> list[str]:
         """Through the run-folder reader: a FIFO or a link to a device in the log's place is
@@ -41,8 +46,17 @@ class Tail:
         if data is None:
             return []
         self.offset += len(data)
-        *complete, self.partial = (self.partial + data).split(b"\n")
-        return [printable(line.decode(errors="replace")) for line in complete]
+        *complete, partial = (self.partial + data).split(b"\n")
+        out = [printable(line.decode(errors="replace")) for line in complete]
+        if complete and self.dropped:
+            out[0] = f"[{self.dropped:,} bytes of this line not shown] {out[0]}"
+            self.dropped = 0
+        excess = len(partial) - limits.FOLLOWED_LINE_BYTES
+        if excess > 0:
+            self.dropped += excess
+            partial = partial[excess:]
+        self.partial = partial
+        return out
 
 
 def complete_lines(path: Path) -> tuple[list[str], int]:

@@ -106,6 +106,30 @@ def test_following_a_log_loses_no_line_and_waits_for_a_line_cut_mid_character(tm
     assert tail.lines() == ["step 3"]
 
 
+def test_a_followed_line_that_never_ends_is_held_to_its_end(tmp_path, monkeypatch):
+    """A rank redrawing a progress bar with carriage returns writes one line for hours: the
+    follower keeps only the end of it (``limits.FOLLOWED_LINE_BYTES``) and, when the line
+    ends, says how much of its start it let go."""
+    from hpctrain import limits
+    from hpctrain.view.follow import Tail
+    monkeypatch.setattr(limits, "FOLLOWED_LINE_BYTES", 16)
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"first\n")
+    tail = Tail(log)
+    assert tail.lines() == ["first"]
+    for i in range(5):
+        with open(log, "ab") as f:
+            f.write(b"\rprogress %d/5" % i)
+        assert tail.lines() == []
+        assert len(tail.partial) <= 16
+    with open(log, "ab") as f:
+        f.write(b" done\nnext\n")
+    written = b"".join(b"\rprogress %d/5" % i for i in range(5))
+    held = written[-16:] + b" done"           # the 16 bytes held, and the end of the line
+    assert tail.lines() == [f"[{len(written) - 16:,} bytes of this line not shown] "
+                            + held.decode().replace("\r", "\\r"), "next"]
+
+
 def test_followed_progress_drops_a_warning_and_the_source_line_under_it():
     """A torch warning in rank 0's log, as Python's warnings module writes it (the second line is
     the source line, indented), between two progress lines."""
