@@ -561,6 +561,14 @@ EQUIVALENT.update({
     (_SI, "core/ReplaceComparisonOperator_Gt_GtE",
      "if not self.measured and est.interval_s > UNMEASURED_CAP_S:"):
         "at exactly the cap the estimate is replaced by one with the same interval and optimum",
+    (_SI, "core/NumberReplacer", "for earlier in range(attempt - 1, 0, -1):"):
+        "attempts count from 1: reading an attempt 0 finds no result, as stopping before it does",
+    (_SI, "core/NumberReplacer", "self.nodes = max(1, nodes)"):
+        "the node count is a ceiling of ranks over ranks per node, at least 1 already",
+    (_SI, "core/NumberReplacer",
+     "nodes = -(-ctx.world_size // max(1, ctx.env.local_world_size))"):
+        "a rank runs among at least one rank of its node: a floor of 0 changes nothing (a "
+        "floor of 2, one rank per node, is a story)",
     (_GU, "core/ReplaceComparisonOperator_Eq_GtE", _GUARD_TEST):
         "the history is a deque of at most the window's length: `>=` holds where `==` does",
     (_GU, "core/ReplaceComparisonOperator_Eq_Is", _GUARD_TEST):

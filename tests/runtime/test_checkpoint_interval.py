@@ -195,6 +195,9 @@ def test_a_later_attempt_starts_from_the_last_ones_measured_save_and_recovery(tm
     assert (auto.nodes, auto.delta_s, auto.source) == (1, 400.0, "this attempt's load time")
     assert not auto.measured and auto.compute().interval_s == UNMEASURED_CAP_S
     assert auto.restart_s is not None and auto.restart_s > 0
+    # one rank per node (a CPU cluster, or one GPU per node): as many nodes as ranks
+    assert AutoInterval.for_trainer(_ctx(fresh, 1, world=3, per_node=1), periodic,
+                                    SaveEstimate(load_s=1.0)).nodes == 3
 
 
 def test_a_save_that_measured_nothing_leaves_the_interval_as_it_was():
@@ -222,6 +225,9 @@ def test_rank_0_reports_the_interval_once_with_the_numbers_it_used(tmp_path):
 
     auto.report(_ctx(run, 1, rank0=False), step=40, why="start")    # other ranks: no event
     assert reported() == []
+    fresh = AutoInterval(periodic, node_mtbf_hours=6000, nodes=7, delta_s=2.0,
+                         source="measured", restart_s=60.0)
+    assert fresh.report(_ctx(run, 1, rank0=False), step=40, why="start").interval_s > 0
     est = auto.report(_ctx(run, 1), step=40, why="start")
     (event,) = reported()
     assert (event["step"], event["why"], event["attempt"]) == (40, "start", 1)

@@ -99,6 +99,19 @@ def test_a_spike_is_more_than_the_factor_times_the_mean_of_the_window():
     one = StabilityGuard(True, spike_factor=2.0, spike_window=1, max_skipped_steps=5)
     one.check(2.0, 1.0)
     assert one.check(4.5, 1.0).skip               # a window of one step is the last loss
+    strict = StabilityGuard(True, spike_factor=0.5, spike_window=1, max_skipped_steps=5)
+    strict.check(2.0, 1.0)                        # a factor under 1 is still a factor
+    assert strict.judge(1.5, 1.0) is not None and strict.judge(0.9, 1.0) is None
+
+
+def test_the_guard_is_the_jobs_stability_section():
+    from hpctrain.config import load_job
+    from tests.conftest import REPO
+    section = load_job(REPO / "examples" / "tiny.yaml").train.stability
+    g = StabilityGuard.from_stability(section)
+    assert (g.skip_nonfinite, g.spike_factor, g.spike_window, g.max_skipped_steps) == (
+        section.skip_nonfinite, section.spike_factor, section.spike_window,
+        section.max_skipped_steps)
 
 
 def test_the_guard_counts_skips_in_a_row_across_a_resume():
