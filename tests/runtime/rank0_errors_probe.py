@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hpctrain.record.checkpoint_store import CheckpointError
 from hpctrain.record.reader import DamagedFile
-from hpctrain.runtime.collectives import on_rank0
+from hpctrain.runtime.collectives import on_rank0, start_sum
 
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 2), rank=rank, world_size=2,
@@ -45,6 +45,9 @@ for name, work in cases.items():
 t = torch.ones(1)
 dist.all_reduce(t)           # both ranks are still in step after the errors
 seen["in_step"] = t.item()
+# the loop's agreement: [loss, reporters, a flag only rank 1 raised], summed asynchronously
+agreement = start_sum(torch.tensor([float(rank), 1.0, float(rank == 1)], dtype=torch.float64))
+seen["agreement"] = agreement()
 print(json.dumps(seen), flush=True)
 dist.destroy_process_group()
 os._exit(0)

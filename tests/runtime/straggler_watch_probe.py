@@ -21,7 +21,8 @@ import torch.distributed as dist
 from hpctrain.record.folder import RunFolder
 from hpctrain.runtime.straggler_timing import ComputeTimer, StragglerWatch, burn_cpu
 
-WORLD, STEPS_PER_LOG, LOG_STEPS, WINDOW, BURN_S = 3, 2, 4, 2, 0.05
+# the log intervals' lengths differ (1 and 2 steps): what is compared is per step
+WORLD, STEPS_PER_LOG, WINDOW, BURN_S = 3, (1, 2, 1, 2), 2, 0.05
 
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], WORLD), rank=rank,
@@ -34,8 +35,8 @@ watch = StragglerWatch(ctx, timer, may_exclude=sys.argv[4] == "1",
                        excluded_before={n for n in sys.argv[5].split(",") if n})
 decisions = []
 step = 0
-for _ in range(LOG_STEPS):
-    for _ in range(STEPS_PER_LOG):
+for steps in STEPS_PER_LOG:
+    for _ in range(steps):
         step += 1
         timer.step_begin()
         burn_cpu(0.005)                 # every rank's own work

@@ -13,10 +13,12 @@ PROBE = Path(__file__).with_name("rank0_errors_probe.py")
 
 def test_rank0s_result_or_error_reaches_every_rank(tmp_path):
     store = tmp_path / "store"
+    repo = PROBE.parents[2]      # this tree's hpctrain, whichever one is installed
     procs = [subprocess.Popen([sys.executable, str(PROBE), str(r), str(store)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
-                                   "PYTHONWARNINGS": "ignore"}) for r in (0, 1)]
+                              cwd=repo, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+                                             "PYTHONWARNINGS": "ignore",
+                                             "PYTHONPATH": str(repo)}) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     zero, one = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
@@ -32,6 +34,8 @@ def test_rank0s_result_or_error_reaches_every_rank(tmp_path):
         "error": "RuntimeError",
         "message": f"DamagedFile: {zero['unpicklable_error']['message']}"}
     assert zero["in_step"] == one["in_step"] == 2.0
+    # the step's agreement: one asynchronous sum of the loss and the flags over the ranks
+    assert zero["agreement"] == one["agreement"] == [1.0, 2.0, 1.0]
 
 
 def test_bookkeeping_after_a_publish_is_logged_not_raised(tmp_path, capsys):
