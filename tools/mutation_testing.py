@@ -569,6 +569,27 @@ EQUIVALENT.update({
      "nodes = -(-ctx.world_size // max(1, ctx.env.local_world_size))"):
         "a rank runs among at least one rank of its node: a floor of 0 changes nothing (a "
         "floor of 2, one rank per node, is a story)",
+    ("hpctrain/runtime/straggler_timing.py", "core/ReplaceComparisonOperator_Eq_LtE",
+     "if node.intervals == window:"):
+        "a node is named once slow for the window or more intervals: `<=` holds at the window "
+        "alone, as `==` does",
+    ("hpctrain/runtime/straggler_timing.py", "core/ReplaceComparisonOperator_Lt_LtE",
+     "while time.thread_time() < end:"):
+        "one more pass of the busy loop only at a clock reading exactly equal to the end",
+    ("hpctrain/runtime/straggler_timing.py", "core/NumberReplacer",
+     "per_step = self.timer.take() / max(1, self.steps)"):
+        "a log step follows at least one step: a floor of 0 changes nothing (a floor of 2, an "
+        "interval of one step, is a story)",
+    **{("hpctrain/runtime/collectives.py", op, line):
+       "a shortcut for one rank or none: a collective over one rank gives what the shortcut "
+       "does, and no group has fewer"
+       for op, line in (
+           ("core/ReplaceComparisonOperator_Eq_Lt",
+            "if not dist.is_initialized() or dist.get_world_size() == 1:"),
+           ("core/NumberReplacer", "if not dist.is_initialized() or dist.get_world_size() == 1:"),
+           ("core/ReplaceComparisonOperator_Gt_NotEq",
+            "if dist.is_initialized() and dist.get_world_size() > 1:"),
+           ("core/NumberReplacer", "if dist.is_initialized() and dist.get_world_size() > 1:"))},
     (_GU, "core/ReplaceComparisonOperator_Eq_GtE", _GUARD_TEST):
         "the history is a deque of at most the window's length: `>=` holds where `==` does",
     (_GU, "core/ReplaceComparisonOperator_Eq_Is", _GUARD_TEST):

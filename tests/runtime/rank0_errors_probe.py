@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hpctrain.record.checkpoint_store import CheckpointError
 from hpctrain.record.reader import DamagedFile
-from hpctrain.runtime.collectives import on_rank0, start_sum
+from hpctrain.runtime.collectives import all_gather_floats, barrier, on_rank0, start_sum
 
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 2), rank=rank, world_size=2,
@@ -48,6 +48,14 @@ seen["in_step"] = t.item()
 # the loop's agreement: [loss, reporters, a flag only rank 1 raised], summed asynchronously
 agreement = start_sum(torch.tensor([float(rank), 1.0, float(rank == 1)], dtype=torch.float64))
 seen["agreement"] = agreement()
+seen["gathered"] = all_gather_floats([float(rank), 10.0 * rank + 1])
+# a rank leaves the barrier only once every rank reached it: rank 0 comes half a second late
+import time  # noqa: E402
+if rank == 0:
+    time.sleep(0.5)
+    seen["reached_barrier_at"] = time.time()
+barrier()
+seen["left_barrier_at"] = time.time()
 print(json.dumps(seen), flush=True)
 dist.destroy_process_group()
 os._exit(0)

@@ -32,7 +32,8 @@ ctx = NS(job=NS(health=NS(straggler_factor=1.5, straggler_window=WINDOW)), world
          env=NS(node=f"node-{rank}"), is_rank0=rank == 0, run=run, attempt=2, device="cpu")
 timer = ComputeTimer("cpu", extra_s=BURN_S if rank == 2 else 0.0)
 watch = StragglerWatch(ctx, timer, may_exclude=sys.argv[4] == "1",
-                       excluded_before={n for n in sys.argv[5].split(",") if n})
+                       excluded_before={n for n in sys.argv[5].split(",") if n},
+                       flops_per_step=3e12)
 decisions = []
 step = 0
 for steps in STEPS_PER_LOG:
@@ -47,7 +48,7 @@ for steps in STEPS_PER_LOG:
     named, exclude = watch.at_log_step(step)
     decisions.append({"step": step, "named": [(n.node, n.ranks, n.intervals) for n in named],
                       "exclude": exclude.node if exclude else None,
-                      "compute_s": watch.last["compute_s"]})
+                      "compute_s": watch.last["compute_s"], "tflops": "tflops" in watch.last})
 print(json.dumps(decisions), flush=True)
 dist.destroy_process_group()
 os._exit(0)

@@ -36,6 +36,9 @@ def test_rank0s_result_or_error_reaches_every_rank(tmp_path):
     assert zero["in_step"] == one["in_step"] == 2.0
     # the step's agreement: one asynchronous sum of the loss and the flags over the ranks
     assert zero["agreement"] == one["agreement"] == [1.0, 2.0, 1.0]
+    # every rank's values, rank r's as element r
+    assert zero["gathered"] == one["gathered"] == [[0.0, 1.0], [1.0, 11.0]]
+    assert one["left_barrier_at"] >= zero["reached_barrier_at"]
 
 
 def test_bookkeeping_after_a_publish_is_logged_not_raised(tmp_path, capsys):

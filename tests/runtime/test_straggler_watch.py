@@ -43,6 +43,7 @@ def test_every_rank_names_the_slow_node_and_rank_0_records_it_once(tmp_path, may
         assert len(seconds) == 3 and seconds[2] > 1.5 * max(seconds[:2])
         # per step (its own 5 ms and the 50 ms burn, CPU time), not the interval's sum
         assert 0.055 <= seconds[2] < 0.1
+        assert d["tflops"] is False      # a CPU's time is no measure of GPU FLOP/s
     # slow in every interval, named once slow WINDOW (2) intervals in a row
     assert decisions[0]["named"] == [] and decisions[0]["exclude"] is None
     assert [d["named"] for d in decisions[1:]] == [[["node-2", [2], n]] for n in (2, 3, 4)]
