@@ -158,6 +158,16 @@ def hpctrain(*args: str, env: dict | None = None, timeout: float = 600,
     return proc
 
 
+def one_error_line(proc, *needles: str, code: int = 2) -> None:
+    """A CLI process refused its input as hpctrain must: exit ``code`` (2, a usage error) and
+    exactly one printable ``Error:`` line on stderr, holding each of ``needles``."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and lines[0].isprintable(), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], proc.stderr
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> str:
     """The dev Slurm cluster started by tools/test (tools/dev_cluster start); fails, never skips,

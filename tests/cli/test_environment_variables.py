@@ -13,17 +13,9 @@ from hypothesis import given, strategies as st
 
 from hpctrain.config.loader import profile_search_path
 from hpctrain.errors import UsageError
-from tests.conftest import REPO, hpctrain
+from tests.conftest import REPO, hpctrain, one_error_line
 
 TINY = str(REPO / "examples" / "tiny.yaml")
-
-
-def one_error_line(proc, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error:") and lines[0].isprintable(), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], proc.stderr
 
 
 @pytest.fixture

@@ -12,15 +12,7 @@ from hypothesis import given, strategies as st
 
 from hpctrain.data.prepare import prepare
 from hpctrain.errors import UsageError
-from tests.conftest import hpctrain
-
-
-def one_error_line(proc, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error:") and lines[0].isprintable(), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], proc.stderr
+from tests.conftest import hpctrain, one_error_line
 
 
 @pytest.mark.parametrize("line, said", [
