@@ -71,7 +71,7 @@ class Run(RunFolder):
         limits.number("timeout_s", timeout_s)
         if echo is not None and not callable(echo):
             raise UsageError(f"echo: expected a function taking one line (e.g. print) or None, "
-                             f"got {limits._show(echo)}")
+                             f"got {limits.shown(echo)}")
         self._require()
         follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
         return self.state()
@@ -106,7 +106,7 @@ def submit(job: str | Path | Mapping | JobConfig,
     limits.boolean("force", force, optional=False)
     if sweep is not None and not isinstance(sweep, (Mapping, list, tuple)):
         raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
-                         f"'KEY=V1,V2' strings, got {limits._show(sweep)}")
+                         f"'KEY=V1,V2' strings, got {limits.shown(sweep)}")
     _path_or_text("job", job)
     profile = _profile_argument(profile)
     if runs_dir is not None:
@@ -204,7 +204,7 @@ def _path_or_text(name: str, value) -> None:
     if not isinstance(value, (str, Path)) or not str(value).strip():
         what = ("a job file, a mapping or a JobConfig" if name == "job"
                 else "a path (a str or pathlib.Path)")
-        raise UsageError(f"{name}: expected {what}, got {limits._show(value)}")
+        raise UsageError(f"{name}: expected {what}, got {limits.shown(value)}")
     why = safety.path_problem(str(value))
     if why:
         raise UsageError(f"{name}: the path {safety.short(str(value))} {why}")

@@ -76,19 +76,20 @@ def show(text: Path | str, width: int = 300) -> str:
     return f"{repr(text[:width])[:head]}...{repr(text[-width:])[-tail:]}"
 
 
-def printable(text: str) -> str:
+def printable(text: str, keep: str = "\n\t") -> str:
     """Text read from a file and printed as a block (a log's lines, ``status``' lines, the
     preflight table): every character a terminal would act on written as ``repr`` writes it
     (an escape code as ``\\x1b``, a bell as ``\\x07``, a bidirectional override as
     ``\\u202e``, a carriage return as ``\\r``), except the line feeds and tabs that lay the
     block out; nothing quoted, nothing cut (a log line is content, shown whole, where
     :func:`show` quotes and cuts a name). Printable text is returned as it is, at the cost of
-    one ``isprintable`` a line."""
+    one ``isprintable`` a line. ``keep``: the layout characters left as they are (none, for
+    text that must stay on one line)."""
     if text.isprintable():
         return text
     table = {}
     for c in set(text):
-        if not c.isprintable() and c not in "\n\t":
+        if not c.isprintable() and c not in keep:
             table[ord(c)] = repr(c)[1:-1]
     return text.translate(table) if table else text
 

@@ -68,7 +68,7 @@ def integer(name: str, value, *, optional: bool = True, argument: bool = False):
         return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got "
-                         f"{_show(value)}")
+                         f"{shown(value)}")
     if not low <= value <= high:
         raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got {value:,}")
     return value
@@ -120,7 +120,7 @@ def number(name: str, value, *, optional: bool = True):
     real = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not real or value != value or not low <= value <= high:   # NaN; inf is past every high
         raise UsageError(f"{option}: expected a number of seconds from {low:g} to {high:,}, got "
-                         f"{_show(value)}")
+                         f"{shown(value)}")
     return float(value)
 
 
@@ -128,7 +128,7 @@ def boolean(option: str, value, *, optional: bool = True):
     if value is None and optional:
         return None
     if not isinstance(value, bool):
-        raise UsageError(f"{option}: expected True or False, got {_show(value)}")
+        raise UsageError(f"{option}: expected True or False, got {shown(value)}")
     return value
 
 
@@ -136,7 +136,7 @@ def choice(option: str, value, choices, *, optional: bool = True):
     if value is None and optional:
         return None
     if not isinstance(value, str) or value not in choices:
-        raise UsageError(f"{option}: expected one of {', '.join(choices)}, got {_show(value)}")
+        raise UsageError(f"{option}: expected one of {', '.join(choices)}, got {shown(value)}")
     return value
 
 
@@ -145,13 +145,13 @@ def sweep_points(counts: list[int]) -> int:
     before a single combination is built."""
     total = math.prod(counts)
     if total > MAX_SWEEP_POINTS:
-        shown = " × ".join(str(c) for c in counts)
-        raise UsageError(f"--sweep: {shown} = {total:,} combinations; a sweep may have at most "
+        product = " × ".join(str(c) for c in counts)
+        raise UsageError(f"--sweep: {product} = {total:,} combinations; a sweep may have at most "
                          f"{MAX_SWEEP_POINTS:,} runs (split it, or sweep fewer values)")
     return total
 
 
-def _show(value) -> str:
+def shown(value) -> str:
     """A wrong argument as a message quotes it: ``config.safety.short`` (an object whose repr
     raises, or a list of millions of items, is named, not written out) and its type."""
     from .config.safety import short

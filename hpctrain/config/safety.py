@@ -348,7 +348,8 @@ def short(value, limit: int = 60) -> str:
     except Exception:   # noqa: BLE001 - a value's own __repr__ failing is the value's fault
         return f"a {_type_name(value)} object (its repr() fails)"
     if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit * 4])
+        from ..file_door import printable
+        text = printable(text[:limit * 4], keep="")
     if len(text) <= limit:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
