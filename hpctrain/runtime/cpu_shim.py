@@ -16,15 +16,21 @@ module makes CUDA requests land on the CPU:
 * every gloo process group shares one gloo device (:mod:`hpctrain.runtime.gloo_groups`): one
   event loop per rank instead of one per group, each waking every 10 ms.
 
-``install()`` must run before megatron is imported (``megatron.core.tensor_parallel.random``
-binds ``torch.cuda._lazy_call`` at import). It changes nothing on a machine that trains on GPUs:
-the runtime installs it only when the device is CPU. Validated on megatron-core 0.16.1.
+megatron-core binds ``torch.cuda._lazy_call`` by name at import (``tensor_parallel.random``,
+megatron-FSDP's utils), so ``install()`` also rebinds it in every module already imported: the
+shim works whether megatron-core was imported before it or after. Torch's own ``_lazy_call``,
+before CUDA starts, only queues the call with a formatted stack trace: every RNG-tracker fork
+(each attention dropout, each microbatch) then set no RNG state, cost a stack walk (a tenth of
+a CPU step of a 16-layer model) and grew ``torch.cuda._queued_calls`` for the life of the rank.
+It changes nothing on a machine that trains on GPUs: the runtime installs it only when the
+device is CPU. Validated on megatron-core 0.16.1.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -81,6 +87,20 @@ def _patch_globally() -> None:
 _mode: CudaToCpuMode | None = None
 
 
+def _run_now(callback, **_):
+    """``torch.cuda._lazy_call`` on the CPU: there is no CUDA start to wait for."""
+    callback()
+
+
+def _rebind_lazy_call(original, replacement) -> None:
+    """``torch.cuda._lazy_call`` and every imported module's own binding of it (a module
+    that did ``from torch.cuda import _lazy_call`` keeps torch's function otherwise)."""
+    torch.cuda._lazy_call = replacement
+    for module in list(sys.modules.values()):
+        if getattr(module, "__dict__", {}).get("_lazy_call") is original:
+            module._lazy_call = replacement
+
+
 def install() -> None:
     """Install the shim in this process (idempotent)."""
     global _mode
@@ -93,7 +113,7 @@ def install() -> None:
     cuda.get_rng_state = cuda.random.get_rng_state = lambda *a, **k: torch.get_rng_state()
     cuda.set_rng_state = cuda.random.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     cuda.default_generators = (torch.default_generator,)
-    cuda._lazy_call = lambda callback, **k: callback()
+    _rebind_lazy_call(cuda._lazy_call, _run_now)
     _patch_globally()
     # The CUDA generator *is* the CPU generator here, so megatron's check that drawing from
     # its CUDA RNG tracker leaves the CPU generator untouched cannot hold; only its warning
