@@ -167,6 +167,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the checkpoint's host staging memory: placement, lifetime, page-locking and its order
     "staging": ("hpctrain/runtime/checkpoint/staging.py", [
         "tests/runtime/test_checkpoint_staging.py"]),
+    # the resume's parallel read: every item verified in the pass, the bytes torch's reader
+    # would load, the memory given back
+    "resume_reader": ("hpctrain/runtime/checkpoint/reader.py", [
+        "tests/runtime/test_resume_reader.py", "tests/runtime/test_checkpoint_staging.py"]),
     # the multi-rank stop decisions: the preemption flag (signals, the batch shell's flag
     # file), the deadline, the save estimate and periodic saves that rank 0's clocks vote with
     "preemption": ("hpctrain/runtime/preemption.py", [

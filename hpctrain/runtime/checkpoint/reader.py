@@ -172,13 +172,16 @@ def read_data(reader, plan, planner) -> None:
         finally:
             os.close(fd)
         expected = reader.items.get(name, {}).get(offset)
-        if expected is not None:
-            if expected[0] != length or crc_hex(crc32c.crc32c(buf)) != expected[1]:
-                raise ChecksumMismatch(
-                    f"{name}: the item at byte {offset} ({length} bytes) has CRC32C "
-                    f"{crc_hex(crc32c.crc32c(buf))}, its writer recorded {expected[1]}")
-            return True
-        return False
+        if expected is None:
+            return False
+        if expected[0] != length:
+            raise ChecksumMismatch(f"{name}: the item at byte {offset} is {length} bytes, its "
+                                   f"writer recorded {expected[0]}")
+        crc = crc_hex(crc32c.crc32c(buf))
+        if crc != expected[1]:
+            raise ChecksumMismatch(f"{name}: the item at byte {offset} ({length} bytes) has "
+                                   f"CRC32C {crc}, its writer recorded {expected[1]}")
+        return True
 
     cuda = False
     try:

@@ -1,0 +1,211 @@
+"""The resume's parallel reader on its own (hpctrain.runtime.checkpoint.reader), in one process:
+a checkpoint written by torch's distributed checkpoint writer, its items' CRC32C recorded as
+hpctrain's writer records them, loaded through :class:`ParallelReader` and through torch's own
+reader. The real runs' resumes (several ranks, megatron-core's plans) are in
+test_checkpoint_io_runs.py; these stories pin what each read must do, quickly enough for
+mutation testing (``tools/mutation resume_reader``)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+import zipfile
+
+import crc32c
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+from hpctrain.runtime.checkpoint import reader, staging, writer  # noqa: E402
+
+pytestmark = pytest.mark.megatron
+
+
+def _state() -> dict:
+    """Tensors of three dtypes (one empty), and values torch stores as bytes."""
+    g = torch.Generator().manual_seed(3)
+    return {"w": torch.randn(64, 33, generator=g), "b": torch.randn(5, generator=g).bfloat16(),
+            "ids": torch.arange(-3, 9, dtype=torch.int64), "none": torch.empty(0),
+            "step": 1234, "name": "résumé"}
+
+
+def _blank() -> dict:
+    return {"w": torch.zeros(64, 33), "b": torch.zeros(5).bfloat16(),
+            "ids": torch.zeros(12, dtype=torch.int64), "none": torch.empty(0),
+            "step": 0, "name": ""}
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    """(folder, manifest, storage items) of a checkpoint of ``_state()`` in two files."""
+    folder = tmp_path / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(_state(), storage_writer=dcp.FileSystemWriter(str(folder), thread_count=2),
+                 no_dist=True)
+    storage = dcp.FileSystemReader(str(folder)).read_metadata().storage_data
+    files: dict = {}
+    for info in storage.values():
+        data = (folder / info.relative_path).read_bytes()[info.offset:info.offset + info.length]
+        files.setdefault(info.relative_path, {"items": []})["items"].append(
+            [info.offset, info.length, writer.crc_hex(crc32c.crc32c(data))])
+    return folder, {"checksum": writer.CHECKSUM, "files": files}, storage
+
+
+def _load(folder, manifest, threads=3, zero_copy=True, arena=None):
+    if arena is None:
+        arena = staging.HostArena(pin=False, segment_bytes=1 << 16)
+    r = reader._reader_class()(str(folder), reader.manifest_items(manifest), arena, threads,
+                               zero_copy)
+    got = _blank()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(got, storage_reader=r, no_dist=True)
+    return got, r.stats
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype if torch.is_tensor(a[k])
+        else a[k] == b[k] for k in a)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_a_parallel_read_loads_what_torchs_own_reader_loads_bit_for_bit(saved, threads):
+    folder, manifest, storage = saved
+    own = _blank()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(own, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    got, stats = _load(folder, manifest, threads)
+    assert _equal(got, _state()) and _equal(got, own)
+    state = _state()
+    read = [k for k in storage if not torch.is_tensor(state[k.fqn]) or state[k.fqn].numel()]
+    tensors = sum(1 for k in read if torch.is_tensor(state[k.fqn]))
+    assert stats["items"] == stats["verified"] == len(read) == 5     # an empty tensor: no read
+    assert stats["bytes"] == sum(storage[k].length for k in read)
+    # every tensor taken from the item's bytes where it lies, without torch.load
+    assert stats["zero_copy"] == tensors == 3
+    assert stats["read_seconds"] > 0
+
+
+def test_without_recorded_checksums_the_same_state_loads_through_torch_load(saved):
+    """A checkpoint from another writer (no CRC32C items in its manifest): nothing to verify
+    in the pass (the store verified the files before), every tensor through torch.load."""
+    folder, manifest, storage = saved
+    got, stats = _load(folder, {"files": manifest["files"]}, zero_copy=False)
+    assert _equal(got, _state())
+    assert stats["verified"] == stats["zero_copy"] == 0 and stats["items"] == len(storage) - 1
+
+
+def test_the_memory_read_into_is_given_back_whether_the_load_succeeds_or_fails(saved):
+    folder, manifest, storage = saved
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 16)
+    _load(folder, manifest, arena=arena)
+    assert arena.holder is None
+    _damage(folder, next(iter(storage.values())))
+    with pytest.raises(CheckpointException):
+        _load(folder, manifest, arena=arena)
+    assert arena.holder is None
+    arena.acquire("a save", [10])             # the next save is not refused
+    with pytest.raises(CheckpointException, match="held by a save"):   # (a holder is one)
+        _load(folder, manifest, arena=arena)
+
+
+def _damage(folder, info, at: int | None = None) -> None:
+    path = folder / info.relative_path
+    data = bytearray(path.read_bytes())
+    data[info.offset + (info.length // 2 if at is None else at)] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _mismatch(folder, manifest) -> str:
+    """What the load raised: torch wraps the reader's exception, with its text."""
+    with pytest.raises(CheckpointException) as raised:
+        _load(folder, manifest)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("which", ["w", "ids", "step", "name"])
+def test_one_flipped_byte_in_any_item_stops_the_load_naming_the_file_and_byte(saved, which):
+    folder, manifest, storage = saved
+    (info,) = [i for k, i in storage.items() if k.fqn == which]
+    recorded = {o: c for o, _, c in manifest["files"][info.relative_path]["items"]}[info.offset]
+    _damage(folder, info)
+    text = _mismatch(folder, manifest)
+    assert (f"{info.relative_path}: the item at byte {info.offset} ({info.length} bytes) has "
+            f"CRC32C ") in text and f"its writer recorded {recorded}" in text, text
+
+
+def test_a_flip_in_an_items_first_or_last_byte_is_caught(saved):
+    folder, manifest, storage = saved
+    (info,) = [i for k, i in storage.items() if k.fqn == "w"]
+    _damage(folder, info, at=0)
+    assert "its writer recorded" in _mismatch(folder, manifest)
+    _damage(folder, info, at=0)               # mended
+    _damage(folder, info, at=info.length - 1)
+    assert "its writer recorded" in _mismatch(folder, manifest)
+
+
+def test_a_file_cut_short_is_refused_naming_where_it_should_have_gone_on(saved):
+    folder, manifest, storage = saved
+    state = _state()
+    last = max((i for k, i in storage.items() if not torch.is_tensor(state[k.fqn])
+                or state[k.fqn].numel()), key=lambda i: (i.relative_path, i.offset))
+    path = folder / last.relative_path
+    path.write_bytes(path.read_bytes()[:last.offset + last.length - 1])
+    text = _mismatch(folder, manifest)
+    assert f"{last.relative_path}: ends before byte {last.offset + last.length}" in text, text
+
+
+def test_an_item_whose_length_is_not_the_recorded_one_is_refused(saved):
+    folder, manifest, storage = saved
+    name = next(iter(manifest["files"]))
+    offset, length, _ = manifest["files"][name]["items"][0]
+    manifest["files"][name]["items"][0][1] += 1
+    assert (f"{name}: the item at byte {offset} is {length} bytes, its writer recorded "
+            f"{length + 1}") in _mismatch(folder, manifest)
+
+
+def test_the_raw_record_is_found_only_in_a_one_tensor_stored_archive_of_the_expected_size():
+    t = torch.arange(10, dtype=torch.float32)
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    view = memoryview(buf.getvalue())
+    start = reader.raw_record(view, 40)
+    assert start is not None and bytes(view[start:start + 40]) == t.numpy().tobytes()
+    assert reader.raw_record(view, 39) is None and reader.raw_record(view, 41) is None
+    assert reader.raw_record(view[:start + 39], 40) is None           # cut inside the data
+    two = io.BytesIO()
+    torch.save([t, t + 1], two)
+    assert reader.raw_record(memoryview(two.getvalue()), 40) is None
+    assert reader.raw_record(memoryview(b"not an archive" * 10), 40) is None
+    deflated = io.BytesIO()                    # the same names, compressed: torch.load reads it
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as src, \
+            zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename))
+    assert reader.raw_record(memoryview(deflated.getvalue()), 40) is None
+    assert torch.equal(torch.load(io.BytesIO(deflated.getvalue()), weights_only=True), t)
+
+
+def test_the_reader_is_used_for_its_own_folder_only_and_only_while_installed(saved, tmp_path):
+    from megatron.core.dist_checkpointing.strategies import torch as torch_strategy
+    folder, manifest, _ = saved
+    original = torch_strategy._get_filesystem_reader
+    arena = staging.HostArena(pin=False)
+    with reader.installed(folder, manifest, arena, threads=2) as made:
+        ours = torch_strategy._get_filesystem_reader(str(folder / "." ))
+        other = torch_strategy._get_filesystem_reader(str(tmp_path))
+        assert made == [ours] and ours.threads == 2 and ours.zero_copy
+        assert not hasattr(other, "items")
+    assert torch_strategy._get_filesystem_reader is original
+    with reader.installed(folder, manifest, arena, threads=0) as made:   # megatron's own
+        assert torch_strategy._get_filesystem_reader is original and made == []
+    with reader.installed(folder, {"files": manifest["files"]}, arena) as made:
+        plain = torch_strategy._get_filesystem_reader(str(folder))
+        assert plain.items == {} and not plain.zero_copy
+        assert plain.threads == reader.read_threads()
