@@ -171,6 +171,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # would load, the memory given back
     "resume_reader": ("hpctrain/runtime/checkpoint/reader.py", [
         "tests/runtime/test_resume_reader.py", "tests/runtime/test_checkpoint_staging.py"]),
+    # a save's staging and writing: the checksum of the bytes meant to be written, per item
+    # and per file, the staged copy written, a storage error naming its file
+    "checkpoint_writer": ("hpctrain/runtime/checkpoint/writer.py", [
+        "tests/runtime/test_resume_reader.py", "tests/runtime/test_checkpoint_staging.py",
+        "tests/runtime/test_save_faults.py"]),
     # the multi-rank stop decisions: the preemption flag (signals, the batch shell's flag
     # file), the deadline, the save estimate and periodic saves that rank 0's clocks vote with
     "preemption": ("hpctrain/runtime/preemption.py", [

@@ -334,7 +334,8 @@ def test_the_locking_record_says_how_long_and_how_much():
     arena.wait_ready()
     took = time.monotonic() - started
     record = arena.lock_record()
-    assert 3 * 0.05 <= record["seconds"] <= took + 0.001  # three segments, at least 0.05 s each
+    # three segments, at least 0.05 s each; the record keeps milliseconds (0.1503 s is 0.15)
+    assert 0.15 - 0.0005 <= record["seconds"] <= took + 0.0005
     assert record == {"after_step": 7, "seconds": record["seconds"], "bytes": 2_500_000_000}
     assert arena.describe() == (f"2.50 GB host staging, 2.50 GB page-locked in "
                                 f"{record['seconds']:.2f}s after step 7")

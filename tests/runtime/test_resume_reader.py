@@ -1,7 +1,8 @@
 """The resume's parallel reader on its own (hpctrain.runtime.checkpoint.reader), in one process:
 a checkpoint written by torch's distributed checkpoint writer, its items' CRC32C recorded as
 hpctrain's writer records them, loaded through :class:`ParallelReader` and through torch's own
-reader. The real runs' resumes (several ranks, megatron-core's plans) are in
+reader; and a checkpoint planned by torch's planner and written by hpctrain's own staging and
+writer (hpctrain.runtime.checkpoint.writer), as a save does, read back. The real runs' resumes (several ranks, megatron-core's plans) are in
 test_checkpoint_io_runs.py; these stories pin what each read must do, quickly enough for
 mutation testing (``tools/mutation resume_reader``)."""
 
@@ -209,3 +210,92 @@ def test_the_reader_is_used_for_its_own_folder_only_and_only_while_installed(sav
         plain = torch_strategy._get_filesystem_reader(str(folder))
         assert plain.items == {} and not plain.zero_copy
         assert plain.threads == reader.read_threads()
+
+
+# ------------------------------------------------------- hpctrain's writer, then its reader
+def _write_with_hpctrain(folder, state: dict, files: int = 2) -> dict:
+    """Plan ``state`` with torch's planner, stage it and write it with hpctrain's writer in
+    ``files`` buckets (megatron's async save hands the writer the same tuples), then write
+    torch's metadata as its writer's finish does: the manifest's files part."""
+    import json
+    import pickle
+    import queue
+
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+    from torch.distributed.checkpoint.planner import WriteItemType
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state, is_coordinator=True)
+    plans, metadata = planner.create_global_plan([planner.create_local_plan()])
+    items = planner.finish_plan(plans[0]).items
+    folder.mkdir()
+    buckets = []
+    for n in range(files):
+        mine = items[n::files]
+        buckets.append((str(folder / f"__0_{n}.distcp"), f"__0_{n}.distcp", (
+            [(i, planner.resolve_data(i)) for i in mine if i.type == WriteItemType.BYTE_IO],
+            [(i, planner.resolve_data(i)) for i in mine if i.type != WriteItemType.BYTE_IO])))
+    arena = staging.HostArena(pin=False, segment_bytes=1 << 16)
+    staged = writer.stage(arena, "save", buckets, page_locked=False)
+    results = queue.Queue()
+    writer.write_buckets([_StorageWriterTransforms()], 0, staged, results, folder=str(folder),
+                         sidecar="sums.json")
+    written = results.get_nowait()
+    assert not isinstance(written, BaseException), written
+    metadata.storage_data = {r.index: r.storage_data for rs in written.values() for r in rs}
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    sums = json.loads((folder / "sums.json").read_text())
+    return {"checksum": writer.CHECKSUM, "files": sums["files"]}
+
+
+@pytest.mark.parametrize("files", [1, 3])
+def test_what_hpctrains_writer_wrote_reads_back_bit_for_bit_without_a_copy(tmp_path, files):
+    folder = tmp_path / "ckpt"
+    manifest = _write_with_hpctrain(folder, _state(), files)
+    assert sorted(manifest["files"]) == [f"__0_{n}.distcp" for n in range(files)]
+    got, stats = _load(folder, manifest)
+    assert _equal(got, _state())
+    assert stats["items"] == stats["verified"] == 5 and stats["zero_copy"] == 3
+    own = _blank()                          # torch's own reader reads the same files alike
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(own, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    assert _equal(own, _state())
+
+
+def test_the_state_written_is_the_state_when_it_was_staged(tmp_path):
+    """The training thread goes on changing the weights once they are staged: the writer
+    writes (and checksums) the staged bytes."""
+    folder = tmp_path / "ckpt"
+    state = _state()
+    original = {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+
+    real_stage = writer.stage
+
+    def stage_then_train_on(arena, owner, buckets, page_locked=True):
+        staged = real_stage(arena, owner, buckets, page_locked)
+        state["w"].mul_(-1)                  # the next optimizer step, after staging
+        state["ids"].add_(1)
+        return staged
+
+    writer.stage, saved_stage = stage_then_train_on, writer.stage
+    try:
+        manifest = _write_with_hpctrain(folder, state)
+    finally:
+        writer.stage = saved_stage
+    got, stats = _load(folder, manifest)
+    assert _equal(got, original) and stats["verified"] == 5
+
+
+def test_a_byte_changed_in_what_hpctrains_writer_wrote_is_caught_by_the_reader(tmp_path):
+    folder = tmp_path / "ckpt"
+    manifest = _write_with_hpctrain(folder, _state())
+    name, info = next(iter(manifest["files"].items()))
+    offset, length, crc = max(info["items"], key=lambda i: i[1])
+    path = folder / name
+    data = bytearray(path.read_bytes())
+    data[offset + length - 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert f"{name}: the item at byte {offset} ({length} bytes) has CRC32C " in \
+        _mismatch(folder, manifest)
