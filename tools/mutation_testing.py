@@ -626,6 +626,18 @@ EQUIVALENT.update({
         "a remainder by a positive interval is never negative: `<= 0` holds where `== 0` does",
 })
 
+_RD = "hpctrain/runtime/checkpoint/reader.py"
+EQUIVALENT.update({
+    (_RD, "core/ReplaceComparisonOperator_LtE_NotEq",
+     "return start if start + nbytes <= len(view) else None"):
+        "a zip archive ends with its central directory, after every record: a record's data "
+        "never ends exactly at the archive's end, so `!=` holds where `<=` does (and a view "
+        "cut before it fails zipfile first)",
+    (_RD, "core/NumberReplacer", "n = max(0, min(len(b), len(self.view) - self.pos))"):
+        "only a read past the end differs: `max(1, ...)` then raises ValueError where 0 gives "
+        "zipfile a short read and BadZipFile; raw_record returns None for both",
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:

@@ -16,3 +16,18 @@ def test_the_benchmark_job_is_valid_and_times_the_step_alone():
     assert job.checkpoint.interval_steps == 0 and not job.checkpoint.save_at_end
     profile = profile_from_mapping(bench.profile(4), "p.yaml", "p")
     assert profile.slurm.gpus_per_node == 4
+
+
+def test_the_host_bound_job_is_valid_on_one_rank_with_many_small_layers():
+    bench = tool_module("bench_runtime")
+    job = job_from_mapping(bench.bench_job("/data/kjv_byte", 60, host_bound=True), "bench")
+    plain = job_from_mapping(bench.bench_job("/data/kjv_byte", 60), "bench")
+    assert job.model.num_layers > plain.model.num_layers
+    assert job.model.hidden_size < plain.model.hidden_size
+    par = job.parallel
+    assert (par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
+            par.virtual_pipeline_model_parallel_size) == (1, 1, None)
+    assert job.batch.global_batch_size // job.batch.micro_batch_size == 8
+    assert job.checkpoint.interval_steps == 0 and job.train.eval_interval is None
+    unfused = job_from_mapping(bench.bench_job("/data/kjv_byte", 60, True, unfused=True), "b")
+    assert unfused.model.attention_backend == "local" != job.model.attention_backend

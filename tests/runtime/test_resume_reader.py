@@ -171,6 +171,30 @@ def test_an_item_whose_length_is_not_the_recorded_one_is_refused(saved):
             f"{length + 1}") in _mismatch(folder, manifest)
 
 
+def test_a_manifest_as_read_from_disk_is_verified(saved):
+    """The manifest rank 0 wrote, read back from its JSON: its checksum name is equal to,
+    not the same object as, the writer's."""
+    import json
+    folder, manifest, storage = saved
+    from_disk = json.loads(json.dumps(manifest))
+    assert from_disk["checksum"] is not writer.CHECKSUM
+    _, stats = _load(folder, from_disk)
+    assert stats["verified"] == 5
+
+
+def test_a_record_whose_local_header_is_damaged_is_left_to_torch_load():
+    t = torch.arange(10, dtype=torch.float32)
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    data = bytearray(buf.getvalue())
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as z:
+        (info,) = [i for i in z.infolist() if i.filename.endswith("/data/0")]
+    assert reader.raw_record(memoryview(bytes(data)), 40) is not None
+    for magic in (b"\0\0\0\0", b"PK\x03\x05"):     # below and above the signature
+        data[info.header_offset:info.header_offset + 4] = magic
+        assert reader.raw_record(memoryview(bytes(data)), 40) is None, magic
+
+
 def test_the_raw_record_is_found_only_in_a_one_tensor_stored_archive_of_the_expected_size():
     t = torch.arange(10, dtype=torch.float32)
     buf = io.BytesIO()
