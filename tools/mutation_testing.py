@@ -637,6 +637,16 @@ EQUIVALENT.update({
         "only a read past the end differs: `max(1, ...)` then raises ValueError where 0 gives "
         "zipfile a short read and BadZipFile; raw_record returns None for both",
 })
+_WR = "hpctrain/runtime/checkpoint/writer.py"
+EQUIVALENT.update({
+    (_WR, "core/ReplaceComparisonOperator_NotEq_IsNot",
+     "if offset != self._item_start or offset + length != self.position:"):
+        "torch's _write_item records as the item's offset the int tell() returned, which is "
+        "the object begin_item kept: `is not` is False where `!=` is",
+    **{(_WR, "core/NumberReplacer",
+        'record = {"files": sums, "write_seconds": round(time.monotonic() - started, 3)}'):
+       "the digits the writer's duration is kept to in its record (2, 3 or 4 decimals)"},
+})
 
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,

@@ -255,6 +255,46 @@ def test_the_checksum_catches_one_flipped_byte(tmp_path):
     assert items[offset] == (length, crc) != (length, writer.crc_hex(crc32c.crc32c(view)))
 
 
+PAST_THE_LIMIT = r"""
+import resource, signal, sys
+from hpctrain.runtime.checkpoint.writer import ChecksumStream
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+stream = ChecksumStream(sys.argv[1])
+try:
+    stream.write(bytes(1 << 17))
+except OSError as e:
+    print(e.errno, e.filename)
+"""
+
+
+def test_a_write_the_storage_refuses_names_the_file_it_was_writing(tmp_path):
+    """A write's OSError carries no file name (EFBIG here, ENOSPC or EIO on a cluster): the
+    writer's says which file, for the save fault's one line."""
+    import errno
+    import subprocess
+    import sys
+    shard = tmp_path / "__0_0.distcp"
+    out = subprocess.run([sys.executable, "-c", PAST_THE_LIMIT, str(shard)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == [str(errno.EFBIG), str(shard)], out
+
+
+def test_an_error_that_names_its_file_or_has_no_errno_is_passed_on_as_it_is(tmp_path):
+    import errno
+    stream = writer.ChecksumStream(str(tmp_path / "f"))
+    named = OSError(errno.EIO, "Input/output error", "/elsewhere")
+    bare = OSError("no errno")
+    for error in (named, bare):
+        with pytest.raises(OSError) as raised:
+            stream._raise_named(error)
+        assert raised.value is error
+    with pytest.raises(OSError) as raised:
+        stream._raise_named(OSError(errno.ENOSPC, "No space left on device"))
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(tmp_path / "f"))
+    stream.finish()
+
+
 def test_format_1_manifests_are_still_verified_with_zlib_crc32(tmp_path):
     (tmp_path / "f").write_bytes(b"hello")
     old = {"files": store.checksum_files(tmp_path, ["f"], "crc32")}

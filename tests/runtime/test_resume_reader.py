@@ -9,6 +9,7 @@ mutation testing (``tools/mutation resume_reader``)."""
 from __future__ import annotations
 
 import io
+import os
 import warnings
 import zipfile
 
@@ -244,6 +245,7 @@ def _write_with_hpctrain(folder, state: dict, files: int = 2) -> dict:
     import json
     import pickle
     import queue
+    import time
 
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
@@ -262,14 +264,17 @@ def _write_with_hpctrain(folder, state: dict, files: int = 2) -> dict:
     arena = staging.HostArena(pin=False, segment_bytes=1 << 16)
     staged = writer.stage(arena, "save", buckets, page_locked=False)
     results = queue.Queue()
+    started = time.monotonic()
     writer.write_buckets([_StorageWriterTransforms()], 0, staged, results, folder=str(folder),
                          sidecar="sums.json")
+    took = time.monotonic() - started
     written = results.get_nowait()
     assert not isinstance(written, BaseException), written
     metadata.storage_data = {r.index: r.storage_data for rs in written.values() for r in rs}
     with open(folder / ".metadata", "wb") as f:
         pickle.dump(metadata, f)
     sums = json.loads((folder / "sums.json").read_text())
+    assert 0 <= sums["write_seconds"] <= took + 0.0005     # how long it wrote, in ms
     return {"checksum": writer.CHECKSUM, "files": sums["files"]}
 
 
@@ -323,3 +328,48 @@ def test_a_byte_changed_in_what_hpctrains_writer_wrote_is_caught_by_the_reader(t
     path.write_bytes(bytes(data))
     assert f"{name}: the item at byte {offset} ({length} bytes) has CRC32C " in \
         _mismatch(folder, manifest)
+
+
+def _failing_buckets(tmp_path, how):
+    """Two buckets: the first written to ``tmp_path``, the second failing as ``how`` says."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, \
+        TensorProperties
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+    def item(name, t):
+        return WriteItem(index=MetadataIndex(name, (0,)), type=WriteItemType.TENSOR,
+                         tensor_data=TensorWriteData(ChunkStorageMetadata((0,), t.shape),
+                                                     TensorProperties(dtype=t.dtype), t.shape))
+    good, bad = torch.arange(8.0), torch.arange(4.0)
+    target = tmp_path / ("gone" if how == "folder gone" else "") / "__0_1.distcp"
+
+    class Interrupted(torch.Tensor):    # a tensor whose serialization is interrupted
+        def __reduce_ex__(self, proto):
+            raise KeyboardInterrupt("stopped while writing")
+    if how == "interrupted":
+        bad = bad.as_subclass(Interrupted)
+    return [(str(tmp_path / "__0_0.distcp"), "__0_0.distcp", ([], [(item("good", good), good)])),
+            (str(target), "__0_1.distcp", ([], [(item("bad", bad), bad)]))]
+
+
+@pytest.mark.parametrize("how", ["folder gone", "interrupted"])
+def test_a_bucket_that_cannot_be_written_is_handed_to_megatron_and_no_sums_are_written(
+        tmp_path, how):
+    """megatron's finalize raises what the queue holds: the error itself, or for what is not
+    an Exception (a KeyboardInterrupt in a writer thread) a RuntimeError saying it; the other
+    bucket's file is written and closed, and no checksums are recorded for a save that failed."""
+    import queue
+
+    from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+    before = len(os.listdir("/proc/self/fd"))
+    results = queue.Queue()
+    writer.write_buckets([_StorageWriterTransforms()], 0, _failing_buckets(tmp_path, how),
+                         results, folder=str(tmp_path), sidecar="sums.json")
+    outcome = results.get_nowait()
+    if how == "folder gone":
+        assert isinstance(outcome, FileNotFoundError) and "gone" in str(outcome), outcome
+    else:
+        assert type(outcome) is RuntimeError and "stopped while writing" in str(outcome)
+    assert (tmp_path / "__0_0.distcp").stat().st_size > 0
+    assert not (tmp_path / "sums.json").exists()
+    assert len(os.listdir("/proc/self/fd")) == before          # every file closed
