@@ -280,6 +280,20 @@ def test_a_write_the_storage_refuses_names_the_file_it_was_writing(tmp_path):
     assert out.stdout.split() == [str(errno.EFBIG), str(shard)], out
 
 
+def test_an_item_whose_recorded_range_is_not_the_bytes_written_is_refused(tmp_path):
+    """The per-item checksum covers exactly the bytes torch's metadata says the item is."""
+    stream = writer.ChecksumStream(str(tmp_path / "f"))
+    stream.write(b"head")
+    stream.begin_item()
+    stream.write(b"0123456789")
+    for offset, length in ((4, 9), (4, 11), (3, 10), (5, 10)):
+        with pytest.raises(RuntimeError, match=f"item at {offset}[+]{length} does not match the "
+                                               f"bytes written [(]4[.][.]14[)]"):
+            stream.end_item(offset, length)
+    stream.end_item(4, 10)
+    assert stream.finish()["items"] == [[4, 10, writer.crc_hex(crc32c.crc32c(b"0123456789"))]]
+
+
 def test_an_error_that_names_its_file_or_has_no_errno_is_passed_on_as_it_is(tmp_path):
     import errno
     stream = writer.ChecksumStream(str(tmp_path / "f"))
