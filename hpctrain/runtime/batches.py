@@ -86,11 +86,18 @@ class BatchFeeder:
         self.timer = None       # straggler_timing.ComputeTimer: times every forward pass
 
     def _reader(self, consumed: int):
+        """A reader from sample ``consumed`` on. Its own generator: each iterator torch makes
+        draws its workers' base seed from the loader's generator, which is otherwise torch's
+        global one, the one dropout draws from (on the CPU rehearsal; hidden dropout on GPUs
+        draws from CUDA's). A reader made at a resume would then shift every later dropout
+        mask against the uninterrupted run's, whose reader was made at its first step."""
+        import torch
         from torch.utils.data import DataLoader
         loader = DataLoader(_Windows(self.samples),
                             batch_sampler=_MicrobatchOrder(consumed, self.layout, self.dp_rank),
                             num_workers=self.num_workers, pin_memory=self.gpu,
-                            prefetch_factor=2 if self.num_workers else None)
+                            prefetch_factor=2 if self.num_workers else None,
+                            generator=torch.Generator().manual_seed(consumed))
         return iter(loader)
 
     def iterators(self, consumed_samples: int, chunks: int):

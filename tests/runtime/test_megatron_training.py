@@ -15,7 +15,7 @@ from hpctrain.record import checkpoint_store as store
 from tests.conftest import wait_until
 from tests.launch import Launch, launch
 from tests.runtime.conftest import _explain
-from tests.runtime.helpers import losses, result
+from tests.runtime.helpers import losses, result, world_of
 
 pytestmark = pytest.mark.megatron
 TOL = 1e-5
@@ -71,6 +71,27 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(ws):
     assert sorted(b) == list(range(7, 13))
     assert [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]   # bitwise
     assert r["weights_digest"] == result(ref, 1)["weights_digest"]
+
+
+@pytest.mark.parametrize("layout", ["single", "tp2"])
+def test_a_resume_with_dropout_draws_the_masks_the_uninterrupted_run_drew(ws, layout):
+    """Dropout makes every step depend on the RNG streams (megatron's tracker for attention
+    dropout, one state per TP rank; the default generator for hidden dropout): a resume that
+    restored them wrongly or not at all, or that drew from them before its first step (the
+    data reader's seed once did), would draw other masks and lose bit-equality."""
+    dropout = {"model": {"attention_dropout": 0.2, "hidden_dropout": 0.2}}
+    ref, _ = ws.train(f"dropout-ref-{layout}", layout, checkpoint={"interval_steps": 6},
+                      **dropout)
+    plain = losses(ws.reference("single"))
+    a = losses(ref)
+    assert all(abs(a[s] - plain[s]) > TOL for s in range(1, 13))   # the masks are in the loss
+    run = ws.new_run(f"dropout-resume-{layout}", layout, **dropout)
+    _copy_checkpoint(ref, 6, run)
+    res = launch(run.path, world_of(layout))
+    assert set(res.codes) == {0}, _explain(res)
+    assert result(run, 1)["start_step"] == 6
+    b = losses(run)
+    assert [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]   # bitwise
 
 
 def test_resume_on_another_layout_and_fewer_ranks(ws):
