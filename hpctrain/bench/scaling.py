@@ -270,7 +270,7 @@ def submit_size(size: Size, runs_root: Path, source: str):
     between the run folder's creation and its own claim), leaves no run folder behind, as
     with ``submit``."""
     from ..record.checkpoint_store import ForeignCheckpointsError
-    from ..submission import (check_data, check_fits, prepare_run, remove_refused_run,
+    from ..submission import (check_data, check_fits, prepare_run, refusal, remove_refused_run,
                               submit_training)
     r = size.resolved
     try:
@@ -281,9 +281,11 @@ def submit_size(size: Size, runs_root: Path, source: str):
     run = prepare_run(r, runs_root, source=f"{source} [bench scaling, {size.nodes} node(s)]")
     try:
         return submit_training(r, run)
-    except (ForeignCheckpointsError, SubmissionError):
+    except ForeignCheckpointsError:
         remove_refused_run(run)
         raise
+    except SubmissionError as e:    # said as submit says it: sbatch's words, then the folder's fate
+        raise refusal(e, remove_refused_run(run), "the run folder prepared for it") from None
 
 
 def run_scaling(job: JobConfig, profile: ClusterProfile, nodes: list[int], *, runs_root: Path,

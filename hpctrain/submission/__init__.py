@@ -190,7 +190,7 @@ def submit(job_file: str | Path | Mapping | JobConfig,
         raise
     except SubmissionError as e:
         # sbatch refused the first job: the run never reached the scheduler
-        raise _refused(e, remove_refused_run(run), "the run folder prepared for it") from None
+        raise refusal(e, remove_refused_run(run), "the run folder prepared for it") from None
     script = run.script_file if backend.batch_script else None
     return Submission(resolved, [run], subs, script=script)
 
@@ -240,7 +240,7 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
             out.array_job_id = submit_sweep_array(sweep_dir, sweep_runs,
                                                   max_parallel=max_parallel).array_job_id
         except SubmissionError as e:
-            raise _refused(e, remove_refused_sweep(sweep_dir, sweep_runs),
+            raise refusal(e, remove_refused_sweep(sweep_dir, sweep_runs),
                            f"the sweep's folder and its {len(sweep_runs)} run folders",
                            "were") from None
         return out
@@ -248,7 +248,7 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
     return out
 
 
-def _refused(error: SubmissionError, removed: bool, what: str,
+def refusal(error: SubmissionError, removed: bool, what: str,
              verb: str = "was") -> SubmissionError:
     """sbatch's refusal as it said it, and what became of the folders made for the job: removed
     (nothing was queued, so nothing is lost; ``--dry-run`` prepares them to look at), or kept

@@ -93,3 +93,18 @@ def test_a_refused_run_is_removed_only_while_it_holds_what_a_submission_wrote(tm
     run.update_meta(jobs=[])
     assert remove_refused_run(run) and not run.path.exists()
     assert list(run.path.parent.iterdir()) == []
+
+
+def test_bench_scaling_says_what_sbatch_said_and_that_nothing_was_queued(refusing_sbatch,
+                                                                          tmp_path):
+    """``bench scaling`` submits each size through submit's library: a refusal reads as
+    submit's, and the size's run folder is gone."""
+    root = Path(refusing_sbatch["HPCTRAIN_RUNS_DIR"])
+    proc = hpctrain("bench", "scaling", "examples/tiny.yaml", "-p", "dev-slurm", "--nodes",
+                    "2,4", "--steps", "8", "--warmup", "2", env=refusing_sbatch)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (tmp_path / "sbatch-calls").read_text() == "called\n"   # the first size only
+    assert proc.stderr.endswith(REFUSAL + "Nothing was queued: the run folder prepared for it "
+                                "was removed (`hpctrain submit --dry-run` prepares the same, "
+                                "to look at the script).\n"), proc.stderr
+    assert not root.exists() or not any(root.iterdir())
