@@ -235,6 +235,20 @@ def test_a_save_failing_on_the_storage_ends_the_attempt_with_one_line(ws):
     assert _max_diff(got, ref, range(1, 13)) < TOL
 
 
+def test_a_background_save_failing_on_the_storage_is_named_by_its_own_step(ws):
+    """The forked writer of step 6's background save hits EFBIG after step 3's background save
+    was published: the failure, found when the rank next polls, is step 6's, not step 3's."""
+    run = ws.new_run("save-fault-background", "single",
+                     checkpoint={"interval_steps": 3, "async_save": True})
+    res = launch(run.path, 1, env={"HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": f"{256 << 10}@6"})
+    assert res.codes[0] != 0, _explain(res)
+    root = run.path / "checkpoints"
+    assert [s for s, _ in store.complete_checkpoints(root)] == [3]
+    message = result(run, 1)["message"]
+    assert message.startswith(f"checkpoint save of step 6 to {root} failed: "), message
+    assert f"{root}/step-00000003, is intact" in message and "\n" not in message, message
+
+
 def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     src = ws.reference("single")
     run = ws.new_run("corrupt", "single", steps=8)
@@ -274,6 +288,32 @@ def test_damage_in_another_ranks_share_of_the_files_is_caught(ws):
     assert "step-00000012 is damaged" in out
     (aside,) = (run.path / "checkpoints" / store.QUARANTINE).iterdir()
     assert aside.name.startswith("step-00000012")
+
+
+def test_an_older_checkpoints_files_are_verified_in_shares_by_every_rank(ws):
+    """A checkpoint from before per-item checksums (one CRC32 per file, no weights digest) is
+    read through once before loading, each rank checking its own share of the files: damage in
+    rank 1's share, which rank 0 never reads, sets the checkpoint aside all the same."""
+    src = ws.reference("single")
+    run = ws.new_run("format-1-rank1", "single", steps=8, world=2)     # DP2
+    _copy_checkpoint(src, 6, run)
+    newest = _copy_checkpoint(src, 12, run)
+    manifest = store.read_manifest(newest)
+    names = sorted(manifest["files"])
+    old = {k: v for k, v in manifest.items() if k not in ("checksum", "weights_digest")}
+    old["files"] = store.checksum_files(newest, names, "crc32")
+    store.write_json_atomic(newest / store.MANIFEST, old)
+    theirs = store.share(names, 1, 2)
+    assert theirs and not set(theirs) & set(store.share(names, 0, 2))
+    damaged = max((newest / n for n in theirs), key=lambda p: p.stat().st_size)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    res = launch(run.path, 2)
+    assert res.codes == [0, 0], _explain(res)
+    assert result(run, 1)["start_step"] == 6
+    out = res.output(0)
+    assert f"step-00000012 is damaged ({damaged.name}: CRC32 " in out, out
 
 
 def test_nan_step_is_skipped_and_the_guard_stops_the_run(ws):
