@@ -284,7 +284,7 @@ def submit_size(size: Size, runs_root: Path, source: str):
     except ForeignCheckpointsError:
         remove_refused_run(run)
         raise
-    except SubmissionError as e:    # said as submit says it: sbatch's words, then the folder's fate
+    except SubmissionError as e:   # as submit says it: sbatch's words, then the folder's fate
         raise refusal(e, remove_refused_run(run), "the run folder prepared for it") from None
 
 

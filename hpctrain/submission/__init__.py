@@ -241,15 +241,15 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
                                                   max_parallel=max_parallel).array_job_id
         except SubmissionError as e:
             raise refusal(e, remove_refused_sweep(sweep_dir, sweep_runs),
-                           f"the sweep's folder and its {len(sweep_runs)} run folders",
-                           "were") from None
+                          f"the sweep's folder and its {len(sweep_runs)} run folders",
+                          "were") from None
         return out
     run_sweep_locally(sweep_dir, sweep_runs, follow_local_run or _follow_quietly)
     return out
 
 
 def refusal(error: SubmissionError, removed: bool, what: str,
-             verb: str = "was") -> SubmissionError:
+            verb: str = "was") -> SubmissionError:
     """sbatch's refusal as it said it, and what became of the folders made for the job: removed
     (nothing was queued, so nothing is lost; ``--dry-run`` prepares them to look at), or kept
     (they hold something else) for ``runs rm``."""
