@@ -176,6 +176,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "checkpoint_writer": ("hpctrain/runtime/checkpoint/writer.py", [
         "tests/runtime/test_resume_reader.py", "tests/runtime/test_checkpoint_staging.py",
         "tests/runtime/test_save_faults.py"]),
+    # the experiment trackers' thread: only what a checkpoint holds is sent, an attempt after
+    # a failure sends what the one before left, a failing tracker is retried, nothing waits
+    "tracker_thread": ("hpctrain/tracking/sender.py", [
+        "tests/tracking/test_tracker_thread.py", "tests/tracking/test_tracking_logic.py"]),
     # the multi-rank stop decisions: the preemption flag (signals, the batch shell's flag
     # file), the deadline, the save estimate and periodic saves that rank 0's clocks vote with
     "preemption": ("hpctrain/runtime/preemption.py", [

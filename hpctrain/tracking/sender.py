@@ -22,8 +22,8 @@ from typing import Callable
 from .. import limits
 from ..record.reader import read_jsonl
 from .backends import Backend, RunInfo
-from .records import final_records, shown_events
-from .state import TrackingState
+from .records import final_records, record_kind, shown_events
+from .state import TrackingState, already_sent
 from .unsent import write_unsent
 
 RETRY_S = 5.0
@@ -145,7 +145,7 @@ class TrackerThread:
         with self._lock:
             if kind == "record":
                 for ch in self.channels:
-                    if value.get("step", 0) > ch.entry["sent_step"]:
+                    if not already_sent(ch.entry, value):
                         ch.pending.append(value)
             elif kind == "commit":
                 self.committed = max(self.committed, value)
@@ -182,17 +182,19 @@ class TrackerThread:
         self.committed = self.resume_step
         if not self.resume_step:
             return
-        lowest = min((ch.entry["sent_step"] for ch in self.channels), default=0)
+        lowest = min((min(ch.entry["sent_step"], *ch.entry["sent_evals"].values())
+                      for ch in self.channels), default=0)
         if lowest >= self.resume_step:
             return
         try:
-            records = final_records(read_jsonl(self.metrics_file, limits.RUN_METRICS_BYTES), lowest, self.resume_step)
+            records = final_records(read_jsonl(self.metrics_file, limits.RUN_METRICS_BYTES),
+                                    lowest, self.resume_step)
         except Exception as e:  # noqa: BLE001
             self.log(f"tracking: cannot read {self.metrics_file.name} to send earlier steps: "
                      f"{_short(e)}")
             return
         for ch in self.channels:
-            ch.pending.extend(r for r in records if r["step"] > ch.entry["sent_step"])
+            ch.pending.extend(r for r in records if not already_sent(ch.entry, r))
 
     def _wait(self) -> float:
         waiting = [ch.next_try for ch in self.channels if ch.error and (self._due(ch) or
@@ -251,6 +253,11 @@ class TrackerThread:
                 sent = {id(r) for r in due}
                 ch.pending = [r for r in ch.pending if id(r) not in sent]
             ch.entry["sent_step"] = max(ch.entry["sent_step"], committed)
+            evals = ch.entry["sent_evals"]
+            for r in due:
+                kind = record_kind(r)
+                if kind != "train":
+                    evals[kind] = max(evals.get(kind, 0), r["step"])
             self._save()
         while ch.files:
             ch.backend.log_file(ch.files[0])

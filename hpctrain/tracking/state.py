@@ -2,8 +2,11 @@
 
 One file per run, written only by the run's rank 0 (one attempt at a time) and by ``hpctrain
 sync`` (on a run with no live job), replaced atomically. Per tracker: the ids that make the next
-attempt continue the same tracker run, ``sent_step`` (every record up to it was received) and
-``events_sent`` (how many of ``events.jsonl``'s records were looked at).
+attempt continue the same tracker run, ``sent_step`` (every training record up to it was
+received), ``sent_evals`` (per evaluation kind, the newest step whose evaluation was received:
+an evaluation cut short by a preemption is run again by the next attempt at a step whose
+training record was already sent) and ``events_sent`` (how many of ``events.jsonl``'s records
+were looked at).
 """
 
 from __future__ import annotations
@@ -12,10 +15,22 @@ import json
 from pathlib import Path
 
 from ..config import yamlio
+from ..record.files import record_kind
 
 
 def tracking_dir(run_path: Path) -> Path:
     return Path(run_path) / "tracking"
+
+
+EVAL_KINDS = ("validation", "test")
+
+
+def already_sent(entry: dict, record: dict) -> bool:
+    """Whether the tracker of ``entry`` (:meth:`TrackingState.of`) received ``record``'s step:
+    training records up to ``sent_step``, each evaluation kind up to its own step."""
+    kind = record_kind(record)
+    sent = entry["sent_step"] if kind == "train" else entry["sent_evals"].get(kind, 0)
+    return record.get("step", 0) <= sent
 
 
 class TrackingState:
@@ -38,6 +53,8 @@ class TrackingState:
         entry = self.data.setdefault(tracker, {})
         entry.setdefault("sent_step", 0)
         entry.setdefault("events_sent", 0)
+        # a state written before sent_evals: every evaluation up to sent_step was sent with it
+        entry.setdefault("sent_evals", {kind: entry["sent_step"] for kind in EVAL_KINDS})
         return entry
 
     def save(self) -> None:

@@ -88,3 +88,41 @@ def test_a_tracker_that_does_not_answer_is_warned_about_and_its_records_kept(tmp
     unsent = read_jsonl(info.run_path / "tracking" / "unsent.jsonl")
     assert [u["record"]["step"] for u in unsent] == [1, 2, 3, 4]
     assert any("`hpctrain sync tiny-20260101-000000-ab12`" in line for line in logs)
+
+
+def test_an_evaluation_cut_short_and_run_again_after_the_resume_reaches_the_tracker(tmp_path):
+    """Attempt 1 trains step 8, is preempted in step 8's evaluation and saves step 8 (its
+    training record is sent); attempt 2 resumes at 8 and evaluates step 8 again: that
+    validation loss was never sent, and is."""
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    section = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
+    info, logs = _info(tmp_path), []
+
+    def attempt(number, resume, records, commits, status):
+        thread = TrackerThread(backends_for(section), dataclasses.replace(info, attempt=number),
+                               resume_step=resume, metrics_file=info.run_path / "metrics.jsonl",
+                               events_file=info.run_path / "events.jsonl",
+                               flush_timeout_s=section.flush_timeout_s, log=logs.append,
+                               retry_s=0.2, stopping_flush_s=section.flush_timeout_s).start()
+        for kind, step, loss in records:
+            record = {"kind": kind, "step": step, "loss": loss, "attempt": number,
+                      "time": 1.7e9 + step}
+            append_jsonl(info.run_path / "metrics.jsonl", record)
+            thread.add(record)
+            if step in commits and kind == commits[step]:
+                thread.commit(step)
+        thread.close(status)
+
+    train = [("train", s, 10.0 + s) for s in range(1, 9)]
+    attempt(1, 0, train[:4] + [("validation", 4, 5.0)] + train[4:], {4: "validation", 8: "train"},
+            "stopped")
+    attempt(2, 8, [("validation", 8, 4.0)] + [("train", s, 20.0 + s) for s in (9, 10)],
+            {10: "train"}, "finished")
+    assert logs == []
+    state = json.loads((info.run_path / "tracking" / "state.json").read_text())["mlflow"]
+    client = MlflowClient(tracking_uri=uri)
+    validation = client.get_metric_history(state["run_id"], "validation/loss")
+    assert sorted((m.step, m.value) for m in validation) == [(4, 5.0), (8, 4.0)]
+    train_loss = client.get_metric_history(state["run_id"], "train/loss")
+    assert [m.step for m in sorted(train_loss, key=lambda m: m.step)] == list(range(1, 11))

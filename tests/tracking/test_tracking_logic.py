@@ -93,3 +93,23 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_queued(tm
         "Error: tracking.wandb: the wandb package is not installed; pip install "
         "'hpctrain[wandb]', or remove tracking.wandb"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_state_from_before_evaluations_were_counted_apart_reads_as_it_meant(tmp_path):
+    """An older state.json (``sent_step`` only): every evaluation up to it counts as sent, so
+    nothing is sent twice; evaluations after it, and training records after it, are not."""
+    import json
+
+    from hpctrain.tracking.state import TrackingState, already_sent
+    (tmp_path / "tracking").mkdir()
+    (tmp_path / "tracking" / "state.json").write_text(json.dumps(
+        {"mlflow": {"run_id": "r", "sent_step": 8, "events_sent": 3}}))
+    entry = TrackingState(tmp_path).of("mlflow")
+    assert entry["sent_evals"] == {"validation": 8, "test": 8}
+    assert already_sent(entry, rec(8, 1.0, 1)) and already_sent(entry, rec(8, 1.0, 1, "test"))
+    assert not already_sent(entry, rec(9, 1.0, 2, "validation"))
+    entry["sent_evals"]["validation"] = 4            # step 8's evaluation was cut short
+    assert not already_sent(entry, rec(8, 1.0, 2, "validation"))
+    assert already_sent(entry, rec(8, 1.0, 2)) and already_sent(entry, {"step": 8, "loss": 1})
+    assert TrackingState(tmp_path / "new").of("wandb")["sent_evals"] == {"validation": 0,
+                                                                          "test": 0}
