@@ -221,7 +221,7 @@ class TrackerThread:
                     buffered = len(ch.pending)
                 if ch.error is None:
                     self.log(f"tracking: {ch.name} cannot be reached ({_short(e)}); "
-                             f"{buffered} record(s) kept, retrying every {self.retry_s:.0f} s; "
+                             f"{buffered} record(s) kept, retrying every {self.retry_s:g} s; "
                              "training continues")
                 ch.error = _short(e)
                 ch.next_try = time.monotonic() + self.retry_s

@@ -83,17 +83,22 @@ def test_a_tracker_that_does_not_answer_is_warned_about_and_its_records_kept(tmp
     info, logs = _info(tmp_path), []
     _attempt(dataclasses.replace(section, flush_timeout_s=1), info, 1, 0, range(1, 5), {4},
              "stopped", logs)
-    assert any(line.startswith("tracking: mlflow cannot be reached") and
-               "training continues" in line for line in logs), logs
+    # warned once, however many times it is tried again (every 0.2 s here)
+    warned = [line for line in logs if line.startswith("tracking: mlflow cannot be reached")]
+    assert len(warned) == 1 and "retrying every 0.2 s; training continues" in warned[0], logs
     unsent = read_jsonl(info.run_path / "tracking" / "unsent.jsonl")
     assert [u["record"]["step"] for u in unsent] == [1, 2, 3, 4]
-    assert any("`hpctrain sync tiny-20260101-000000-ab12`" in line for line in logs)
+    assert any("mlflow did not receive 4 record(s) (steps 1-4)" in line and
+               "`hpctrain sync tiny-20260101-000000-ab12`" in line for line in logs), logs
 
 
 def test_an_evaluation_cut_short_and_run_again_after_the_resume_reaches_the_tracker(tmp_path):
-    """Attempt 1 trains step 8, is preempted in step 8's evaluation and saves step 8 (its
-    training record is sent); attempt 2 resumes at 8 and evaluates step 8 again: that
-    validation loss was never sent, and is."""
+    """Validation after every step. Attempt 1 is preempted in step 8's evaluation and saves
+    step 8 (its training record is sent, its validation loss does not exist yet); attempt 2
+    resumes at 8 and evaluates step 8 again: that validation loss was never sent, and is.
+    Each attempt's records are handed over before its thread starts, so the thread takes
+    them as it takes a live attempt's (the metrics file, which an attempt's start reads to
+    send what earlier attempts left, gets them after)."""
     from mlflow import MlflowClient
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     section = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
@@ -104,25 +109,55 @@ def test_an_evaluation_cut_short_and_run_again_after_the_resume_reaches_the_trac
                                resume_step=resume, metrics_file=info.run_path / "metrics.jsonl",
                                events_file=info.run_path / "events.jsonl",
                                flush_timeout_s=section.flush_timeout_s, log=logs.append,
-                               retry_s=0.2, stopping_flush_s=section.flush_timeout_s).start()
+                               retry_s=0.2, stopping_flush_s=section.flush_timeout_s)
+        made = []
         for kind, step, loss in records:
-            record = {"kind": kind, "step": step, "loss": loss, "attempt": number,
-                      "time": 1.7e9 + step}
-            append_jsonl(info.run_path / "metrics.jsonl", record)
-            thread.add(record)
-            if step in commits and kind == commits[step]:
+            made.append({"kind": kind, "step": step, "loss": loss, "attempt": number,
+                         "time": 1.7e9 + step})
+            thread.add(made[-1])
+            if commits.get(step) == kind:
                 thread.commit(step)
-        thread.close(status)
+        thread.start().close(status)
+        for record in made:
+            append_jsonl(info.run_path / "metrics.jsonl", record)
 
-    train = [("train", s, 10.0 + s) for s in range(1, 9)]
-    attempt(1, 0, train[:4] + [("validation", 4, 5.0)] + train[4:], {4: "validation", 8: "train"},
-            "stopped")
-    attempt(2, 8, [("validation", 8, 4.0)] + [("train", s, 20.0 + s) for s in (9, 10)],
-            {10: "train"}, "finished")
+    first = [(kind, s, loss) for s in range(1, 9)
+             for kind, loss in (("train", 10.0 + s), ("validation", 5.0 + s)) if (kind, s) !=
+             ("validation", 8)]
+    attempt(1, 0, first, {7: "validation", 8: "train"}, "stopped")
+    attempt(2, 8, [("validation", 8, 4.0), ("train", 9, 29.0), ("validation", 9, 3.0)],
+            {9: "validation"}, "finished")
     assert logs == []
     state = json.loads((info.run_path / "tracking" / "state.json").read_text())["mlflow"]
     client = MlflowClient(tracking_uri=uri)
     validation = client.get_metric_history(state["run_id"], "validation/loss")
-    assert sorted((m.step, m.value) for m in validation) == [(4, 5.0), (8, 4.0)]
+    assert sorted((m.step, m.value) for m in validation) == \
+        [(s, 5.0 + s) for s in range(1, 8)] + [(8, 4.0), (9, 3.0)]
     train_loss = client.get_metric_history(state["run_id"], "train/loss")
-    assert [m.step for m in sorted(train_loss, key=lambda m: m.step)] == list(range(1, 11))
+    assert sorted(m.step for m in train_loss) == list(range(1, 10))
+    assert state["sent_step"] == 9 and state["sent_evals"] == {"validation": 9, "test": 0}
+
+
+def test_run_events_are_numbered_across_attempts_and_counted(tmp_path):
+    """Each shown event is one tag numbered after the ones before it, whichever attempt sent
+    them, and each kind's count adds up over the attempts."""
+    from mlflow import MlflowClient
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    section = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
+    info, logs = _info(tmp_path), []
+    events = info.run_path / "events.jsonl"
+    append_jsonl(events, {"event": "signal", "preempting": True, "signal": "SIGUSR1"})
+    _attempt(section, info, 1, 0, range(1, 3), {2}, "stopped", logs)
+    append_jsonl(events, {"event": "attempt_end", "attempt": 1})          # not shown
+    append_jsonl(events, {"event": "resume", "by": "me"})
+    _attempt(section, info, 2, 2, range(3, 5), {4}, "stopped", logs)
+    append_jsonl(events, {"event": "resume", "by": "you"})
+    _attempt(section, info, 3, 4, range(5, 7), {6}, "finished", logs)
+    assert logs == []
+    state = json.loads((info.run_path / "tracking" / "state.json").read_text())["mlflow"]
+    tags = MlflowClient(tracking_uri=uri).get_run(state["run_id"]).data.tags
+    numbered = sorted(k for k in tags if k.startswith("hpctrain.event."))
+    assert numbered == ["hpctrain.event.0000.preemption", "hpctrain.event.0001.resume",
+                        "hpctrain.event.0002.resume"], numbered
+    assert '"by": "you"' in tags["hpctrain.event.0002.resume"]
+    assert tags["hpctrain.events.resume"] == "2" and tags["hpctrain.events.preemption"] == "1"
