@@ -641,6 +641,14 @@ EQUIVALENT.update({
         "only a read past the end differs: `max(1, ...)` then raises ValueError where 0 gives "
         "zipfile a short read and BadZipFile; raw_record returns None for both",
 })
+_TS = "hpctrain/tracking/sender.py"
+EQUIVALENT.update({
+    **{(_TS, "core/NumberReplacer", "self.committed = 0"):
+       "the thread's first act, _backfill, sets committed to the attempt's resume step"},
+    (_TS, "core/ReplaceComparisonOperator_Eq_GtE", 'if kind == "record":'):
+        "the kinds reaching this line are record, commit, file and close (report is taken "
+        "before it): none sorts after record",
+})
 _WR = "hpctrain/runtime/checkpoint/writer.py"
 EQUIVALENT.update({
     (_WR, "core/ReplaceComparisonOperator_NotEq_IsNot",

@@ -161,3 +161,27 @@ def test_run_events_are_numbered_across_attempts_and_counted(tmp_path):
                         "hpctrain.event.0002.resume"], numbered
     assert '"by": "you"' in tags["hpctrain.event.0002.resume"]
     assert tags["hpctrain.events.resume"] == "2" and tags["hpctrain.events.preemption"] == "1"
+
+
+def test_what_an_attempt_could_not_send_the_next_one_sends_first(tmp_path):
+    """Attempt 1's tracker cannot be reached (a server nobody answers for): its records,
+    committed, stay unsent. Attempt 2, resumed from step 4 with a tracker that answers, sends
+    them before its own, each step once."""
+    from mlflow import MlflowClient
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = TrackingSection(mlflow=MlflowSection(tracking_uri=f"http://127.0.0.1:{port}"),
+                           flush_timeout_s=1)
+    info, logs = _info(tmp_path), []
+    _attempt(down, info, 1, 0, range(1, 5), {4}, "stopped", logs)
+    assert any(line.startswith("tracking: mlflow cannot be reached") for line in logs), logs
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    up = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
+    logs.clear()
+    _attempt(up, info, 2, 4, range(5, 7), {6}, "finished", logs)
+    assert logs == []
+    state = json.loads((info.run_path / "tracking" / "state.json").read_text())["mlflow"]
+    history = MlflowClient(tracking_uri=uri).get_metric_history(state["run_id"], "train/loss")
+    assert sorted((m.step, m.value) for m in history) == [
+        (1, 11), (2, 12), (3, 13), (4, 14), (5, 25), (6, 26)]
