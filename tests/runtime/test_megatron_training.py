@@ -266,6 +266,17 @@ def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     assert aside.name.startswith("step-00000012")
 
 
+def _damage_rank1s_share(folder, names):
+    """Flip a byte in the largest file of the share rank 1 of 2 checks, which rank 0 does not."""
+    theirs = store.share(names, 1, 2)
+    assert theirs and not set(theirs) & set(store.share(names, 0, 2))
+    damaged = max((folder / n for n in theirs), key=lambda p: p.stat().st_size)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
 def test_damage_in_another_ranks_share_of_the_files_is_caught(ws):
     """Two ranks load a checkpoint together, each verifying the CRC32C of the items it reads:
     a flipped byte in a file rank 0 does not check must still set the checkpoint aside."""
@@ -274,12 +285,7 @@ def test_damage_in_another_ranks_share_of_the_files_is_caught(ws):
     _copy_checkpoint(src, 6, run)
     newest = _copy_checkpoint(src, 12, run)
     names = sorted(store.read_manifest(newest)["files"])
-    theirs = store.share(names, 1, 2)
-    assert theirs and not set(theirs) & set(store.share(names, 0, 2))
-    damaged = max((newest / n for n in theirs), key=lambda p: p.stat().st_size)
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.write_bytes(bytes(data))
+    damaged = _damage_rank1s_share(newest, names)
     res = launch(run.path, 2)
     assert res.codes == [0, 0], _explain(res)
     assert result(run, 1)["start_step"] == 6
@@ -303,12 +309,7 @@ def test_an_older_checkpoints_files_are_verified_in_shares_by_every_rank(ws):
     old = {k: v for k, v in manifest.items() if k not in ("checksum", "weights_digest")}
     old["files"] = store.checksum_files(newest, names, "crc32")
     store.write_json_atomic(newest / store.MANIFEST, old)
-    theirs = store.share(names, 1, 2)
-    assert theirs and not set(theirs) & set(store.share(names, 0, 2))
-    damaged = max((newest / n for n in theirs), key=lambda p: p.stat().st_size)
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.write_bytes(bytes(data))
+    damaged = _damage_rank1s_share(newest, names)
     res = launch(run.path, 2)
     assert res.codes == [0, 0], _explain(res)
     assert result(run, 1)["start_step"] == 6
