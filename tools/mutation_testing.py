@@ -643,8 +643,8 @@ EQUIVALENT.update({
 })
 _TS = "hpctrain/tracking/sender.py"
 EQUIVALENT.update({
-    **{(_TS, "core/NumberReplacer", "self.committed = 0"):
-       "the thread's first act, _backfill, sets committed to the attempt's resume step"},
+    (_TS, "core/NumberReplacer", "self.committed = 0"):
+        "the thread's first act, _backfill, sets committed to the attempt's resume step",
     (_TS, "core/ReplaceComparisonOperator_Eq_GtE", 'if kind == "record":'):
         "the kinds reaching this line are record, commit, file and close (report is taken "
         "before it): none sorts after record",
@@ -655,9 +655,9 @@ EQUIVALENT.update({
      "if offset != self._item_start or offset + length != self.position:"):
         "torch's _write_item records as the item's offset the int tell() returned, which is "
         "the object begin_item kept: `is not` is False where `!=` is",
-    **{(_WR, "core/NumberReplacer",
-        'record = {"files": sums, "write_seconds": round(time.monotonic() - started, 3)}'):
-       "the digits the writer's duration is kept to in its record (2, 3 or 4 decimals)"},
+    (_WR, "core/NumberReplacer",
+     'record = {"files": sums, "write_seconds": round(time.monotonic() - started, 3)}'):
+        "the digits the writer's duration is kept to in its record (2, 3 or 4 decimals)",
 })
 
 

@@ -90,3 +90,15 @@ def losses(run: RunFolder) -> dict[int, float]:
 
 def result(run: RunFolder, attempt: int) -> dict:
     return json.loads((run.attempt_dir(attempt) / "result.json").read_text())
+
+
+def tensor_write_item(name: str, tensor):
+    """torch's distributed-checkpoint WriteItem for the whole of ``tensor`` under ``name`` (a
+    one-chunk tensor, as a save's planner makes it), for tests of the checkpoint writer."""
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
+                                                       TensorProperties)
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+    return WriteItem(index=MetadataIndex(name, (0,)), type=WriteItemType.TENSOR,
+                     tensor_data=TensorWriteData(ChunkStorageMetadata((0,), tensor.shape),
+                                                 TensorProperties(dtype=tensor.dtype),
+                                                 tensor.shape))

@@ -196,16 +196,10 @@ def test_a_forked_writer_sees_what_the_rank_writes_into_staging_memory_later():
 def _write_one(tmp_path, tensors: dict, progress=None) -> tuple[dict, dict]:
     """Write ``tensors`` as one bucket through the writer, as a save does."""
     from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
-    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
-                                                       TensorProperties)
-    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+    from tests.runtime.helpers import tensor_write_item
     arena = staging.HostArena(pin=False)
-    items = []
-    for name, t in tensors.items():
-        item = WriteItem(index=MetadataIndex(name, (0,)), type=WriteItemType.TENSOR,
-                         tensor_data=TensorWriteData(ChunkStorageMetadata((0,), t.shape),
-                                                     TensorProperties(dtype=t.dtype), t.shape))
-        items.append((item, t))
+    items = [(tensor_write_item(name, t), t) for name, t in tensors.items()]
     buckets = [(str(tmp_path / "__0_0.distcp"), "__0_", ([], items))]
     staged = writer.stage(arena, "save", buckets)
     q = queue.Queue()

@@ -332,14 +332,7 @@ def test_a_byte_changed_in_what_hpctrains_writer_wrote_is_caught_by_the_reader(t
 
 def _failing_buckets(tmp_path, how):
     """Two buckets: the first written to ``tmp_path``, the second failing as ``how`` says."""
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, \
-        TensorProperties
-    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
-
-    def item(name, t):
-        return WriteItem(index=MetadataIndex(name, (0,)), type=WriteItemType.TENSOR,
-                         tensor_data=TensorWriteData(ChunkStorageMetadata((0,), t.shape),
-                                                     TensorProperties(dtype=t.dtype), t.shape))
+    from tests.runtime.helpers import tensor_write_item as item
     good, bad = torch.arange(8.0), torch.arange(4.0)
     target = tmp_path / ("gone" if how == "folder gone" else "") / "__0_1.distcp"
 

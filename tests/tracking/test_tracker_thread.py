@@ -15,14 +15,18 @@ from hpctrain.tracking.backends import RunInfo, backends_for
 from hpctrain.tracking.sender import TrackerThread
 
 
+def _thread(section, info, number, resume, logs) -> TrackerThread:
+    """Attempt ``number``'s tracker thread, resumed from ``resume`` (not started)."""
+    return TrackerThread(backends_for(section), dataclasses.replace(info, attempt=number),
+                         resume_step=resume, metrics_file=info.run_path / "metrics.jsonl",
+                         events_file=info.run_path / "events.jsonl",
+                         flush_timeout_s=section.flush_timeout_s, log=logs.append, retry_s=0.2,
+                         stopping_flush_s=section.flush_timeout_s)
+
+
 def _attempt(section, info, number, resume, steps, commits, status, logs):
     run_path = info.run_path
-    thread = TrackerThread(backends_for(section), dataclasses.replace(info, attempt=number),
-                           resume_step=resume, metrics_file=run_path / "metrics.jsonl",
-                           events_file=run_path / "events.jsonl",
-                           flush_timeout_s=section.flush_timeout_s,
-                           log=logs.append, retry_s=0.2,
-                           stopping_flush_s=section.flush_timeout_s).start()
+    thread = _thread(section, info, number, resume, logs).start()
     for step in steps:
         record = {"kind": "train", "step": step, "loss": 10.0 * number + step, "lr": 1e-3,
                   "attempt": number, "time": 1.7e9 + step}
@@ -105,11 +109,7 @@ def test_an_evaluation_cut_short_and_run_again_after_the_resume_reaches_the_trac
     info, logs = _info(tmp_path), []
 
     def attempt(number, resume, records, commits, status):
-        thread = TrackerThread(backends_for(section), dataclasses.replace(info, attempt=number),
-                               resume_step=resume, metrics_file=info.run_path / "metrics.jsonl",
-                               events_file=info.run_path / "events.jsonl",
-                               flush_timeout_s=section.flush_timeout_s, log=logs.append,
-                               retry_s=0.2, stopping_flush_s=section.flush_timeout_s)
+        thread = _thread(section, info, number, resume, logs)
         made = []
         for kind, step, loss in records:
             made.append({"kind": kind, "step": step, "loss": loss, "attempt": number,
