@@ -196,6 +196,14 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/runtime/test_rank0_errors.py", "tests/runtime/test_straggler_watch.py"]),
     # the loss-spike guard every rank judges alike, whose state a resume carries on
     "guard": ("hpctrain/runtime/guard.py", ["tests/runtime/test_pure_logic.py"]),
+    # recovery inside the allocation: whom to blame, which spare takes the node's place, when
+    # the requeue path goes first, the old step gone before the new one starts
+    "in_job_restart": ("hpctrain/scheduler/slurm/in_job_restart.py", [
+        "tests/scheduler/test_in_job_restart.py", "tests/scheduler/test_batch_steps.py"]),
+    # every rank's own hang watch: its limit, its beats, the verdict it claims and acts on
+    "watchdog": ("hpctrain/runtime/watchdog.py", [
+        "tests/health/test_hang_attribution.py", "tests/runtime/test_watchdog_acts.py",
+        "tests/runtime/test_health_in_ranks.py", "tests/runtime/test_native_dump.py"]),
     # an attempt's records (rank 0's result, a failing rank's, the ledger line), read by
     # every later attempt and by older and newer versions of hpctrain
     "attempt_records": ("hpctrain/record/attempt_records.py", [
@@ -660,13 +668,39 @@ EQUIVALENT.update({
         "the digits the writer's duration is kept to in its record (2, 3 or 4 decimals)",
 })
 
+_IJ = "hpctrain/scheduler/slurm/in_job_restart.py"
+EQUIVALENT.update({
+    (_IJ, "core/ReplaceComparisonOperator_LtE_Eq", "if max_restarts <= 0:"):
+        "resilience.max_in_job_restarts is at least 0 (the schema's bound): `== 0` holds "
+        "where `<= 0` does",
+    (_IJ, "core/ReplaceComparisonOperator_LtE_Eq", "if spare_nodes <= 0:"):
+        "resilience.spare_nodes is at least 0 (the schema's bound): `== 0` holds where "
+        "`<= 0` does",
+    **{(_IJ, op, '"straggler node" if reason == ExitReason.STRAGGLER else "excluded")'):
+       "the reasons that reach culprit_nodes are failed, killed, hung and straggler (plan "
+       "takes no other, and _consider_restart stops before it), all ExitReason members, "
+       "singletons: `is` agrees with `==`, and of the four only straggler sorts at or after "
+       "straggler"
+       for op in ("core/ReplaceComparisonOperator_Eq_Is",
+                  "core/ReplaceComparisonOperator_Eq_GtE")},
+    (_IJ, "core/ReplaceComparisonOperator_Eq_Is",
+     'why.append("hung rank" if reason == ExitReason.HUNG else'):
+        "ExitReason members are singletons: `is` agrees with `==`",
+    (_IJ, "core/NumberReplacer",
+     'return None, f"a {why.split(\':\')[0]} needs a spare node and the job has none"'):
+        "the whys that reach this line (a hung rank, a straggler node, a node not responding) "
+        "hold no colon: the first part is the last",
+    (_IJ, "core/NumberReplacer", "sleep(1.0)"):
+        "the period the old step is polled at: the wait's clock, not its sleeps, decides",
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:
     """Why the mutant is equivalent, or None (``in_annotation``: the mutation is inside a
     function signature's annotation; ``before``: the line above, stripped, for the keys of
     lines that are not unique on their own, such as ``continue``: "line above\nline")."""
-    if module == _FD and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
+    if module in (_FD, _IJ) and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
             line.startswith("def ") and \
             re.search(r"\(\s*[^*]*,\s*\*,", line) and line.count("*") == 1:
         return ("the `*` that makes the parameters after it keyword-only, made `/` (those before "

@@ -49,3 +49,10 @@ def test_a_dump_that_keeps_failing_says_so_and_stops_after_its_tries(tmp_path):
     assert calls(tmp_path) == 3
     assert "UNW_EINVAL" in out and out.endswith("py-spy failed (exit 1, try 3 of 3)\n"), out
     assert out.count("Error: Failed to get stack traces") == 1       # the last failure only
+
+
+def test_a_dump_whose_time_is_spent_tries_nothing(tmp_path):
+    """The dump's time bound covers every try: none is started once it is spent."""
+    assert watchdog.native_dump(str(flaky_py_spy(tmp_path, failures=0)), os.getpid(),
+                                timeout_s=0) == ""
+    assert not (tmp_path / "calls").exists()

@@ -320,8 +320,6 @@ def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) ->
     culprits, why = in_job_restart.culprit_nodes(reason, failure, excluded,
                                                  evidence.get("silent_nodes"), step_nodes,
                                                  answered)
-    measured = [r.get("recovery_s") for r in reversed(run.ledger())
-                if isinstance(r, dict) and isinstance(r.get("recovery_s"), (int, float))]
     preempting = (run.attempt_dir(attempt) / "signal.flag").exists() or \
         info.get("PreemptTime", "None") not in ("None", "", "Unknown")
     plan, note = in_job_restart.plan(
@@ -330,7 +328,7 @@ def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) ->
         culprits=culprits, why=why, step_nodes=step_nodes, allocation=allocation,
         states=states, time_left_s=(end - time.time()) if end else None,
         lead_time_s=profile.preemption.lead_time_s,
-        restart_cost_s=measured[0] if measured else None, preempting=preempting)
+        restart_cost_s=in_job_restart.measured_restart_s(run.ledger()), preempting=preempting)
     if plan is None:
         print(f"[hpctrain] no in-job restart: {note}", file=sys.stderr)
         run.event("in_job_restart_refused", attempt=attempt, reason=note)

@@ -13,9 +13,10 @@ asks :func:`plan` here, before it writes the ledger record:
 2. replacements: the allocation's nodes that are in no step, were not excluded before, and
    that Slurm calls usable. Without spares (S = 0) a crashed rank whose node is still usable
    restarts in place, once per job;
-3. time: the job's end must leave the restart's cost (the last one measured, else
-   ``DEFAULT_RESTART_S``) plus ``preemption.lead_time_s`` for the emergency save; a preemption
-   signal already received, or the restart budget spent, sends the job down the requeue path.
+3. time: the job's end must leave the restart's cost (the last in-job restart measured:
+   :func:`measured_restart_s`, else ``DEFAULT_RESTART_S``) plus ``preemption.lead_time_s``
+   for the emergency save; a preemption signal already received, or the restart budget
+   spent, sends the job down the requeue path.
 
 Then (:func:`stop_old_step`, :func:`quick_check`) every task step of the job must be gone
 (killed if it lingers: no process of the old step survives into the new one) and each
@@ -76,16 +77,36 @@ class RestartPlan:
 
 def restarts_in_job(ledger: list, job_id: str | None) -> list[dict]:
     """The in-job restarts already made in this allocation of ``job_id`` (the ledger records
-    since the job last started from the queue that restarted inside it)."""
+    since the job last started from the queue that restarted inside it).
+
+    A requeue keeps the job's id, so the walk stops at the newest requeued record: that
+    attempt ended the allocation before this one, and the restarts it and its predecessors
+    made were that allocation's (an attempt begun by a restart and then requeued among them:
+    its budget was spent there, not here)."""
     found = []
     for r in reversed(ledger):
-        if r.job_id != job_id:
+        if r.job_id != job_id or r.requeued:
             break
         if r.in_job_restart:
             found.append(r.in_job_restart)
-        elif r.requeued:
-            break
     return found
+
+
+def measured_restart_s(ledger: list) -> float | None:
+    """What the newest in-job restart of the run cost, from its failure to the first step
+    after it (its ledger record's ``recovery_s``), or None before one was measured.
+
+    Only restarts count: a requeue's recovery also holds the time the job waited in Slurm's
+    queue, hours on a busy cluster, which a restart inside the allocation never waits; taken
+    for a restart's cost it would refuse restarts that fit. A negative time (the clocks of two
+    nodes apart) measured nothing and is passed over."""
+    for record in reversed(ledger):
+        if not isinstance(record, dict) or not isinstance(record.get("in_job_restart"), dict):
+            continue
+        value = record.get("recovery_s")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    return None
 
 
 def culprit_nodes(reason, first_failure: dict | None, excluded: list[str] | None,
@@ -143,7 +164,8 @@ def plan(*, reason, spare_nodes: int, max_restarts: int, done: list[dict],
             return None, "already restarted in place once in this allocation"
         sick = [n for n in culprits if not node_usable(states.get(n, "DOWN"))]
         if sick:
-            return None, f"{', '.join(sick)} is not healthy ({states.get(sick[0], 'unknown')})"
+            return None, "not healthy: " + ", ".join(
+                f"{n} ({states.get(n, 'unknown to Slurm')})" for n in sick)
         return RestartPlan(list(step_nodes), [], why, in_place=True), "healthy node"
     excluded_before = {n for d in done for n in d.get("excluded", [])}
     spares = [n for n in allocation if n not in step_nodes and n not in excluded_before
