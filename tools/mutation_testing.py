@@ -200,6 +200,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the requeue path goes first, the old step gone before the new one starts
     "in_job_restart": ("hpctrain/scheduler/slurm/in_job_restart.py", [
         "tests/scheduler/test_in_job_restart.py", "tests/scheduler/test_batch_steps.py"]),
+    # a run's folder over its attempts: the next attempt's number, the ledger's records
+    # rewritten in place, whether a person cancelled or reopened it, whether it finished
+    "run_folder": ("hpctrain/record/folder.py", [
+        "tests/runs", "tests/scheduler/test_batch_steps.py", "tests/ops/test_run_state.py",
+        "tests/safety/test_printable_output.py"]),
     # every rank's own hang watch: its limit, its beats, the verdict it claims and acts on
     "watchdog": ("hpctrain/runtime/watchdog.py", [
         "tests/health/test_hang_attribution.py", "tests/runtime/test_watchdog_acts.py",
@@ -692,6 +697,19 @@ EQUIVALENT.update({
         "hold no colon: the first part is the last",
     (_IJ, "core/NumberReplacer", "sleep(1.0)"):
         "the period the old step is polled at: the wait's clock, not its sleeps, decides",
+})
+
+_WD = "hpctrain/runtime/watchdog.py"
+EQUIVALENT.update({
+    **{(_WD, op, 'floor = GPU_FLOOR_S if device == "cuda" else CPU_FLOOR_S'):
+       "the device is `distributed.choose_device`'s literal \"cuda\" or \"cpu\" (one "
+       "interned object each), and \"cpu\" sorts before \"cuda\": `is` and `>=` agree "
+       "with `==`"
+       for op in ("core/ReplaceComparisonOperator_Eq_Is",
+                  "core/ReplaceComparisonOperator_Eq_GtE")},
+    (_WD, "core/ReplaceAndWithOr", "if self.dump_stacks and self._stacks is not None:"):
+        "start() opens the stacks file exactly when dump_stacks is set, and a verdict is acted "
+        "on only after start(): the two halves are both true or both false",
 })
 
 

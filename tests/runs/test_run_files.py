@@ -61,6 +61,17 @@ def _add_job_ids(path: str, k: int, n: int) -> None:
         run.add_job_id(f"{k}-{i}")
 
 
+def test_a_runs_job_ids_are_told_apart_by_kind(run):
+    """Job ids are recorded with their kind (`hpctrain preflight` submits a "preflight" job):
+    whoever reads them asks for the kind it acts on, training jobs by default."""
+    run.add_job_id("101", kind="preflight")
+    run.add_job_id("102")
+    run.add_job_id("103", kind="preflight")
+    assert run.job_ids() == ["102"]
+    assert run.job_ids("preflight") == ["101", "103"]
+    assert run.job_ids(kind=None) == ["101", "102", "103"]
+
+
 def test_concurrent_read_modify_writes_of_run_yaml_lose_nothing(run):
     """Four processes (a hook, rank 0, two commands) each add 25 job ids at the same time."""
     ctx = mp.get_context("fork")

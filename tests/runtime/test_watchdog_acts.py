@@ -78,17 +78,28 @@ def test_under_the_watcher_a_rank_waits_for_the_watchers_dump_instead_of_writing
     w = Watchdog(tmp_path, 0, "n1", hang_timeout_s=LIMIT_S, dump_stacks=True, device="cpu",
                  init_timeout_s=LIMIT_S, watcher=True, beat_s=60, log=lambda message: None)
     w.start(0)
+    real_sleep, naps = time.sleep, []
+
+    def nap(seconds):
+        """The watcher's signal comes while the rank waits for it."""
+        naps.append(seconds)
+        if len(naps) == 1:
+            os.kill(os.getpid(), watchdog.DUMP_SIGNAL)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(watchdog.time, "sleep", nap)
     try:
-        # the watcher's signal comes a moment after the rank saw the verdict
-        threading.Timer(0.5, os.kill, (os.getpid(), watchdog.DUMP_SIGNAL)).start()
         with pytest.raises(SystemExit) as ended:
             w._act(a_verdict())
     finally:
+        monkeypatch.undo()
         w.stop()
-    assert ended.value.code == exit_codes.HUNG
+    assert ended.value.code == exit_codes.HUNG and naps
     text = hangs.stacks_path(tmp_path, 0).read_text()
     assert "most recent call first" in text                    # faulthandler's dump
     assert "Python stacks" not in text, text                    # and not the rank's own
+    # of every thread: the main one and the watchdog's at least
+    assert text.count("Thread 0x") + text.count("Current thread 0x") >= 2, text
     assert text.endswith(f"{END_OF_STACKS} 0\n")
 
 
@@ -128,6 +139,40 @@ def test_a_resumed_rank_keeps_the_start_up_limit_until_its_first_step(tmp_path):
     assert w.limit_s == 600
     w.step_done(101, 0.5)
     assert w.limit_s == LIMIT_S
+    # a fresh run, from step 0 or from no step known, alike
+    for start in (0, None):
+        fresh = Watchdog(tmp_path / f"fresh-{start}", 0, "n1", hang_timeout_s=LIMIT_S,
+                         dump_stacks=False, device="cpu", init_timeout_s=600, watcher=False,
+                         beat_s=3600)
+        fresh.start(start)
+        try:
+            assert fresh.limit_s == 600
+            fresh.step_done(1, 0.5)
+            assert fresh.limit_s == LIMIT_S, start
+        finally:
+            fresh.stop()
+
+
+def test_a_beat_names_the_main_threads_two_innermost_frames():
+    """The side thread's beat says where the main thread is: here, parked in an event's
+    wait, as a rank's main thread parks in a collective."""
+    seen, parked = [], threading.Event()
+
+    def side():
+        for _ in range(3000):          # until the main thread is in the wait below
+            where = watchdog.main_thread_where()
+            if where and where.startswith("wait (threading.py:"):
+                seen.append(where)
+                break
+            time.sleep(0.01)
+        parked.set()
+
+    helper = threading.Thread(target=side)
+    helper.start()
+    parked.wait(timeout=60)
+    helper.join()
+    frames = seen[0].split(" <- ")
+    assert len(frames) == 2 and all(f.startswith("wait (threading.py:") for f in frames), seen
 
 
 def process_state(pid: int) -> str:
