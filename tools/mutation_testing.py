@@ -712,6 +712,13 @@ EQUIVALENT.update({
         "on only after start(): the two halves are both true or both false",
 })
 
+EQUIVALENT.update({
+    ("hpctrain/record/folder.py", "core/ReplaceComparisonOperator_Is_IsNot",
+     "if profile is None and self.profile_file.is_file():"):
+        "the one caller that passes a profile (the runtime's entry) passes the run's own "
+        "resolved profile, which the run's file gives back",
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:

@@ -103,6 +103,38 @@ def test_under_the_watcher_a_rank_waits_for_the_watchers_dump_instead_of_writing
     assert text.endswith(f"{END_OF_STACKS} 0\n")
 
 
+def test_when_the_watchers_signal_never_comes_the_rank_dumps_its_own_stacks(tmp_path,
+                                                                            monkeypatch):
+    """A watcher gone with its node: the rank waits its three beats for the SIGQUIT, then
+    writes its own stacks rather than exiting without any."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    w = Watchdog(tmp_path, 0, "n1", hang_timeout_s=LIMIT_S, dump_stacks=True, device="cpu",
+                 init_timeout_s=LIMIT_S, watcher=True, beat_s=1.0, log=lambda message: None)
+    w.start(0)
+    real_sleep, naps = time.sleep, []
+
+    def nap(seconds):
+        naps.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(watchdog.time, "sleep", nap)
+    try:
+        with pytest.raises(SystemExit):
+            w._act(a_verdict())
+    finally:
+        monkeypatch.undo()
+        w.stop()
+    assert naps                                                  # it waited for the watcher
+    text = hangs.stacks_path(tmp_path, 0).read_text()
+    assert "rank 0 on n1" in text and ": Python stacks" in text, text
+    assert "most recent call first" in text and text.endswith(f"{END_OF_STACKS} 0\n")
+
+
 def test_a_rank_waits_for_its_peers_stacks_before_it_exits(tmp_path, monkeypatch):
     """The first rank to exit makes srun end the others: it waits until every rank of the
     verdict has marked its stacks complete, and no longer than ``PEERS_WAIT_S``."""
