@@ -64,26 +64,25 @@ def a_verdict(ranks=(0,)) -> hangs.Verdict:
                          ranks={str(r): {"node": "n1", "step": 5} for r in ranks})
 
 
-def test_under_the_watcher_a_rank_waits_for_the_watchers_dump_instead_of_writing_its_own(
-        tmp_path, monkeypatch):
-    """The watcher's SIGQUIT makes faulthandler dump this rank's stacks: the rank waits for
-    that dump (a few beats) rather than writing a second one of its own, then marks its file
-    complete and exits with the hang's code."""
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")          # no py-spy: the Python stacks alone
+def act_under_the_watcher(folder, monkeypatch, beat_s: float, watcher_signals: bool):
+    """Rank 0 acts on a verdict under the batch shell's watcher, with its stacks going to
+    its file: (exit code, the naps of its wait, the file). ``watcher_signals``: the
+    watcher's SIGQUIT comes while the rank waits for it (else never). No py-spy on the PATH:
+    the Python stacks alone; ``os._exit`` raises SystemExit so that the test goes on."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
 
     def exit_now(code):
         raise SystemExit(code)
 
     monkeypatch.setattr(os, "_exit", exit_now)
-    w = Watchdog(tmp_path, 0, "n1", hang_timeout_s=LIMIT_S, dump_stacks=True, device="cpu",
-                 init_timeout_s=LIMIT_S, watcher=True, beat_s=60, log=lambda message: None)
+    w = Watchdog(folder, 0, "n1", hang_timeout_s=LIMIT_S, dump_stacks=True, device="cpu",
+                 init_timeout_s=LIMIT_S, watcher=True, beat_s=beat_s, log=lambda message: None)
     w.start(0)
     real_sleep, naps = time.sleep, []
 
     def nap(seconds):
-        """The watcher's signal comes while the rank waits for it."""
         naps.append(seconds)
-        if len(naps) == 1:
+        if watcher_signals and len(naps) == 1:
             os.kill(os.getpid(), watchdog.DUMP_SIGNAL)
         real_sleep(seconds)
 
@@ -94,8 +93,16 @@ def test_under_the_watcher_a_rank_waits_for_the_watchers_dump_instead_of_writing
     finally:
         monkeypatch.undo()
         w.stop()
-    assert ended.value.code == exit_codes.HUNG and naps
-    text = hangs.stacks_path(tmp_path, 0).read_text()
+    return ended.value.code, naps, hangs.stacks_path(folder, 0).read_text()
+
+
+def test_under_the_watcher_a_rank_waits_for_the_watchers_dump_instead_of_writing_its_own(
+        tmp_path, monkeypatch):
+    """The watcher's SIGQUIT makes faulthandler dump this rank's stacks: the rank waits for
+    that dump (a few beats) rather than writing a second one of its own, then marks its file
+    complete and exits with the hang's code."""
+    code, naps, text = act_under_the_watcher(tmp_path, monkeypatch, 60.0, watcher_signals=True)
+    assert code == exit_codes.HUNG and naps
     assert "most recent call first" in text                    # faulthandler's dump
     assert "Python stacks" not in text, text                    # and not the rank's own
     # of every thread: the main one and the watchdog's at least
@@ -107,30 +114,8 @@ def test_when_the_watchers_signal_never_comes_the_rank_dumps_its_own_stacks(tmp_
                                                                             monkeypatch):
     """A watcher gone with its node: the rank waits its three beats for the SIGQUIT, then
     writes its own stacks rather than exiting without any."""
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
-
-    def exit_now(code):
-        raise SystemExit(code)
-
-    monkeypatch.setattr(os, "_exit", exit_now)
-    w = Watchdog(tmp_path, 0, "n1", hang_timeout_s=LIMIT_S, dump_stacks=True, device="cpu",
-                 init_timeout_s=LIMIT_S, watcher=True, beat_s=1.0, log=lambda message: None)
-    w.start(0)
-    real_sleep, naps = time.sleep, []
-
-    def nap(seconds):
-        naps.append(seconds)
-        real_sleep(seconds)
-
-    monkeypatch.setattr(watchdog.time, "sleep", nap)
-    try:
-        with pytest.raises(SystemExit):
-            w._act(a_verdict())
-    finally:
-        monkeypatch.undo()
-        w.stop()
-    assert naps                                                  # it waited for the watcher
-    text = hangs.stacks_path(tmp_path, 0).read_text()
+    code, naps, text = act_under_the_watcher(tmp_path, monkeypatch, 1.0, watcher_signals=False)
+    assert code == exit_codes.HUNG and naps                    # it waited for the watcher
     assert "rank 0 on n1" in text and ": Python stacks" in text, text
     assert "most recent call first" in text and text.endswith(f"{END_OF_STACKS} 0\n")
 
