@@ -205,6 +205,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "run_folder": ("hpctrain/record/folder.py", [
         "tests/runs", "tests/scheduler/test_batch_steps.py", "tests/ops/test_run_state.py",
         "tests/safety/test_printable_output.py"]),
+    # the batch shell's hang watch: the verdict, the ranks' dumps, the step killed if needed
+    "hang_watch": ("hpctrain/scheduler/slurm/hang_watch.py", [
+        "tests/scheduler/test_hang_watch.py", "tests/health/test_hang_attribution.py"]),
     # every rank's own hang watch: its limit, its beats, the verdict it claims and acts on
     "watchdog": ("hpctrain/runtime/watchdog.py", [
         "tests/health/test_hang_attribution.py", "tests/runtime/test_watchdog_acts.py",
@@ -718,6 +721,17 @@ EQUIVALENT.update({
         "the one caller that passes a profile (the runtime's entry) passes the run's own "
         "resolved profile, which the run's file gives back",
 })
+
+_HW = "hpctrain/scheduler/slurm/hang_watch.py"
+EQUIVALENT.update({
+    (_HW, "core/ReplaceTrueWithFalse", line):
+        "Python writes stderr through to the file at once (`write_through`, also when the "
+        "batch shell sends it to a file): the message is there with or without the flush"
+    for line in (
+        'f"{verdict.decided_by})", file=sys.stderr, flush=True)',
+        'print(f"[hpctrain] scancel --signal {sig} failed: {e}", file=sys.stderr, flush=True)',
+        'f"killing the step", file=sys.stderr, flush=True)',
+        'print(f"[hpctrain] killing the step failed: {e}", file=sys.stderr, flush=True)')})
 
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,

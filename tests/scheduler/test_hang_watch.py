@@ -21,6 +21,7 @@ class Cluster:
 
     def sleep(self, s: float) -> None:
         self.t += s
+        assert self.t < 3600, "the watch never ended"
         for r in range(4):
             if r == 3 and self.t > 20:
                 continue
@@ -44,14 +45,17 @@ class Cluster:
         self.killed = True
 
 
-def watch(tmp_path, cluster=None, stubborn=False):
+def watch(tmp_path, cluster=None, stubborn=False, cluster_class=None, exit_wait_s=None,
+          **health):
     run = make_run(tmp_path, "run", job_mapping(tmp_path / "data", steps=100,
-                                                health={"hang_timeout_s": 30}), world=4)
+                                                health={"hang_timeout_s": 30, **health}),
+                   world=4)
     run.begin_attempt()
-    cluster = Cluster(run.attempt_dir(1), stubborn)
+    cluster = (cluster_class or Cluster)(run.attempt_dir(1), stubborn)
     verdict = hang_watch.watch(run, 1, "77", srun_pid=1, clock=cluster.clock, sleep=cluster.sleep,
                                is_alive=cluster.alive, signal_steps=cluster.signal,
-                               kill_steps=cluster.kill)
+                               kill_steps=cluster.kill,
+                               exit_wait_s=exit_wait_s or hang_watch.EXIT_WAIT_S)
     return run, cluster, verdict
 
 
@@ -78,7 +82,14 @@ def test_the_stopped_rank_is_named_its_peers_dump_and_the_ranks_exit(tmp_path):
 def test_ranks_that_do_not_exit_are_killed(tmp_path):
     _, cluster, verdict = watch(tmp_path, stubborn=True)
     assert verdict.rank == 3 and cluster.killed
-    assert cluster.t - cluster.signals[-1][0] >= hang_watch.EXIT_WAIT_S
+    # killed once the ranks had EXIT_WAIT_S to exit after the signals, not before nor later
+    assert cluster.t - cluster.signals[-1][0] == hang_watch.EXIT_WAIT_S
+
+
+def test_a_wait_for_the_ranks_that_the_clock_steps_past_still_ends(tmp_path):
+    _, cluster, verdict = watch(tmp_path, stubborn=True, exit_wait_s=29.8)
+    assert verdict.rank == 3 and cluster.killed
+    assert cluster.t - cluster.signals[-1][0] == 30.0         # the first look past 29.8 s
 
 
 def test_a_hang_under_the_local_executor_is_recorded_but_not_requeued(tmp_path):
@@ -87,3 +98,82 @@ def test_a_hang_under_the_local_executor_is_recorded_but_not_requeued(tmp_path):
                                       "node to move to", **hang_details(verdict))
     assert record.exit_reason == "hung" and not decision.requeue
     assert decision.reason == "hung; not requeued: no other node to move to"
+
+
+class EndingCluster(Cluster):
+    """Ranks that keep training and whose step ends by itself at t=40."""
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+        for r in range(4):
+            write_beat(self.folder, Beat(rank=r, node=f"n{1 + r // 2}", pid=100 + r,
+                                         step=int(self.t), start_step=0, phase="step",
+                                         progress_at=self.t, beat_at=self.t, limit_s=30.0))
+
+    def alive(self, pid: int) -> bool:
+        return self.t < 40
+
+
+def test_a_step_that_ends_without_a_hang_is_left_alone(tmp_path):
+    run, cluster, verdict = watch(tmp_path, cluster_class=EndingCluster)
+    assert verdict is None and cluster.signals == [] and not cluster.killed
+    assert read_verdict(run.attempt_dir(1)) is None
+    assert not [e for e in run.events() if e.get("event") == "hang"]
+    assert 40 <= cluster.t < 40 + hang_watch.POLL_S
+
+
+class RankDecidedCluster(Cluster):
+    """A rank's own watchdog claims a verdict at t=10, before any rank is idle for the limit."""
+
+    def sleep(self, s: float) -> None:
+        super().sleep(s)
+        if self.t >= 10 and read_verdict(self.folder) is None:
+            from hpctrain.health.hang import Verdict, claim_verdict
+            claim_verdict(self.folder, Verdict(rank=1, node="n1", pid=101, step=5, phase="step",
+                                               idle_s=31.0, limit_s=30.0, why="it is behind",
+                                               decided_by="rank 0", stacks="elsewhere/*.txt"))
+
+
+def test_a_verdict_a_rank_claimed_first_stands_and_the_watcher_acts_on_it(tmp_path):
+    run, cluster, verdict = watch(tmp_path, cluster_class=RankDecidedCluster)
+    assert 10 <= cluster.t < 10 + 2 * hang_watch.POLL_S      # at its next look, not the limit
+    assert (verdict.rank, verdict.decided_by, verdict.stacks) == (1, "rank 0", "elsewhere/*.txt")
+    assert [s for _, s in cluster.signals] == ["QUIT", "CONT"]
+    (event,) = [e for e in run.events() if e.get("event") == "hang"]
+    assert event["rank"] == 1 and event["message"] == verdict.message
+
+
+def test_without_stack_dumps_the_ranks_only_continue(tmp_path):
+    _, cluster, verdict = watch(tmp_path, dump_stacks=False)
+    assert verdict.rank == 3 and verdict.stacks == ""
+    assert [s for _, s in cluster.signals] == ["CONT"]
+
+
+class RefusingCluster(Cluster):
+    """scancel fails for every signal and for the kill: the stubborn step still runs."""
+
+    def signal(self, sig: str) -> None:
+        self.signals.append((round(self.t), sig))
+        raise RuntimeError(f"scancel --signal {sig}: Invalid job id specified")
+
+    def kill(self) -> None:
+        self.killed = True
+        raise RuntimeError("scancel --signal KILL: Invalid job id specified")
+
+
+def test_failing_signals_and_kill_are_said_and_the_watch_still_ends(tmp_path, capsys):
+    _, cluster, verdict = watch(tmp_path, cluster_class=RefusingCluster)
+    assert verdict.rank == 3 and cluster.killed
+    assert [s for _, s in cluster.signals] == ["QUIT", "CONT"]    # CONT tried after QUIT failed
+    err = capsys.readouterr().err
+    assert "scancel --signal QUIT failed: scancel --signal QUIT: Invalid job id" in err
+    assert "killing the step failed: scancel --signal KILL: Invalid job id" in err
+
+
+def test_a_process_is_alive_until_it_is_reaped():
+    import os
+    import subprocess
+    assert hang_watch.alive(os.getpid())
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert not hang_watch.alive(child.pid)
