@@ -164,6 +164,25 @@ def recovery_cost(run: RunFolder, attempt: int, first_step_at: float | None,
     return recovery_s, steps_lost
 
 
+def newest_recovery_s(ledger: list, restarts_only: bool = False) -> float | None:
+    """The newest ``recovery_s`` of ``ledger`` (records as stored) that measured something,
+    or None: a negative time (the clocks of two nodes apart) is passed over.
+
+    ``restarts_only``: of the attempts begun by an in-job restart alone. A requeue's recovery
+    also holds the time the job waited in Slurm's queue, hours on a busy cluster, which a
+    restart inside the allocation never waits: the in-job restart's time guard takes the
+    restarts' (``scheduler.slurm.in_job_restart``), the checkpoint interval whichever way the
+    run last recovered (``runtime.save_interval``)."""
+    for record in reversed(ledger):
+        if not isinstance(record, dict) or (
+                restarts_only and not isinstance(record.get("in_job_restart"), dict)):
+            continue
+        value = record.get("recovery_s")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    return None
+
+
 def in_job_restart_event(run: RunFolder, attempt: int, first_step_at: float,
                          start_step: int) -> dict | None:
     """Rank 0, at the first step of an attempt that began by an in-job restart: the

@@ -46,18 +46,14 @@ def previous_blocking_s(run, attempt: int) -> float | None:
 
 
 def measured_restart_s(run) -> float | None:
-    """The newest ``recovery_s`` of the run's ledger (None when no recovery was measured).
-    The ledger's reader has checked each field's type (a number, or absent); a negative one
-    (clocks of two nodes apart) measured nothing and is passed over."""
+    """The newest ``recovery_s`` of the run's ledger (None when no recovery was measured;
+    ``attempt_end.newest_recovery_s``)."""
+    from ..record.attempt_end import newest_recovery_s
     try:
         ledger = run.ledger()
     except Exception:   # an unreadable ledger: the start-up is used instead
         return None
-    for record in reversed(ledger):
-        value = record.get("recovery_s")
-        if value is not None and value >= 0:
-            return float(value)
-    return None
+    return newest_recovery_s(ledger)
 
 
 def estimate_source(est) -> str:

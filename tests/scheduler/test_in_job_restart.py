@@ -335,14 +335,15 @@ def test_a_restarts_cost_is_the_newest_restart_measured_never_a_requeues_queue_w
     """A requeue's recovery holds the hours the job waited in the queue, which a restart
     inside the allocation never waits: taken for a restart's cost, it refused restarts that
     fit (here: 3 h left before the job's end, a restart of 95 s)."""
+    from hpctrain.record.attempt_end import newest_recovery_s
     restart = {"excluded": ["n2"], "spares": ["n3"], "recovery_s": 95.0}
     ledger = [{"attempt": 1, "recovery_s": None},
               {"attempt": 2, "recovery_s": 95.0, "in_job_restart": restart},
               {"attempt": 3, "recovery_s": 4 * 3600.0},          # requeued: the queue's wait
               {"attempt": 4, "recovery_s": -0.4, "in_job_restart": restart}]   # clocks apart
-    assert ijr.measured_restart_s(ledger) == 95.0
-    assert ijr.measured_restart_s([{"recovery_s": 0.0, "in_job_restart": restart}]) == 0.0
-    assert ijr.measured_restart_s(ledger[:1] + ledger[2:3]) is None
-    assert ijr.measured_restart_s([]) is None
-    cost = ijr.measured_restart_s(ledger)
+    assert newest_recovery_s(ledger, restarts_only=True) == 95.0
+    assert newest_recovery_s([{"recovery_s": 0.0, "in_job_restart": restart}], True) == 0.0
+    assert newest_recovery_s(ledger[:1] + ledger[2:3], restarts_only=True) is None
+    assert newest_recovery_s([], restarts_only=True) is None
+    cost = newest_recovery_s(ledger, restarts_only=True)
     assert plan(time_left_s=3 * 3600.0, restart_cost_s=cost)[0] is not None

@@ -49,7 +49,8 @@ from ...health.hang import read_verdict
 from ...health.heartbeat import read_beats
 from ...identity import free_port
 from ...config.resilience import effective as effective_resilience
-from ...record.attempt_end import finish_attempt, hang_details, read_restart, record_lost_attempts
+from ...record.attempt_end import (finish_attempt, hang_details, newest_recovery_s, read_restart,
+                                   record_lost_attempts)
 from ...record.attempt_records import Decision
 from ...record.folder import RunFolder
 from . import commands, in_job_restart
@@ -328,7 +329,8 @@ def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) ->
         culprits=culprits, why=why, step_nodes=step_nodes, allocation=allocation,
         states=states, time_left_s=(end - time.time()) if end else None,
         lead_time_s=profile.preemption.lead_time_s,
-        restart_cost_s=in_job_restart.measured_restart_s(run.ledger()), preempting=preempting)
+        restart_cost_s=newest_recovery_s(run.ledger(), restarts_only=True),
+        preempting=preempting)
     if plan is None:
         print(f"[hpctrain] no in-job restart: {note}", file=sys.stderr)
         run.event("in_job_restart_refused", attempt=attempt, reason=note)

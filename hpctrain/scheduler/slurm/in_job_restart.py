@@ -12,11 +12,12 @@ asks :func:`plan` here, before it writes the ledger record:
    step's nodes Slurm no longer hears from;
 2. replacements: the allocation's nodes that are in no step, were not excluded before, and
    that Slurm calls usable. Without spares (S = 0) a crashed rank whose node is still usable
-   restarts in place, once per job;
+   restarts in place, once per allocation;
 3. time: the job's end must leave the restart's cost (the last in-job restart measured:
-   :func:`measured_restart_s`, else ``DEFAULT_RESTART_S``) plus ``preemption.lead_time_s``
-   for the emergency save; a preemption signal already received, or the restart budget
-   spent, sends the job down the requeue path.
+   ``record.attempt_end.newest_recovery_s``, else ``DEFAULT_RESTART_S``) plus
+   ``preemption.lead_time_s`` for the emergency save; a preemption signal already received,
+   or the restart budget spent (it counts the restarts of this allocation), sends the job
+   down the requeue path.
 
 Then (:func:`stop_old_step`, :func:`quick_check`) every task step of the job must be gone
 (killed if it lingers: no process of the old step survives into the new one) and each
@@ -90,23 +91,6 @@ def restarts_in_job(ledger: list, job_id: str | None) -> list[dict]:
         if r.in_job_restart:
             found.append(r.in_job_restart)
     return found
-
-
-def measured_restart_s(ledger: list) -> float | None:
-    """What the newest in-job restart of the run cost, from its failure to the first step
-    after it (its ledger record's ``recovery_s``), or None before one was measured.
-
-    Only restarts count: a requeue's recovery also holds the time the job waited in Slurm's
-    queue, hours on a busy cluster, which a restart inside the allocation never waits; taken
-    for a restart's cost it would refuse restarts that fit. A negative time (the clocks of two
-    nodes apart) measured nothing and is passed over."""
-    for record in reversed(ledger):
-        if not isinstance(record, dict) or not isinstance(record.get("in_job_restart"), dict):
-            continue
-        value = record.get("recovery_s")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-            return float(value)
-    return None
 
 
 def culprit_nodes(reason, first_failure: dict | None, excluded: list[str] | None,
