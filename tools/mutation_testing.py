@@ -212,6 +212,20 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "watchdog": ("hpctrain/runtime/watchdog.py", [
         "tests/health/test_hang_attribution.py", "tests/runtime/test_watchdog_acts.py",
         "tests/runtime/test_health_in_ranks.py", "tests/runtime/test_native_dump.py"]),
+    # the batch shell's steps: the signal passed on or deferred, the attempt begun, its end
+    # recorded and the requeue or in-job restart decided, the requeue without bad nodes
+    "batch_steps": ("hpctrain/scheduler/slurm/batch_steps.py", [
+        "tests/scheduler/test_batch_steps_stories.py", "tests/scheduler/test_batch_steps.py",
+        "tests/scheduler/test_in_job_restart.py"]),
+    # a save that fails on the storage or loses a peer, said in one line that names what to do
+    "save_faults": ("hpctrain/runtime/checkpoint/save_faults.py", [
+        "tests/runtime/test_save_faults.py"]),
+    # what each rank's forward step is fed: its DP slice of every global batch, from where
+    # the run resumed; TP rank 0 reads, its peers receive; the loss and the step's loss
+    "batches": ("hpctrain/runtime/batches.py", ["tests/runtime/test_batches.py"]),
+    # where Adam keeps its step count, and setting it on resume for every optimizer class
+    "optimizer_step": ("hpctrain/runtime/checkpoint/optimizer_step.py", [
+        "tests/runtime/test_optimizer_step.py"]),
     # an attempt's records (rank 0's result, a failing rank's, the ledger line), read by
     # every later attempt and by older and newer versions of hpctrain
     "attempt_records": ("hpctrain/record/attempt_records.py", [
@@ -732,6 +746,37 @@ EQUIVALENT.update({
         'print(f"[hpctrain] scancel --signal {sig} failed: {e}", file=sys.stderr, flush=True)',
         'f"killing the step", file=sys.stderr, flush=True)',
         'print(f"[hpctrain] killing the step failed: {e}", file=sys.stderr, flush=True)')})
+
+_BS = "hpctrain/scheduler/slurm/batch_steps.py"
+EQUIVALENT.update({
+    (_BS, "core/NumberReplacer", "return infos[0][4][0]"):
+        "getaddrinfo of one address gives one entry per socket type (stream, datagram, raw), "
+        "each with that address: the second entry's is the first's",
+    (_BS, "core/ReplaceFalseWithTrue",
+     "overlap: bool = False        # an old step left to Slurm still counts its resources"):
+        "the one place a Restart is made passes overlap",
+    (_BS, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "return (run.resolved_profile().slurm.nodes, spares) if spares > 0 else (None, 0)"):
+        "resilience.spare_nodes is at least 0 (the schema's bound): `!= 0` holds where `> 0` "
+        "does",
+    (_BS, "core/ReplaceComparisonOperator_Eq_GtE", 'elif args.cmd == "watch":'):
+        "the commands left at this line are watch and gate-failed, and gate-failed sorts "
+        "before watch: `>=` holds where `==` does",
+})
+
+_BA = "hpctrain/runtime/batches.py"
+EQUIVALENT.update({
+    (_BA, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None"):
+        "a tensor-parallel size is at least 1: `!= 1` holds where `> 1` does",
+    (_BA, "core/NumberReplacer",
+     "self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None"):
+        "`> 0` also broadcasts each microbatch within a TP group of one rank, which hands the "
+        "rank its own rows (`> 2` is killed: TP2's second rank receives nothing)",
+    (_BA, "core/ReplaceComparisonOperator_Eq_GtE", 'self.gpu = device == "cuda"'):
+        "the device is `distributed.choose_device`'s \"cuda\" or \"cpu\", and \"cpu\" sorts "
+        "before \"cuda\": `>=` holds where `==` does",
+})
 
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,

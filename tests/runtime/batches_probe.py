@@ -1,0 +1,80 @@
+"""Rank-side probe: what each rank's forward step is fed, step after step and after a resume.
+
+Four ranks form TP2 × DP2 (gloo) and each builds the runtime's :class:`BatchFeeder` over one
+indexed corpus, as the training loop does. A stand-in model records the tokens and labels the
+forward step hands it (its ``pre_process``/``post_process`` flags as a one-stage model's).
+Two steps are fed from sample 0 on (the second continues the first's reader), then the feeder
+is moved to sample 296 (a resume elsewhere) and fed the step after it with two model chunks.
+Each rank writes what it saw to ``OUT/rank-R.json``.
+
+    python -m tests.runtime.batches_probe PREFIX OUT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+SEQ = 16
+LAYOUT = SimpleNamespace(global_batch_size=8, micro_batch_size=2, data_parallel_size=2)
+MICROBATCHES = 2          # global batch 8 = 2 DP ranks × 2 microbatches × micro-batch 2
+# (consumed samples, model chunks) of each step: two from the start, then a resume at sample
+# 296 (past the corpus's first epoch) and the step after it with two chunks
+STEPS = ((0, 1), (8, 1), (296, 1), (304, 2))
+
+
+class _Recorder:
+    """One pipeline stage that embeds and scores: records what it is given, returns per-token
+    losses of the rows' label ids (a number the test can check the loss against)."""
+    pre_process = post_process = True
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def __call__(self, tokens, positions, mask, labels=None):
+        self.seen.append({"tokens": tokens.tolist(), "labels": labels.tolist(),
+                          "positions": positions[0].tolist()})
+        return labels.float()
+
+
+def main(argv: list[str] | None = None) -> int:
+    prefix, out = (sys.argv[1:] if argv is None else argv)[:2]
+    from megatron.core import parallel_state as ps
+
+    from hpctrain.data.gpt_dataset import GPTSamples
+    from hpctrain.data.indexed import IndexedDataset
+    from hpctrain.identity import rank_env
+    from hpctrain.runtime.batches import BatchFeeder, step_loss
+    from hpctrain.runtime.distributed import init_process_group
+
+    renv = rank_env()
+    init_process_group(renv, "cpu", 600)
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    feeder = BatchFeeder(GPTSamples(IndexedDataset(prefix), SEQ, 1234), LAYOUT, "cpu")
+    model = _Recorder()
+    steps, same_reader = [], []
+    for consumed, chunks in STEPS:
+        before = feeder._it
+        its = feeder.iterators(consumed, chunks)
+        it = its[0] if isinstance(its, list) else its
+        same_reader.append(before is not None and it is before)
+        reports = []
+        for i in range(MICROBATCHES):
+            output, loss = feeder.forward_step()(its[i % chunks] if chunks > 1 else its, model)
+            reports.append(loss(output)[1])
+        steps.append({"consumed": consumed, "chunks": len(its) if isinstance(its, list) else 1,
+                      "loss": float(step_loss(reports, MICROBATCHES))})
+    Path(out, f"rank-{renv.rank}.json").write_text(json.dumps({
+        "dp": ps.get_data_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
+        "reads": feeder.reads, "microbatches_read": feeder.microbatches_read,
+        "num_workers": feeder.num_workers,
+        "seen": model.seen, "steps": steps, "same_reader": same_reader}))
+    feeder.close()
+    ps.destroy_model_parallel()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""What each rank's forward step is fed (``runtime.batches``): every DP rank its own slice of
+each global batch, step after step and after a resume elsewhere; TP rank 0 reads and its peer
+receives the same rows; tokens and labels are the rows' two shifted views; the loss is the
+masked token mean and the step's loss the mean over its microbatches."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hpctrain.data import indexed
+from hpctrain.data.gpt_dataset import GPTSamples
+from hpctrain.runtime.batches import _MicrobatchOrder, loss_func, reads_data, step_loss
+
+
+def corpus(path) -> str:
+    with indexed.IndexedDatasetWriter(path, np.uint16) as w:
+        for d in range(40):
+            w.add_document((np.arange(23) * 7 + d * 11) % 251)
+    return str(path)
+
+
+def test_only_tp_rank_0_of_the_stages_that_use_data_reads():
+    assert reads_data(0, True, False) and reads_data(0, False, True) and reads_data(0, True, True)
+    assert not reads_data(0, False, False)          # a middle stage
+    assert not reads_data(1, True, True)            # it receives from TP rank 0
+
+
+@pytest.mark.parametrize("dp_size,micro", [(1, 2), (2, 2), (4, 1), (2, 4)])
+def test_each_dp_rank_walks_its_own_slice_of_every_global_batch(dp_size, micro):
+    layout = SimpleNamespace(global_batch_size=8, micro_batch_size=micro,
+                             data_parallel_size=dp_size)
+    per_rank = 8 // dp_size
+    for consumed in (0, 24):                      # from the start, and resumed at step 3
+        walks = []
+        for dp in range(dp_size):
+            order = iter(_MicrobatchOrder(consumed, layout, dp))
+            walks.append([next(order) for _ in range(2 * per_rank // micro)])
+        for step in range(2):
+            start = consumed + 8 * step
+            got = [p for dp in range(dp_size)
+                   for mb in walks[dp][step * per_rank // micro:(step + 1) * per_rank // micro]
+                   for p in mb]
+            assert got == list(range(start, start + 8))     # the global batch, in rank order
+        assert all(len(mb) == micro for w in walks for mb in w)
+
+
+def test_the_loss_is_the_masked_token_mean_and_a_poisoned_one_is_nan():
+    import torch
+    output = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    loss, report = loss_func(mask, False, output)
+    assert loss.item() == pytest.approx((1 + 3 + 6) / 3)
+    assert report["loss"].item() == loss.item() and not report["loss"].requires_grad
+    loss.mul_(0.5)                                  # the schedule divides the loss in place
+    assert report["loss"].item() == pytest.approx(10 / 3)
+    assert math.isnan(loss_func(mask, True, output)[0].item())
+    reports = [{"loss": torch.tensor(v)} for v in (2.0, 4.0, 9.0)]
+    assert step_loss(reports, 3).item() == pytest.approx(5.0)
+    assert step_loss(reports, 5).item() == pytest.approx(3.0)
+    assert step_loss([], 3) is None
+
+
+def test_every_rank_is_fed_its_dp_slice_and_tp_peers_the_same_rows(tmp_path):
+    """Four real ranks, TP2 × DP2 (``batches_probe.py``): two steps from sample 0, the second
+    on the first's reader, then a resume at sample 296 (a new reader) and the step after it
+    on that reader, with two model chunks. Each rank's forward step got the rows of its DP
+    rank's microbatches, in order; TP rank 1 read nothing and received what its TP rank 0
+    read; the CPU rehearsal reads in the rank (no worker processes)."""
+    from tests.launch import Launch
+    from tests.runtime.conftest import _explain
+    from tests.runtime.batches_probe import MICROBATCHES, SEQ, STEPS
+    from hpctrain.data.gpt_dataset import rank_microbatch_positions
+    prefix = corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = Launch(tmp_path, 4, module="tests.runtime.batches_probe",
+                 args=[prefix, str(out)]).wait(600)
+    assert res.ok, _explain(res)
+    samples = GPTSamples(indexed.IndexedDataset(prefix), SEQ, 1234)
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert sorted((r["dp"], r["tp"]) for r in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in ranks:
+        want = []
+        for consumed, _ in STEPS:
+            for positions in rank_microbatch_positions(consumed, 8, r["dp"], 2, 2):
+                want.append(np.stack([samples.sample(p) for p in positions]))
+        assert len(r["seen"]) == len(want) == len(STEPS) * MICROBATCHES
+        for seen, rows in zip(r["seen"], want):
+            assert seen["tokens"] == rows[:, :-1].tolist()
+            assert seen["labels"] == rows[:, 1:].tolist()
+            assert seen["positions"] == list(range(SEQ))
+        assert r["reads"] is (r["tp"] == 0)
+        assert r["microbatches_read"] == (len(STEPS) * MICROBATCHES if r["tp"] == 0 else 0)
+        assert r["num_workers"] == 0
+        if r["tp"] == 0:
+            assert r["same_reader"] == [False, True, False, True]   # continued, moved, continued
+        assert [s["chunks"] for s in r["steps"]] == [1, 1, 1, 2]
+        for step, (consumed, _) in zip(r["steps"], STEPS):
+            labels = [np.stack([samples.sample(p) for p in positions])[:, 1:]
+                      for positions in rank_microbatch_positions(consumed, 8, r["dp"], 2, 2)]
+            assert step["loss"] == pytest.approx(np.mean([m.mean() for m in labels]))

@@ -1,0 +1,168 @@
+"""Slurm's commands answering from a state file, in the formats captured from Slurm 22.05
+(``tests/fixtures/slurm``), so the batch shell's decisions run in-process in a second.
+
+The batch shell's steps (``batch_steps``) ask Slurm about the job, its nodes and its steps,
+and act on it (hold, exclude, resize, release, kill a step, run the node check). On the real
+dev cluster those paths run in the drills (``tests/resilience``, ``test_gate_release.py``),
+minutes each, with the failures a shared machine can stage. Here the state behind each
+answer is set by the test (a node DOWN, a job being preempted, a release refused twice), the
+real parsers in ``commands`` read the answers, and every command is recorded in the order it
+ran, so a story can say what was done to the job, not only what was printed.
+
+``FakeSlurm(tmp_path, monkeypatch)`` puts ``scontrol``, ``squeue``, ``scancel`` and ``srun``
+first on PATH. ``state`` is a plain dict (jobs, nodes, partitions, steps, failures, the node
+check's answer, the steps a kill cannot end, what a hold changes in the job's record), saved with :meth:`save`; :meth:`calls` lists what ran.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
+
+_TOOL = r'''
+import json, os, re, sys
+from pathlib import Path
+
+STATE = Path(os.environ["FAKE_SLURM_STATE"])
+FIXTURES = Path(os.environ["FAKE_SLURM_FIXTURES"])
+tool, args = Path(sys.argv[0]).name, sys.argv[1:]
+state = json.loads(STATE.read_text())
+with open(STATE.parent / "calls.jsonl", "a") as f:
+    f.write(json.dumps([tool, *args]) + "\n")
+
+
+def save():
+    STATE.write_text(json.dumps(state))
+
+
+def expand(hostlist):
+    out = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", hostlist):
+        m = re.fullmatch(r"(.*)\[(.*)\]", part)
+        if not m:
+            out.append(part)
+            continue
+        for r in m.group(2).split(","):
+            a, _, b = r.partition("-")
+            out += [f"{m.group(1)}{i}" for i in range(int(a), int(b or a) + 1)]
+    return out
+
+
+def fill(template, values):
+    for key, value in values.items():
+        template, n = re.subn(rf"(?<=\s){re.escape(key)}=\S*", f"{key}={value}", " " + template)
+        template = template[1:]
+        if not n:
+            template = template.rstrip("\n") + f"\n   {key}={value}\n"
+    return template
+
+
+def fail_if_told(name):
+    times, message = state.get("fail", {}).get(name, [0, ""])
+    if times:
+        state["fail"][name] = [times - 1, message]
+        save()
+        sys.stderr.write(message + "\n")
+        sys.exit(1)
+
+
+def job(job_id):
+    j = state["jobs"].get(job_id.split("_")[0])
+    if j is None:
+        sys.stderr.write(f"slurm_load_jobs error: Invalid job id specified\n")
+        sys.exit(1)
+    return j
+
+
+if tool == "scontrol":
+    verb = args[0]
+    if verb == "show":
+        what, name = args[1], (args[2] if len(args) > 2 else "")
+        if what == "hostnames":
+            print("\n".join(expand(name)))
+        elif what == "job":
+            print(fill((FIXTURES / "scontrol_show_job.txt").read_text(),
+                       {"JobId": name, **job(name)}))
+        elif what == "node":
+            fail_if_told("show node")
+            template = (FIXTURES / "scontrol_show_node.txt").read_text()
+            names = expand(name) if name else list(state["nodes"])
+            print("\n".join(fill(template, {"NodeName": n, **state["nodes"][n]})
+                            for n in names if n in state["nodes"]))
+        elif what == "partition":
+            print(fill((FIXTURES / "scontrol_show_partition.txt").read_text(),
+                       {"PartitionName": name, "Nodes": state["partitions"][name]}))
+    else:
+        fail_if_told(verb)
+        if verb == "requeuehold":    # Slurm: a requeued job's NumNodes counts only the nodes
+            job(args[1]).update(state.get("after_hold", {}))    # still completing
+            save()
+        if verb == "update":
+            fields = dict(a.split("=", 1) for a in args[1:])
+            job(fields.pop("JobId")).update(fields)
+            save()
+elif tool == "squeue":
+    job_id = args[args.index("-j") + 1]
+    if "--steps" in args:
+        for step, nodes in state.get("steps", {}).items():
+            if step.split(".")[0] == job_id:
+                print(f"{step} {nodes}" if "%N" in args[args.index("-o") + 1] else step)
+        print(f"{job_id}.batch {expand(job(job_id)['NodeList'])[0]}")
+    else:
+        j = job(job_id)
+        print("|".join([job_id, "hpctrain", j.get("JobState", "RUNNING"), "None",
+                        j.get("Partition", "debug"), j.get("NodeList", ""),
+                        j.get("NumNodes", "1"), "0:02", "5:00", "2026-11-25T22:23:51",
+                        j.get("EndTime", "Unknown")]))
+elif tool == "scancel":
+    fail_if_told("scancel")
+    for step in [a for a in args if not a.startswith("-")]:
+        if step not in state.get("stuck", []):    # a step on a node Slurm lost stays listed
+            state.get("steps", {}).pop(step, None)
+    save()
+elif tool == "srun":
+    answer = state.get("srun", {"rc": 0, "out": "node check passed"})
+    print(answer["out"])
+    sys.exit(answer["rc"])
+'''
+
+
+class FakeSlurm:
+    TOOLS = ("scontrol", "squeue", "scancel", "srun")
+
+    def __init__(self, folder: Path, monkeypatch, **state) -> None:
+        self.folder = Path(folder) / "fake-slurm"
+        self.folder.mkdir(parents=True)
+        script = self.folder / "slurm_tool.py"
+        script.write_text(f"#!{sys.executable}\n" + _TOOL)
+        for tool in self.TOOLS:
+            (self.folder / tool).symlink_to(script)
+        script.chmod(0o755)
+        self.state = {"jobs": {}, "nodes": {}, "partitions": {}, "steps": {}, "fail": {},
+                      **state}
+        self.save()
+        monkeypatch.setenv("FAKE_SLURM_STATE", str(self.folder / "state.json"))
+        monkeypatch.setenv("FAKE_SLURM_FIXTURES", str(FIXTURES))
+        monkeypatch.setenv("PATH", f"{self.folder}:/usr/bin:/bin")
+
+    def save(self) -> None:
+        (self.folder / "state.json").write_text(json.dumps(self.state))
+
+    def load(self) -> dict:
+        self.state = json.loads((self.folder / "state.json").read_text())
+        return self.state
+
+    def calls(self, tool: str | None = None) -> list[list[str]]:
+        """Every command that ran (argv, the tool's name first), in order."""
+        path = self.folder / "calls.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+            else []
+        return [r for r in rows if tool is None or r[0] == tool]
+
+    def acted(self) -> list[list[str]]:
+        """The commands that changed something (not the reading ones)."""
+        return [r for r in self.calls() if r[0] in ("scancel", "srun")
+                or (r[0] == "scontrol" and r[1] != "show")]
