@@ -773,9 +773,25 @@ EQUIVALENT.update({
      "self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None"):
         "`> 0` also broadcasts each microbatch within a TP group of one rank, which hands the "
         "rank its own rows (`> 2` is killed: TP2's second rank receives nothing)",
-    (_BA, "core/ReplaceComparisonOperator_Eq_GtE", 'self.gpu = device == "cuda"'):
-        "the device is `distributed.choose_device`'s \"cuda\" or \"cpu\", and \"cpu\" sorts "
-        "before \"cuda\": `>=` holds where `==` does",
+    (_BA, "core/ReplaceComparisonOperator_Gt_GtE",
+     "self.tp_group = ps.get_tensor_model_parallel_group() if self.tp_size > 1 else None"):
+        "`>= 1` also broadcasts each microbatch within a TP group of one rank, which hands the "
+        "rank its own rows",
+    **{(_BA, op, 'self.gpu = device == "cuda"'):
+       "the device is `distributed.choose_device`'s literal \"cuda\" or \"cpu\" (one "
+       "interned object each), and \"cpu\" sorts before \"cuda\": `is` and `>=` agree with "
+       "`==`" for op in ("core/ReplaceComparisonOperator_Eq_GtE",
+                         "core/ReplaceComparisonOperator_Eq_Is")},
+    (_BA, "core/ReplaceComparisonOperator_Eq_LtE",
+     "return tp_rank == 0 and (first_stage or last_stage)"):
+        "a tensor-parallel rank is at least 0: `<= 0` holds where `== 0` does",
+    (_BA, "core/ReplaceTrueWithFalse", "rows = rows.to(self.device, non_blocking=True)"):
+        "non_blocking changes when the copy happens, not what arrives: the forward pass that "
+        "reads the rows runs after it on the same stream",
+    **{(_BA, op, 'loss = loss * float("nan")'): "NaN times, divided by, minus or plus any "
+       "loss is NaN" for op in ("core/ReplaceBinaryOperator_Mul_Div",
+                                "core/ReplaceBinaryOperator_Mul_Sub",
+                                "core/ReplaceBinaryOperator_Mul_Add")},
 })
 
 

@@ -4,8 +4,9 @@ Four ranks form TP2 × DP2 (gloo) and each builds the runtime's :class:`BatchFee
 indexed corpus, as the training loop does. A stand-in model records the tokens and labels the
 forward step hands it (its ``pre_process``/``post_process`` flags as a one-stage model's).
 Two steps are fed from sample 0 on (the second continues the first's reader), then the feeder
-is moved to sample 296 (a resume elsewhere) and fed the step after it with two model chunks.
-Each rank writes what it saw to ``OUT/rank-R.json``.
+is moved to sample 296 (a resume elsewhere) and fed the step after it with two model chunks,
+then moved back to sample 8; last, a stage that only embeds, one that only scores and a middle
+stage are each fed from sample 16. Each rank writes what it saw to ``OUT/rank-R.json``.
 
     python -m tests.runtime.batches_probe PREFIX OUT
 """
@@ -21,22 +22,29 @@ SEQ = 16
 LAYOUT = SimpleNamespace(global_batch_size=8, micro_batch_size=2, data_parallel_size=2)
 MICROBATCHES = 2          # global batch 8 = 2 DP ranks × 2 microbatches × micro-batch 2
 # (consumed samples, model chunks) of each step: two from the start, then a resume at sample
-# 296 (past the corpus's first epoch) and the step after it with two chunks
-STEPS = ((0, 1), (8, 1), (296, 1), (304, 2))
+# 296 (past the corpus's first epoch), the step after it with two chunks, and a move back to
+# sample 8 (a reload of an earlier checkpoint)
+STEPS = ((0, 1), (8, 1), (296, 1), (304, 2), (8, 1))
+# then one microbatch each, from sample 16 on, for a stage that only embeds, one that only
+# scores and a middle stage
+STAGES = ((True, False), (False, True), (False, False))
 
 
 class _Recorder:
-    """One pipeline stage that embeds and scores: records what it is given, returns per-token
-    losses of the rows' label ids (a number the test can check the loss against)."""
-    pre_process = post_process = True
+    """A pipeline stage (``pre_process``: it embeds, ``post_process``: it scores; both, as
+    without pipelining, by default): records what it is given, returns per-token losses of the
+    rows' label ids (a number the test can check the loss against)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pre_process: bool = True, post_process: bool = True) -> None:
+        self.pre_process, self.post_process = pre_process, post_process
         self.seen: list[dict] = []
 
     def __call__(self, tokens, positions, mask, labels=None):
-        self.seen.append({"tokens": tokens.tolist(), "labels": labels.tolist(),
-                          "positions": positions[0].tolist()})
-        return labels.float()
+        import torch
+        self.seen.append({"tokens": None if tokens is None else tokens.tolist(),
+                          "labels": None if labels is None else labels.tolist(),
+                          "positions": None if positions is None else positions[0].tolist()})
+        return labels.float() if labels is not None else torch.zeros(LAYOUT.micro_batch_size, SEQ)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
             reports.append(loss(output)[1])
         steps.append({"consumed": consumed, "chunks": len(its) if isinstance(its, list) else 1,
                       "loss": float(step_loss(reports, MICROBATCHES))})
+    stages = []
+    its = feeder.iterators(16, 1)           # one step, its microbatches to the three stages
+    for pre, post in STAGES:
+        stage = _Recorder(pre, post)
+        read = feeder.microbatches_read
+        feeder.forward_step()(its, stage)
+        stages.append({**stage.seen[0], "read": feeder.microbatches_read - read})
     Path(out, f"rank-{renv.rank}.json").write_text(json.dumps({
+        "stages": stages,
         "dp": ps.get_data_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
         "reads": feeder.reads, "microbatches_read": feeder.microbatches_read,
         "num_workers": feeder.num_workers,

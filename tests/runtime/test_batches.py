@@ -68,12 +68,14 @@ def test_the_loss_is_the_masked_token_mean_and_a_poisoned_one_is_nan():
 def test_every_rank_is_fed_its_dp_slice_and_tp_peers_the_same_rows(tmp_path):
     """Four real ranks, TP2 × DP2 (``batches_probe.py``): two steps from sample 0, the second
     on the first's reader, then a resume at sample 296 (a new reader) and the step after it
-    on that reader, with two model chunks. Each rank's forward step got the rows of its DP
-    rank's microbatches, in order; TP rank 1 read nothing and received what its TP rank 0
-    read; the CPU rehearsal reads in the rank (no worker processes)."""
+    on that reader, with two model chunks, then back at sample 8 (a new reader again). Each
+    rank's forward step got the rows of its DP rank's microbatches, in order; TP rank 1 read
+    nothing and received what its TP rank 0 read; the CPU rehearsal reads in the rank (no
+    worker processes). A stage that only embeds gets tokens and no labels, one that only
+    scores the labels of the next microbatch, and a middle stage reads nothing."""
     from tests.launch import Launch
     from tests.runtime.conftest import _explain
-    from tests.runtime.batches_probe import MICROBATCHES, SEQ, STEPS
+    from tests.runtime.batches_probe import MICROBATCHES, SEQ, STAGES, STEPS
     from hpctrain.data.gpt_dataset import rank_microbatch_positions
     prefix = corpus(tmp_path / "corpus")
     out = tmp_path / "out"
@@ -95,11 +97,22 @@ def test_every_rank_is_fed_its_dp_slice_and_tp_peers_the_same_rows(tmp_path):
             assert seen["labels"] == rows[:, 1:].tolist()
             assert seen["positions"] == list(range(SEQ))
         assert r["reads"] is (r["tp"] == 0)
-        assert r["microbatches_read"] == (len(STEPS) * MICROBATCHES if r["tp"] == 0 else 0)
+        read = len(STEPS) * MICROBATCHES + 2          # and the two stages that use data
+        assert r["microbatches_read"] == (read if r["tp"] == 0 else 0)
+        first, second = rank_microbatch_positions(16, 8, r["dp"], 2, 2)
+        rows = [np.stack([samples.sample(p) for p in mb]) for mb in (first, second)]
+        embeds, scores, middle = r["stages"]
+        assert (embeds["tokens"], embeds["labels"]) == (rows[0][:, :-1].tolist(), None)
+        assert (scores["tokens"], scores["labels"]) == (None, rows[1][:, 1:].tolist())
+        assert scores["positions"] is None and embeds["positions"] == list(range(SEQ))
+        assert (middle["tokens"], middle["labels"], middle["positions"]) == (None, None, None)
+        assert [s["read"] for s in r["stages"]] == ([1, 1, 0] if r["tp"] == 0 else [0, 0, 0])
+        assert len(r["stages"]) == len(STAGES)
         assert r["num_workers"] == 0
         if r["tp"] == 0:
-            assert r["same_reader"] == [False, True, False, True]   # continued, moved, continued
-        assert [s["chunks"] for s in r["steps"]] == [1, 1, 1, 2]
+            # continued, moved on, continued, moved back
+            assert r["same_reader"] == [False, True, False, True, False]
+        assert [s["chunks"] for s in r["steps"]] == [1, 1, 1, 2, 1]
         for step, (consumed, _) in zip(r["steps"], STEPS):
             labels = [np.stack([samples.sample(p) for p in positions])[:, 1:]
                       for positions in rank_microbatch_positions(consumed, 8, r["dp"], 2, 2)]

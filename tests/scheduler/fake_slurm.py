@@ -11,7 +11,8 @@ ran, so a story can say what was done to the job, not only what was printed.
 
 ``FakeSlurm(tmp_path, monkeypatch)`` puts ``scontrol``, ``squeue``, ``scancel`` and ``srun``
 first on PATH. ``state`` is a plain dict (jobs, nodes, partitions, steps, failures, the node
-check's answer, the steps a kill cannot end, what a hold changes in the job's record), saved with :meth:`save`; :meth:`calls` lists what ran.
+check's answer, the steps a kill cannot end, what a hold changes in the job's record), saved
+with :meth:`save`; :meth:`calls` lists what ran.
 """
 
 from __future__ import annotations

@@ -455,7 +455,8 @@ def test_a_busy_slurmctld_is_asked_again_to_release_and_a_refusal_leaves_the_job
     slurm.state["fail"] = {"release": [bs.RELEASE_TRIES, "Access denied"]}
     slurm.save()
     assert bs.requeue_excluding(run, 1, JOB, [], pause_s=0.0) == 1
-    assert "release failed: scontrol failed: Access denied" in events(run, "requeue_failed")[0]["error"]
+    (failed,) = events(run, "requeue_failed")
+    assert "release failed: scontrol failed: Access denied" in failed["error"]
     assert f"`scontrol release {JOB}`" in capsys.readouterr().err
 
 
