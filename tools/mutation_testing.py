@@ -791,7 +791,11 @@ EQUIVALENT.update({
     **{(_BA, op, 'loss = loss * float("nan")'): "NaN times, divided by, minus or plus any "
        "loss is NaN" for op in ("core/ReplaceBinaryOperator_Mul_Div",
                                 "core/ReplaceBinaryOperator_Mul_Sub",
-                                "core/ReplaceBinaryOperator_Mul_Add")},
+                                "core/ReplaceBinaryOperator_Mul_Add",
+                                "core/ReplaceBinaryOperator_Mul_FloorDiv")},
+    (_BA, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "return [it] * chunks if chunks > 1 else it"):
+        "a rank has at least one model chunk: `!= 1` holds where `> 1` does",
 })
 
 

@@ -221,3 +221,26 @@ def test_a_peers_error_is_said_without_its_source_location():
     from hpctrain.runtime.checkpoint.save_faults import peer_lost
     e = RuntimeError(PEER_WORDS[1] + "\nException raised from ...\nframe #0: ...")
     assert peer_lost(e) == "Timed out waiting 10000ms for recv operation to complete"
+
+
+def test_a_collectives_long_error_is_cut_to_its_gist_and_said_on_one_line():
+    """A peer's error as gloo words it can run to kilobytes on one line (every rank's
+    address): the line keeps its first ``DETAIL_CHARS`` characters, the cut marked; a file
+    name holding control characters is written with their escapes, so the line stays one
+    line and says which file it was."""
+    from hpctrain.runtime.checkpoint.save_faults import DETAIL_CHARS, first_line, one_line
+    long = "Connection closed by peer " + "[10.0.0.7]:29500 " * 40
+    cut = first_line("[../gloo/pair.cc:534] " + long + "\nframe #0 ...")
+    assert len(cut) == DETAIL_CHARS and cut == long[:DETAIL_CHARS - 3] + "..."
+    assert first_line(long[:DETAIL_CHARS]) == long[:DETAIL_CHARS]        # fits: kept whole
+    assert one_line("/ck/step\n1\x1b[2J\tx") == "/ck/step\\n1\\x1b[2J\\tx"
+
+
+def test_a_storage_fault_kept_as_an_exception_and_its_traceback_is_found():
+    """torch keeps a rank's failure as an ``(exception, traceback)`` pair, sometimes inside
+    another exception's arguments: the storage fault inside is found and named."""
+    import errno as _errno
+    inner = OSError(_errno.ENOSPC, "No space left on device", "/ck/.partial/__0_0.distcp")
+    wrapped = RuntimeError("save failed", (inner, "Traceback (most recent call last): ..."))
+    assert fault_of(wrapped) == ("no space left on the device (ENOSPC: "
+                                 "/ck/.partial/__0_0.distcp)")
