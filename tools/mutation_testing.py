@@ -798,6 +798,36 @@ EQUIVALENT.update({
         "a rank has at least one model chunk: `!= 1` holds where `> 1` does",
 })
 
+_OS = "hpctrain/runtime/checkpoint/optimizer_step.py"
+_OWN_CONSTANT = ("step_location returns this module's own constants (STATE, PARAM_GROUPS, "
+                 "HYBRID), and `where` is its result: `is` agrees with `==`")
+_LEAVES = ("the optimizers this line sees are leaves (_leaf_optimizers puts a hybrid's parts in "
+           "its place): their step location is \"state\" or \"param_groups\", and only \"state\" "
+           "sorts at or after \"state\"")
+EQUIVALENT.update({
+    (_OS, "core/ReplaceComparisonOperator_Eq_Is",
+     "if inner is not None and step_location(inner) == HYBRID:"): _OWN_CONSTANT,
+    (_OS, "core/ReplaceComparisonOperator_Eq_Is", "if step_location(sub) == STATE:"):
+        _OWN_CONSTANT,
+    (_OS, "core/ReplaceComparisonOperator_Eq_Is", "if where == PARAM_GROUPS:"): _OWN_CONSTANT,
+    (_OS, "core/ReplaceComparisonOperator_NotEq_IsNot", "if step_location(inner) != STATE:"):
+        _OWN_CONSTANT,
+    (_OS, "core/ReplaceComparisonOperator_Eq_GtE",
+     'if step_location(inner) == STATE for g in inner.param_groups if g["params"])'): _LEAVES,
+    (_OS, "core/ReplaceComparisonOperator_NotEq_Lt", "if step_location(inner) != STATE:"):
+        _LEAVES,
+    (_OS, "core/ReplaceComparisonOperator_NotEq_Gt", "if step_location(inner) != STATE:"):
+        "`>` never skips, so set_fused_adam(off) also looks at a FusedAdam's groups, which "
+        "carry no fused flag: it changes nothing there",
+    (_OS, "core/ReplaceComparisonOperator_Eq_GtE", "elif where == PARAM_GROUPS:"):
+        "here the location is \"param_groups\" or \"hybrid\" (\"state\" was taken above), and "
+        "only \"param_groups\" sorts at or after \"param_groups\"",
+    (_OS, "core/ReplaceComparisonOperator_Eq_LtE",
+     "subs = inner.sub_optimizers if step_location(inner) == HYBRID else [inner]"):
+        "of \"hybrid\", \"param_groups\" and \"state\", only \"hybrid\" sorts at or before "
+        "\"hybrid\"",
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:

@@ -4,7 +4,9 @@ torch's Adam and AdamW run for real. Transformer Engine's and apex's FusedAdam n
 are not installed here: their branch runs against stand-ins that reproduce exactly the
 bookkeeping their sources show (quoted in each class), with the Adam update written out in
 torch (the fused kernels' math, ``adam_w_mode=1``). None of these classes has run on a GPU
-through these tests.
+through these tests. Also: torch's fused AdamW switched on and off beside a FusedAdam, and
+megatron's offloading optimizer (``HybridDeviceOptimizer``, a stand-in by its class name over
+real parts).
 """
 
 from __future__ import annotations
@@ -279,6 +281,24 @@ def test_a_cpu_checkpoint_loads_into_fused_adam_and_a_fused_one_into_torch_adam(
     load_optimizer_state(back, copy.deepcopy(gpu_sd), updates=5)
     _train(back, [p for g in back.optimizer.param_groups for p in g["params"]], range(5, 6))
     assert osx.read_steps(back) == {6.0}
+    # the load's own format was lent for the load only: the class's method is back
+    assert "load_state_dict" not in vars(back.optimizer)
+
+
+def test_a_parameter_never_updated_gets_no_step_of_its_own_when_a_checkpoint_is_converted():
+    """A FusedAdam checkpoint into torch's Adam: every parameter with Adam state gets the count,
+    one without state stays without (torch creates its moments and count at its first
+    update; a lone count would make torch skip creating the moments)."""
+    from hpctrain.runtime.checkpoint import optimizer_step as osx
+    torch = _torch()
+    saved = {"state": {0: {"exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}, 1: {}},
+             "param_groups": [{"params": [0, 1], "step": 7}]}
+    got = osx._converted(saved, osx.STATE, 7)
+    assert float(got["state"][0]["step"]) == 7.0 and got["state"][1] == {}
+    assert "step" not in saved["state"][0]                 # the checkpoint's dict is not changed
+    grouped = osx._converted({**saved, "state": {0: {**saved["state"][0], "step": 3}}},
+                             osx.PARAM_GROUPS, 7)
+    assert "step" not in grouped["state"][0]
 
 
 def test_describe_optimizer_names_wrapper_and_inner_class():
@@ -287,3 +307,75 @@ def test_describe_optimizer_names_wrapper_and_inner_class():
     assert osx.describe_optimizer(opt) == "FP32Optimizer(Transformer Engine FusedAdam)"
     assert osx.describe_optimizer(_wrapped(torch_adamw(), _params())) == \
         "FP32Optimizer(torch.optim.AdamW)"
+
+
+def _hybrid_class():
+    """megatron's HybridDeviceOptimizer as optimizer_step sees it: its own param groups (which
+    it copies into its sub-optimizers before every step) over a torch AdamW (the CPU part) and
+    a FusedAdam (the GPU part)."""
+    torch = _torch()
+
+    class HybridDeviceOptimizer(torch.optim.Optimizer):
+        def __init__(self, params, sub_optimizers):
+            super().__init__(params, dict(lr=KW["lr"]))
+            self.sub_optimizers = sub_optimizers
+
+    HybridDeviceOptimizer.__module__ = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer"
+    HybridDeviceOptimizer.__qualname__ = "HybridDeviceOptimizer"
+    return HybridDeviceOptimizer
+
+
+def test_an_offloaded_optimizers_parts_each_get_the_count_where_they_keep_it():
+    from types import SimpleNamespace
+
+    from hpctrain.runtime.checkpoint import optimizer_step as ost
+    params = _params()
+    cpu_part = torch_adamw()(_groups(params)[:1], **KW)
+    gpu_part = te_fused_adam()(_groups(params)[1:], **KW)
+    for part in (cpu_part, gpu_part):
+        for p, g in zip(params, _grads(0)):
+            p.grad = g.clone()
+        part.step()
+    hybrid = _hybrid_class()(params, [cpu_part, gpu_part])
+    hybrid.param_groups[0]["step"] = 1             # left in its own groups: would be copied over
+    wrapped = SimpleNamespace(optimizer=hybrid)
+    assert ost.step_location(hybrid) == ost.HYBRID
+    ost.set_step(wrapped, 9)
+    assert "step" not in hybrid.param_groups[0]
+    assert ost.read_steps(wrapped) == {9.0}
+    assert float(cpu_part.state[params[0]]["step"]) == 9.0 and gpu_part.param_groups[0]["step"] == 9
+    assert ost.describe_optimizer(wrapped) == (
+        "SimpleNamespace(megatron.core.optimizer.cpu_offloading.hybrid_optimizer."
+        "HybridDeviceOptimizer[torch.optim.AdamW, Transformer Engine FusedAdam])")
+
+
+def test_torch_adam_is_switched_to_its_fused_kernel_and_back_and_fused_adam_is_left_alone():
+    """A chain of a FusedAdam and a torch AdamW, as a model with two parameter kinds may have:
+    only the torch groups are switched (their step counts moved where torch wants them), an
+    empty group is left as it is, and switching back puts the counts on the CPU again."""
+    from types import SimpleNamespace
+
+    from hpctrain.runtime.checkpoint import optimizer_step as ost
+    torch = _torch()
+    params = _params()
+    fused_part = te_fused_adam()(_groups(params)[:1], **KW)
+    torch_part = torch_adamw()(_groups(params)[1:] + [{"params": []}], **KW)
+    for p, g in zip(params, _grads(0)):
+        p.grad = g.clone()
+    torch_part.step()
+    chain = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=fused_part),
+                                                SimpleNamespace(optimizer=torch_part)])
+    assert not ost.fused_adam_in_use(chain)
+    assert ost.use_fused_adam(chain) is True and ost.fused_adam_in_use(chain)
+    group, empty = torch_part.param_groups
+    assert (group["fused"], group["foreach"]) == (True, False)
+    assert "fused" not in fused_part.param_groups[0] and empty.get("fused") is None
+    step = torch_part.state[params[1]]["step"]
+    assert step.dtype == torch.float32 and step.device == params[1].device
+    ost.set_fused_adam(chain, False)
+    assert group["fused"] is None and not ost.fused_adam_in_use(chain)
+    assert torch_part.state[params[1]]["step"].device.type == "cpu"
+    ost.set_fused_adam(chain, True)
+    assert group["fused"] is True
+    only_fused = SimpleNamespace(optimizer=fused_part)
+    assert ost.use_fused_adam(only_fused) is False and not ost.fused_adam_in_use(only_fused)
