@@ -8,7 +8,9 @@ is moved to sample 296 (a resume elsewhere) and fed the step after it with two m
 then moved back to sample 8; last, a stage that only embeds, one that only scores and a middle
 stage are each fed from sample 16. Each rank writes what it saw to ``OUT/rank-R.json``.
 
-    python -m tests.runtime.batches_probe PREFIX OUT
+    python -m tests.runtime.batches_probe PREFIX OUT [pipeline]
+
+With ``pipeline``: six ranks, PP3 × DP2 with two model chunks per stage (:func:`pipeline`).
 """
 
 from __future__ import annotations
@@ -47,8 +49,46 @@ class _Recorder:
         return labels.float() if labels is not None else torch.zeros(LAYOUT.micro_batch_size, SEQ)
 
 
+def pipeline(prefix: str, out: str) -> int:
+    """PP3 × DP2 with two model chunks per stage (interleaved 1F1B): one step of the chunks
+    that use data. The first stage's first chunk embeds, the last stage's last chunk scores;
+    the middle stage reads nothing."""
+    from megatron.core import parallel_state as ps
+
+    from hpctrain.data.gpt_dataset import GPTSamples
+    from hpctrain.data.indexed import IndexedDataset
+    from hpctrain.identity import rank_env
+    from hpctrain.runtime.batches import BatchFeeder
+    from hpctrain.runtime.distributed import init_process_group
+
+    renv = rank_env()
+    init_process_group(renv, "cpu", 600)
+    ps.initialize_model_parallel(pipeline_model_parallel_size=3,
+                                 virtual_pipeline_model_parallel_size=2)
+    feeder = BatchFeeder(GPTSamples(IndexedDataset(prefix), SEQ, 1234), LAYOUT, "cpu")
+    stage = ps.get_pipeline_model_parallel_rank()
+    its = feeder.iterators(0, 2)
+    seen = []
+    for chunk in range(2):
+        model = _Recorder(pre_process=stage == 0 and chunk == 0,
+                          post_process=stage == 2 and chunk == 1)
+        for _ in range(MICROBATCHES):
+            feeder.forward_step()(its[chunk], model)
+        seen.append(model.seen)
+    Path(out, f"rank-{renv.rank}.json").write_text(json.dumps({
+        "dp": ps.get_data_parallel_rank(), "stage": stage, "reads": feeder.reads,
+        "microbatches_read": feeder.microbatches_read, "seen": seen,
+        "iterators": [it is not None for it in its]}))
+    feeder.close()
+    ps.destroy_model_parallel()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    prefix, out = (sys.argv[1:] if argv is None else argv)[:2]
+    args = sys.argv[1:] if argv is None else argv
+    prefix, out = args[:2]
+    if args[2:] == ["pipeline"]:
+        return pipeline(prefix, out)
     from megatron.core import parallel_state as ps
 
     from hpctrain.data.gpt_dataset import GPTSamples

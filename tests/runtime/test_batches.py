@@ -117,3 +117,42 @@ def test_every_rank_is_fed_its_dp_slice_and_tp_peers_the_same_rows(tmp_path):
             labels = [np.stack([samples.sample(p) for p in positions])[:, 1:]
                       for positions in rank_microbatch_positions(consumed, 8, r["dp"], 2, 2)]
             assert step["loss"] == pytest.approx(np.mean([m.mean() for m in labels]))
+
+
+def test_in_an_interleaved_pipeline_only_the_chunks_that_use_data_read(tmp_path):
+    """Six real ranks, PP3 × DP2 with two model chunks per stage (``batches_probe.py
+    pipeline``): the first stage's first chunk gets the tokens of its DP rank's microbatches,
+    the last stage's last chunk their labels, each read once; the middle stage has no reader
+    at all and its chunks get nothing."""
+    from tests.launch import Launch
+    from tests.runtime.conftest import _explain
+    from tests.runtime.batches_probe import MICROBATCHES, SEQ
+    from hpctrain.data.gpt_dataset import rank_microbatch_positions
+    prefix = corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = Launch(tmp_path, 6, module="tests.runtime.batches_probe",
+                 args=[prefix, str(out), "pipeline"]).wait(600)
+    assert res.ok, _explain(res)
+    samples = GPTSamples(indexed.IndexedDataset(prefix), SEQ, 1234)
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(6)]
+    assert sorted((r["stage"], r["dp"]) for r in ranks) == [(s, d) for s in range(3)
+                                                            for d in range(2)]
+    for r in ranks:
+        rows = [np.stack([samples.sample(p) for p in mb])
+                for mb in rank_microbatch_positions(0, 8, r["dp"], 2, 2)]
+        first, last = r["seen"]
+        if r["stage"] == 1:
+            assert not r["reads"] and r["iterators"] == [False, False]
+            assert all(s["tokens"] is None and s["labels"] is None for s in first + last)
+            assert r["microbatches_read"] == 0
+            continue
+        assert r["reads"] and r["microbatches_read"] == MICROBATCHES
+        if r["stage"] == 0:
+            assert [s["tokens"] for s in first] == [m[:, :-1].tolist() for m in rows]
+            assert all(s["labels"] is None for s in first)
+            assert all(s["tokens"] is None and s["labels"] is None for s in last)
+        else:
+            assert [s["labels"] for s in last] == [m[:, 1:].tolist() for m in rows]
+            assert all(s["tokens"] is None for s in last)
+            assert all(s["tokens"] is None and s["labels"] is None for s in first)

@@ -476,13 +476,19 @@ def test_a_release_is_waited_for_between_tries(slurm, tmp_path, monkeypatch):
     assert slept == [1.5] * (bs.RELEASE_TRIES - 1)
 
 
-def test_a_hold_that_fails_requeues_nothing_and_the_record_says_so(slurm, tmp_path):
+def gate_failed_on_n2(slurm, tmp_path, refused: str, said: str):
+    """The preflight gate failed on n2, and Slurm refuses the ``refused`` subcommand once."""
     run = make_run(tmp_path, spares=0, restarts=None)
     bs.cmd_begin(run)
     gate_report(run, 1, ["n2"])
-    slurm.state["fail"] = {"requeuehold": [1, "Job is not requeueable"]}
+    slurm.state["fail"] = {refused: [1, said]}
     slurm.save()
-    assert bs.cmd_gate_failed(run, 1, 1, None) == 1
+    return run, bs.cmd_gate_failed(run, 1, 1, None)
+
+
+def test_a_hold_that_fails_requeues_nothing_and_the_record_says_so(slurm, tmp_path):
+    run, code = gate_failed_on_n2(slurm, tmp_path, "requeuehold", "Job is not requeueable")
+    assert code == 1
     assert [c[1] for c in slurm.acted()] == ["requeuehold"]
     (record,) = run.ledger()
     assert record["excluded_nodes"] == [] and record["not_excluded_nodes"] == ["n2"]
@@ -490,12 +496,8 @@ def test_a_hold_that_fails_requeues_nothing_and_the_record_says_so(slurm, tmp_pa
 
 
 def test_an_exclusion_that_fails_still_releases_the_job_and_says_so(slurm, tmp_path):
-    run = make_run(tmp_path, spares=0, restarts=None)
-    bs.cmd_begin(run)
-    gate_report(run, 1, ["n2"])
-    slurm.state["fail"] = {"update": [1, "Invalid node name specified"]}
-    slurm.save()
-    assert bs.cmd_gate_failed(run, 1, 1, None) == 0
+    run, code = gate_failed_on_n2(slurm, tmp_path, "update", "Invalid node name specified")
+    assert code == 0
     assert [c[1] for c in slurm.acted()] == ["requeuehold", "update", "release"]
     (record,) = run.ledger()
     assert record["excluded_nodes"] == [] and record["not_excluded_nodes"] == ["n2"]
