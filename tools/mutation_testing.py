@@ -223,6 +223,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # what each rank's forward step is fed: its DP slice of every global batch, from where
     # the run resumed; TP rank 0 reads, its peers receive; the loss and the step's loss
     "batches": ("hpctrain/runtime/batches.py", ["tests/runtime/test_batches.py"]),
+    # a blend of several corpora: each keeps its share and its own order, any position found
+    # again after a resume; the splits' documents
+    "blend": ("hpctrain/data/blend.py", ["tests/data/test_blends_and_splits.py"]),
     # where Adam keeps its step count, and setting it on resume for every optimizer class
     "optimizer_step": ("hpctrain/runtime/checkpoint/optimizer_step.py", [
         "tests/runtime/test_optimizer_step.py"]),
@@ -826,6 +829,14 @@ EQUIVALENT.update({
      "subs = inner.sub_optimizers if step_location(inner) == HYBRID else [inner]"):
         "of \"hybrid\", \"param_groups\" and \"state\", only \"hybrid\" sorts at or before "
         "\"hybrid\"",
+})
+
+EQUIVALENT.update({
+    ("hpctrain/data/blend.py", "core/ReplaceComparisonOperator_Lt_NotEq",
+     "seqs = int(ds.document_indices[d]) if d < len(ds.document_indices) else len(ds)"):
+        "d is a document number or the document count, and the document index has one entry "
+        "more than there are documents: d never reaches its length, so `!=` holds where `<` "
+        "does",
 })
 
 

@@ -57,6 +57,34 @@ def test_blend_keeps_every_corpus_to_its_share_and_reads_each_in_order(tmp_path,
         assert seen[i] == list(range(len(seen[i])))
 
 
+def test_each_corpus_is_spread_evenly_over_a_block_as_documented(tmp_path):
+    """Block k holds m_i samples of corpus i, the t-th of them at (t + 1/2) / m_i of the
+    block, ties to the lower corpus: the order every run of such a blend has read, so a run
+    resumed by a later version reads what it would have."""
+    weights = [3, 1, 0.5]
+    blend = BlendedSamples(_parts(tmp_path, weights), weights)
+    for k in (0, 1, 7):
+        here = blend.counts_before(k + 1) - blend.counts_before(k)
+        want = sorted(((t + 0.5) / m, i, t) for i, m in enumerate(here) for t in range(m))
+        corpus, within = blend.block_order(k)
+        assert list(zip(corpus, within)) == [(i, blend.counts_before(k)[i] + t)
+                                             for _, i, t in want]
+
+
+def test_a_blend_needs_one_weight_per_corpus_and_names_every_corpus_for_a_bad_token(tmp_path):
+    parts = _parts(tmp_path, [1, 1])
+    for weights in ([1], [1, 1, 1]):
+        with pytest.raises(ValueError, match="one weight per corpus"):
+            BlendedSamples(parts, weights)
+    for part in parts:
+        part.vocab_size = 150
+    blend = BlendedSamples(parts, [1, 1])
+    blend.check_tokens(149)
+    with pytest.raises(UsageError, match=r"one of data\.path \(.*c0\), data\.path \(.*c1\) "
+                                         r"holds token id 150"):
+        blend.check_tokens(150)
+
+
 def test_resume_at_any_position_reads_the_next_sample_of_every_corpus(tmp_path):
     weights = [0.6, 0.4]
     whole = BlendedSamples(_parts(tmp_path, weights), weights)
