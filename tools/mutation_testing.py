@@ -226,6 +226,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # a blend of several corpora: each keeps its share and its own order, any position found
     # again after a resume; the splits' documents
     "blend": ("hpctrain/data/blend.py", ["tests/data/test_blends_and_splits.py"]),
+    # the run folder's file primitives: the lock every read-modify-write holds, appends that
+    # never interleave, a torn last line closed before the next, a folder removed whole
+    "run_files": ("hpctrain/record/files.py", [
+        "tests/runs/test_run_files.py", "tests/safety/test_run_file_writes.py",
+        "tests/runs/test_runs_index.py"]),
     # where Adam keeps its step count, and setting it on resume for every optimizer class
     "optimizer_step": ("hpctrain/runtime/checkpoint/optimizer_step.py", [
         "tests/runtime/test_optimizer_step.py"]),
@@ -762,6 +767,17 @@ EQUIVALENT.update({
      "return (run.resolved_profile().slurm.nodes, spares) if spares > 0 else (None, 0)"):
         "resilience.spare_nodes is at least 0 (the schema's bound): `!= 0` holds where `> 0` "
         "does",
+    (_BS, "core/NumberReplacer", "return parse_slurm_time(rows[0].end_time) if rows else None"):
+        "squeue asked for one job id answers one line: its last is its first",
+    (_BS, "core/ReplaceComparisonOperator_LtE_Eq",
+     "if effective_resilience(run.resolved_job(), run.resolved_profile()).spare_nodes <= 0:"):
+        "resilience.spare_nodes is at least 0 (the schema's bound): `== 0` holds where `<= 0` "
+        "does",
+    (_BS, "core/ReplaceComparisonOperator_Is_Eq", "if restart and decision is restart.decision:"):
+        "the restart's Decision says in_job=True, which the requeue policy's never does: the "
+        "two are equal only when they are the same object",
+    (_BS, "core/ReplaceComparisonOperator_Lt_NotEq", "if i + 1 < RELEASE_TRIES:"):
+        "i + 1 runs from 1 to RELEASE_TRIES: `!=` holds where `<` does",
     (_BS, "core/ReplaceComparisonOperator_Eq_GtE", 'elif args.cmd == "watch":'):
         "the commands left at this line are watch and gate-failed, and gate-failed sorts "
         "before watch: `>=` holds where `==` does",

@@ -153,9 +153,12 @@ def test_an_attempt_with_spares_trains_on_the_first_nodes_until_the_jobs_end(slu
     assert slurm.acted() == []                 # beginning asks Slurm, it changes nothing
 
 
-def test_without_spares_the_step_takes_the_whole_allocation(slurm, tmp_path):
-    got = assignments(bs.cmd_begin(make_run(tmp_path, spares=0, restarts=None)))
+def test_without_spares_the_step_takes_the_whole_allocation(slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "")
+    run = make_run(tmp_path, spares=0, restarts=None)
+    got = assignments(bs.cmd_begin(run))
     assert "HPCTRAIN_STEP_NODES" not in got and got["HPCTRAIN_ATTEMPT"] == "1"
+    assert events(run, "attempt_start")[0]["restart_count"] == 0
 
 
 def test_a_sweeps_task_is_its_array_id_and_a_lone_array_id_is_not(slurm, monkeypatch):
@@ -267,7 +270,8 @@ def test_a_node_slurm_is_late_to_hear_from_is_not_blamed_when_srun_heard_its_tas
 
 def test_a_spare_that_fails_the_node_check_sends_the_failure_to_the_requeue_path(
         slurm, tmp_path, monkeypatch):
-    slurm.state["srun"] = {"rc": 1, "out": "n3: GPU 2 missing"}
+    said = "".join(f"n3: check {i} passed\n" for i in range(60)) + "n3: GPU 2 missing"
+    slurm.state["srun"] = {"rc": 1, "out": said}
     slurm.save()
     run = make_run(tmp_path)
     shell_eval(monkeypatch, bs.cmd_begin(run))
@@ -275,7 +279,7 @@ def test_a_spare_that_fails_the_node_check_sends_the_failure_to_the_requeue_path
     assert assignments(bs.cmd_end(run, 1, 1, None)) == {"HPCTRAIN_REQUEUE": "0"}
     (refused,) = events(run, "in_job_restart_refused")
     assert refused["reason"] == "node check failed" and refused["nodes"] == ["n3"]
-    assert "GPU 2 missing" in refused["output"]
+    assert refused["output"] == said[-500:]                  # its end, where the failure is
     # requeued without the culprit; it may keep its spare (n4 is free)
     assert [c[1] for c in slurm.acted() if c[0] == "scontrol"] == ["requeuehold", "update",
                                                                    "release"]
@@ -332,6 +336,10 @@ def test_a_crash_after_rank_0_said_finished_is_a_failure_not_a_finish(slurm, tmp
                                        exit_reason="finished", start_time=time.time()))
     assert bs._ended_reason(run, 1, 1, None) == ExitReason.FAILED
     assert bs._ended_reason(run, 1, 0, None) == ExitReason.FINISHED
+    # rank 0 saved on the preemption; a peer's teardown gave the step its code: preempted
+    write_result(run, 1, AttemptResult(attempt=1, start_step=0, end_step=60,
+                                       exit_reason="preempted", start_time=time.time()))
+    assert bs._ended_reason(run, 1, 1, None) == ExitReason.PREEMPTED
     failed_attempt(run, 1)
     verdict = Verdict(rank=1, node="n2", pid=1, step=5, phase="step", idle_s=99.0,
                       limit_s=60.0, why="it stopped", detected_at=time.time())
@@ -404,12 +412,19 @@ def test_a_hung_rank_with_no_spare_left_requeues_the_job_without_its_node(slurm,
     assert events(run, "requeue")[0]["reason"] == "hung rank"
 
 
-def test_a_requeue_without_bad_nodes_is_left_to_the_shell(slurm, tmp_path):
+def test_a_requeue_without_bad_nodes_is_left_to_the_shell(slurm, tmp_path, capsys):
     run = make_run(tmp_path, spares=0, restarts=None)
     bs.cmd_begin(run)
+    capsys.readouterr()
     failed_attempt(run, 1)
     assert assignments(bs.cmd_end(run, 1, 1, None)) == {"HPCTRAIN_REQUEUE": "1"}
     assert slurm.acted() == []
+    # one line says what happened (the failure's message is the hang's or straggler's alone)
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith("[hpctrain] attempt 1: failed at step 7; requeue: failed; requeue 1")
+    failed_attempt(run, 2, start=7, end=7)                  # no progress: it stops
+    bs.cmd_end(run, 2, 1, None)
+    assert "; stop: no progress" in capsys.readouterr().err
 
 
 # ---- the preflight gate and the requeue without bad nodes -------------------------------------
@@ -531,16 +546,21 @@ def test_a_job_with_spares_keeps_them_while_the_partition_has_nodes(slurm, tmp_p
     assert "nodes" not in events(run, "requeue")[0]
 
 
-def test_fewer_spares_are_asked_for_in_proportion_and_never_fewer_nodes_than_train(slurm):
+def test_fewer_spares_are_asked_for_in_proportion_and_never_fewer_nodes_than_train(slurm,
+                                                                                   capsys):
     info = {"NumNodes": "3", "NumTasks": "6", "NumCPUs": "12"}
     assert bs._ask_fewer_spares(JOB, info, 2, 3, 1) == 2
     assert slurm.acted()[-1][3:] == ["NumNodes=2", "NumTasks=4", "NumCPUs=8"]
+    assert "asks for 2 node(s) instead of 3: 1 spare(s) fewer" in capsys.readouterr().err
     assert bs._ask_fewer_spares(JOB, info, 2, 3, 3) is None
     assert bs._ask_fewer_spares(JOB, info, 2, 3, None) is None
     # counts that cannot be read per node are left as they are
     assert bs._ask_fewer_spares(JOB, {"NumNodes": "3", "NumTasks": "2"}, 1, 3, 2) == 2
     assert slurm.acted()[-1][3:] == ["NumNodes=2"]
-    assert len(slurm.acted()) == 2
+    # one task per node
+    assert bs._ask_fewer_spares(JOB, {"NumNodes": "3", "NumTasks": "3"}, 1, 3, 2) == 2
+    assert slurm.acted()[-1][3:] == ["NumNodes=2", "NumTasks=2"]
+    assert len(slurm.acted()) == 3
 
 
 # ---- the command line the batch shell runs -----------------------------------------------------
@@ -553,6 +573,12 @@ def test_each_command_of_the_batch_shell_reaches_its_step(slurm, tmp_path, capsy
     assert bs.main(["signal", str(run.path), "--signal", "SIGusr1"]) == 0
     assert assignments(capsys.readouterr().out)["HPCTRAIN_SIGNAL_ACTION"] == "now"
     assert events(run, "signal")[0]["signal"] == "USR1"
+    # near the end a USR1 waits for the lead time, a TERM (scancel, Slurm's kill) never does
+    slurm.state["jobs"][JOB]["EndTime"] = slurm_time(time.time() + 60)
+    slurm.save()
+    for name, action in (("SIGUSR1", "defer"), ("SIGTERM", "now"), ("term", "now")):
+        assert bs.main(["signal", str(run.path), "--signal", name]) == 0
+        assert assignments(capsys.readouterr().out)["HPCTRAIN_SIGNAL_ACTION"] == action, name
     failed_attempt(run, 1)
     assert bs.main(["end", str(run.path), "--attempt", "1", "--exit-code", "1"]) == 0
     assert assignments(capsys.readouterr().out) == {"HPCTRAIN_REQUEUE": "1"}
