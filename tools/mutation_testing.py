@@ -855,6 +855,24 @@ EQUIVALENT.update({
         "does",
 })
 
+_RF = "hpctrain/record/files.py"
+EQUIVALENT.update({
+    (_RF, "core/ReplaceBinaryOperator_BitOr_Add",
+     "flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | "
+     "os.O_CLOEXEC"): _DISJOINT,
+    (_RF, "core/ReplaceBinaryOperator_BitOr_Add",
+     "fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW"):
+        _DISJOINT,
+    (_RF, "core/ReplaceTrueWithFalse", "os.set_blocking(fd, True)"): _REGULAR_BLOCKS,
+    (_RF, "core/ReplaceBinaryOperator_Mul_Div",
+     "def open_for_append(path: Path, *, truncate: bool = False) -> int:"):
+        "`/` makes the path positional-only and truncate positional-or-keyword: every caller "
+        "passes the path by position and truncate by name, which both signatures accept",
+    (_RF, "core/NumberReplacer", "entry[1] -= 1"):
+        "the reentrant depth is counted, but nothing reads it: the outermost block releases "
+        "the lock in its own finally",
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:

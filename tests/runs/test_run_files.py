@@ -137,10 +137,34 @@ def test_atomic_writes_get_the_umask_mode_not_mkstemps(run):
 def test_a_torn_line_never_swallows_the_next_record(tmp_path):
     path = tmp_path / "ledger.jsonl"
     append_jsonl(path, {"attempt": 1})
+    append_jsonl(path, {"attempt": 2})
+    assert path.read_bytes() == b'{"attempt": 1}\n{"attempt": 2}\n'   # one line each, no gap
     with open(path, "a") as f:
-        f.write('{"attempt": 2, "exit_re')        # a writer killed mid-line
-    append_jsonl(path, {"attempt": 3})
-    assert read_jsonl(path) == [{"attempt": 1}, {"attempt": 3}]
+        f.write('{"attempt": 3, "exit_re')        # a writer killed mid-line
+    append_jsonl(path, {"attempt": 4})
+    assert read_jsonl(path) == [{"attempt": 1}, {"attempt": 2}, {"attempt": 4}]
+    assert path.read_bytes().endswith(b'"exit_re\n{"attempt": 4}\n')   # closed, then appended
+
+
+def test_the_lock_file_is_private_and_a_full_quota_is_not_taken_for_a_link(run, tmp_path):
+    """The run's lock file is created 0600 (only its user can hold the run's lock), and a
+    write refused for a storage fault says that fault, not one of the door's own refusals."""
+    import errno
+
+    from hpctrain.record.files import _why
+    old = os.umask(0o022)
+    try:
+        (run.path / ".lock").unlink(missing_ok=True)
+        with run.lock():
+            pass
+    finally:
+        os.umask(old)
+    locks = [p for p in run.path.iterdir() if p.name.endswith("lock")]
+    assert locks and all(p.stat().st_mode & 0o777 == 0o600 for p in locks)
+    for code in (errno.EDQUOT, errno.ESTALE, errno.ENOSPC):
+        said = _why(OSError(code, os.strerror(code)))
+        assert "symbolic link" not in said and "FIFO" not in said, said
+    assert "symbolic link" in _why(OSError(errno.ELOOP, "Too many levels of symbolic links"))
 
 
 def _append_attempts(path: str, first: int, count: int) -> None:
@@ -176,3 +200,25 @@ def test_a_ledger_record_updated_beside_appends_loses_no_record_and_no_key(run):
     assert not run.update_ledger_record(99, excluded_nodes=[])   # no such attempt: no change
     leftovers = [p.name for p in run.path.iterdir() if p.name.startswith(".ledger.jsonl.")]
     assert leftovers == []
+
+
+def test_a_child_forked_inside_the_lock_leaves_it_without_touching_the_parents(run):
+    """A process forked while the run's lock is held (a worker started mid-update) and that
+    returns through the ``with`` closes nothing of the lock: its copy was closed at the fork,
+    and the parent still holds the lock until it leaves the block itself."""
+    pid = None
+    try:
+        with run.lock():
+            pid = os.fork()
+            if pid == 0:
+                pass                          # the child leaves the block as the parent will
+            else:
+                assert os.waitpid(pid, 0)[1] == 0
+                run.update_meta(after_child=True)   # still this process's lock: no deadlock
+    except BaseException:
+        if pid == 0:
+            os._exit(3)
+        raise
+    if pid == 0:
+        os._exit(0)
+    assert run.meta()["after_child"] is True
