@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import UsageError
+from ..errors import HpcTrainError, UsageError
 from ..file_door import show
 from . import indexed, sources
 from .files import meta_path, read_meta  # noqa: F401  (the sidecar, read through the door)
@@ -154,7 +154,17 @@ def _encode_in_worker(texts: list[str]) -> list:
 class _Encoder:
     """Batches -> token ids, here or in ``workers`` processes, in input order. At most
     ``2 × workers`` batches are in flight, so memory stays bounded per worker (a pool's
-    ``imap`` would read the whole input ahead)."""
+    ``imap`` would read the whole input ahead).
+
+    A worker that dies (killed, out of memory) takes its batch with it: the pool starts a new
+    worker and never answers for that batch, so waiting on it would last for ever. The wait
+    looks every ``POLL_S`` at whether the pool's workers are still the ones it started, and
+    stops with an error when one was replaced. Closing the pool is bounded too
+    (``CLOSE_WAIT_S``, then its workers are killed): nothing is written after an error, so
+    nothing is lost by not waiting longer."""
+
+    POLL_S = 1.0
+    CLOSE_WAIT_S = 30.0
 
     def __init__(self, tok, spec: str, workers: int) -> None:
         self.tok, self.workers, self.pool = tok, workers, None
@@ -163,6 +173,22 @@ class _Encoder:
             # spawn: a forked child would inherit the tokenizer libraries' threads
             self.pool = multiprocessing.get_context("spawn").Pool(
                 workers, initializer=_init_worker, initargs=(spec,))
+            self.started = self._worker_pids()
+
+    def _worker_pids(self) -> set:
+        return {p.pid for p in getattr(self.pool, "_pool", [])}
+
+    def result(self, pending):
+        """The token ids of one batch sent to the pool (an ``AsyncResult``)."""
+        import multiprocessing
+        while True:
+            try:
+                return pending.get(self.POLL_S)
+            except multiprocessing.TimeoutError:
+                if self._worker_pids() != self.started:
+                    raise HpcTrainError(
+                        "a tokenizer worker process died (killed, or out of memory?); the "
+                        "output was not written; run again, with fewer --workers (-j)")
 
     def map(self, batches) -> Iterator[tuple[list, list]]:
         if self.pool is None:
@@ -176,16 +202,22 @@ class _Encoder:
                                                          ([p.text for p in batch],))))
             if len(pending) >= 2 * self.workers:
                 done, result = pending.popleft()
-                yield done, result.get()
+                yield done, self.result(result)
         while pending:
             done, result = pending.popleft()
-            yield done, result.get()
+            yield done, self.result(result)
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+        if self.pool is None:
+            return
+        import threading
+        pool, self.pool = self.pool, None
+        closing = threading.Thread(target=lambda: (pool.terminate(), pool.join()), daemon=True)
+        closing.start()
+        closing.join(self.CLOSE_WAIT_S)
+        if closing.is_alive():
+            for worker in getattr(pool, "_pool", []):
+                worker.kill()
 
 
 def _append(arr, value):

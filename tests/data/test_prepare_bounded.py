@@ -44,3 +44,25 @@ def test_a_jsonl_line_over_the_limit_is_refused_with_the_limit(tmp_path, monkeyp
     with pytest.raises(UsageError, match=r"big.jsonl:2: a JSON line longer than 10,000 characters"):
         prepare_mod.prepare([f], tmp_path / "out", "byte")
     assert not (tmp_path / "out.bin").exists()
+
+
+def test_a_tokenizer_worker_that_dies_mid_batch_is_an_error_not_a_wait_for_ever():
+    """Workers killed while they hold batches (the OOM killer, a person): the pool starts
+    new workers and never answers for a batch a dead one held. The wait sees the pool's
+    workers replaced and stops with one line (also when a batch had not reached a worker
+    yet: its worker is gone all the same); closing the pool then returns."""
+    import os
+    import signal
+    import time
+
+    from hpctrain.errors import HpcTrainError
+    encoder = prepare_mod._Encoder(None, "byte", 2)
+    try:
+        held = [encoder.pool.apply_async(time.sleep, (120,)) for _ in range(2)]   # busy both
+        for pid in encoder.started:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(HpcTrainError, match="a tokenizer worker process died"):
+            encoder.result(held[0])
+    finally:
+        encoder.close()
+    assert encoder.pool is None

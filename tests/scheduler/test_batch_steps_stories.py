@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 
 import pytest
@@ -52,13 +53,13 @@ def shell_eval(monkeypatch, out: str) -> dict[str, str]:
     return got
 
 
-def make_run(folder, *, spares: int = 1, restarts: int | None = 2, **profile):
+def make_run(folder, *, spares: int = 1, restarts: int | None = 2):
+    """tiny.yaml on dev-slurm training on two nodes, with ``spares`` spare nodes and failures
+    requeued (the requeue policy then decides on progress and budget)."""
     data = yamlio.read_mapping(REPO / "cluster_profiles" / "dev-slurm.yaml")
     data["slurm"].update(nodes=2)
     data["preemption"].update(requeue_on_failure=True)
     data["resilience"] = {"spare_nodes": spares, "max_in_job_restarts": restarts}
-    for section, values in profile.items():
-        data.setdefault(section, {}).update(values)
     path = folder / "profile.yaml"
     yamlio.write_atomic(path, yamlio.dump(data))
     return prepare_run(resolve(load_job(REPO / "examples" / "tiny.yaml"), load_profile(str(path))),
@@ -68,7 +69,7 @@ def make_run(folder, *, spares: int = 1, restarts: int | None = 2, **profile):
 @pytest.fixture
 def slurm(tmp_path, monkeypatch):
     """Job 51 on n1-n3 (two train, one spare), an hour left; n4 idle in the partition."""
-    for key in [k for k in __import__("os").environ if k.startswith("SLURM_")]:
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("SLURM_JOB_ID", JOB)
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
@@ -81,13 +82,12 @@ def slurm(tmp_path, monkeypatch):
         partitions={"debug": "n[1-4]"})
 
 
-def failed_attempt(run, attempt: int, *, node="n2", start=0, end=7, log_lines=None):
+def failed_attempt(run, attempt: int, *, node="n2", start=0, end=7):
     """Rank 0 recorded the attempt as failed at ``end``; srun saw the task on ``node`` killed
     first (the OOM killer's SIGKILL), then tore the rest down."""
     write_result(run, attempt, AttemptResult(attempt=attempt, start_step=start, end_step=end,
                                              exit_reason="failed", start_time=time.time() - 60))
-    lines = log_lines or [f"srun: error: {node}: task 1: Killed",
-                          "srun: error: n1: task 0: Terminated"]
+    lines = [f"srun: error: {node}: task 1: Killed", "srun: error: n1: task 0: Terminated"]
     (run.attempt_dir(attempt) / "batch.log").write_text("\n".join(lines) + "\n")
 
 
@@ -366,18 +366,24 @@ def test_without_a_restart_budget_slurm_is_not_asked_and_a_cancelled_run_never_r
     assert slurm.acted() == []
 
 
-def test_a_restart_that_cannot_be_planned_says_why_and_leaves_the_requeue_path(slurm, tmp_path,
-                                                                               capsys):
+def test_a_restart_that_cannot_be_planned_says_why_and_leaves_the_requeue_path(
+        slurm, tmp_path, monkeypatch, capsys):
+    """Slurm no longer lists the job's nodes (``NodeList=(null)``): the plan has only the
+    step's own nodes, so no spare, and says so. Slurm's commands gone from the batch host:
+    the restart is given up with the reason, never a traceback."""
     run = make_run(tmp_path)
     bs.cmd_begin(run)
     failed_attempt(run, 1)
-    del slurm.state["nodes"]["n1"]["NodeAddr"]
-    slurm.state["jobs"][JOB]["NodeList"] = "(null)"     # read as the step's own nodes
+    slurm.state["jobs"][JOB]["NodeList"] = "(null)"
     slurm.save()
-    facts = bs._scheduler_facts()
-    facts["nodes"] = ["n1", "n2"]                      # the spare is not in the allocation
-    assert bs.consider_restart(run, 1, 1, None, {"task_exits": []}, facts) is None
-    assert "no in-job restart: " in capsys.readouterr().err
+    facts = {**bs._scheduler_facts(), "nodes": ["n1", "n2"]}
+    killed = {"task_exits": [{"node": "n2", "tasks": "1", "exit_code": None,
+                              "signal": "Killed"}]}
+    assert bs.consider_restart(run, 1, 1, None, killed, facts) is None
+    assert "no in-job restart: no healthy spare left for n2" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert bs.consider_restart(run, 1, 1, None, killed, facts) is None
+    assert "no in-job restart: `scontrol` is not on PATH" in capsys.readouterr().err
 
 
 def test_a_hung_rank_is_left_out_and_its_node_replaced_by_the_spare(slurm, tmp_path,
