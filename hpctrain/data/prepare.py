@@ -187,8 +187,9 @@ class _Encoder:
             except multiprocessing.TimeoutError:
                 if self._worker_pids() != self.started:
                     raise HpcTrainError(
-                        "a tokenizer worker process died (killed, or out of memory?); the "
-                        "output was not written; run again, with fewer --workers (-j)")
+                        "a tokenizer worker process died (killed, out of memory, or it could "
+                        "not load the tokenizer); the output was not written; run again, with "
+                        "--workers 1 to tokenize in this process and see any error it meets")
 
     def map(self, batches) -> Iterator[tuple[list, list]]:
         if self.pool is None:
