@@ -207,6 +207,20 @@ def tool_module(name: str):
     return module
 
 
+def token_corpus(path, docs: int, doc_len: int, *, stride: int = 1, doc_shift: int = 1,
+                 base: int = 0, vocab: int = 200) -> str:
+    """An indexed corpus at ``path`` (its prefix, returned): ``docs`` documents of ``doc_len``
+    tokens, token ``i`` of document ``d`` being ``(i * stride + base + d * doc_shift) % vocab``
+    (every sample can be told from its neighbours)."""
+    import numpy as np
+
+    from hpctrain.data import indexed
+    with indexed.IndexedDatasetWriter(path, np.uint16) as w:
+        for d in range(docs):
+            w.add_document((np.arange(doc_len) * stride + base + d * doc_shift) % vocab)
+    return str(path)
+
+
 def wait_until(predicate, timeout: float = 120, interval: float = 0.5, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
     import time

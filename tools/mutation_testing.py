@@ -236,6 +236,21 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/runtime/test_optimizer_step.py"]),
     # an attempt's records (rank 0's result, a failing rank's, the ledger line), read by
     # every later attempt and by older and newer versions of hpctrain
+    # the validation and test loss: the split's first batches, one reporter per DP replica,
+    # eval mode, stopped on every rank by a signal on any rank or by rank 0's time limit
+    "evaluation": ("hpctrain/runtime/evaluation.py", ["tests/runtime/test_evaluation.py"]),
+    # one run as a user sees it over its attempts: its state from the scheduler, the ledger
+    # and the events; its step, loss, attempts; a damaged run listed, not hiding the others
+    "run_view": ("hpctrain/view/runview.py", [
+        "tests/ops/test_run_state.py", "tests/ops/test_status_and_report_offline.py",
+        "tests/runs/test_summary_cache.py", "tests/runs/test_runs_index.py"]),
+    # the one place Slurm's commands run: their output read (squeue, sacct, scontrol, srun's
+    # task exits, durations), a job id checked before scancel or scontrol acts on it
+    "slurm_commands": ("hpctrain/scheduler/slurm/commands.py", [
+        "tests/scheduler/test_slurm_commands.py", "tests/scheduler/test_slurm_parsers.py",
+        "tests/ops/test_parsers_and_formatting.py",
+        "tests/scheduler/test_node_exclusion.py", "tests/scheduler/test_in_job_restart.py",
+        "tests/scheduler/test_batch_steps_stories.py", "tests/runs/test_runs_and_attempts.py"]),
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),
@@ -699,6 +714,8 @@ EQUIVALENT.update({
 })
 
 _IJ = "hpctrain/scheduler/slurm/in_job_restart.py"
+_SC = "hpctrain/scheduler/slurm/commands.py"
+_EV = "hpctrain/runtime/evaluation.py"
 EQUIVALENT.update({
     (_IJ, "core/ReplaceComparisonOperator_LtE_Eq", "if max_restarts <= 0:"):
         "resilience.max_in_job_restarts is at least 0 (the schema's bound): `== 0` holds "
@@ -868,6 +885,13 @@ EQUIVALENT.update({
      "def open_for_append(path: Path, *, truncate: bool = False) -> int:"):
         "`/` makes the path positional-only and truncate positional-or-keyword: every caller "
         "passes the path by position and truncate by name, which both signatures accept",
+    (_EV, "core/NumberReplacer", "model=mo.model if chunks > 1 else mo.model[0],"):
+        "`chunks > 0`: the list of one model chunk, which megatron-core's schedules without "
+        "interleaving take as that chunk (they unwrap a one-element list)",
+    (_EV, "core/ReplaceComparisonOperator_Eq_LtE", "if i == 0 and self.hooks is not None:"):
+        "the batch index counts from 0: `i <= 0` is `i == 0`",
+    (_SC, "core/NumberReplacer", "h, m, s = 0, nums[0], 0"):
+        "`nums[0]` -> `nums[-1]`: this line reads a lone number, where the first is the last",
     (_RF, "core/NumberReplacer", "entry[1] -= 1"):
         "the reentrant depth is counted, but nothing reads it: the outermost block releases "
         "the lock in its own finally",
@@ -879,7 +903,7 @@ def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = 
     """Why the mutant is equivalent, or None (``in_annotation``: the mutation is inside a
     function signature's annotation; ``before``: the line above, stripped, for the keys of
     lines that are not unique on their own, such as ``continue``: "line above\nline")."""
-    if module in (_FD, _IJ) and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
+    if module in (_FD, _IJ, _SC) and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
             line.startswith("def ") and \
             re.search(r"\(\s*[^*]*,\s*\*,", line) and line.count("*") == 1:
         return ("the `*` that makes the parameters after it keyword-only, made `/` (those before "

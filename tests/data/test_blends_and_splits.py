@@ -16,13 +16,11 @@ from hpctrain.data.splits import parse_split, split_ranges
 from hpctrain.errors import ConfigError, UsageError
 from hpctrain.record.folder import RunFolder as Run
 from hpctrain.submission.checks import check_data
+from tests.conftest import token_corpus
 
 
 def _corpus(path, docs: int, doc_len: int, base: int = 0) -> str:
-    with indexed.IndexedDatasetWriter(path, np.uint16) as w:
-        for d in range(docs):
-            w.add_document((np.arange(doc_len) + base + d) % 200)
-    return str(path)
+    return token_corpus(path, docs, doc_len, base=base)
 
 
 def _job(data: dict, **train) -> object:

@@ -15,13 +15,12 @@ import pytest
 from hpctrain.data import indexed
 from hpctrain.data.gpt_dataset import GPTSamples
 from hpctrain.runtime.batches import _MicrobatchOrder, loss_func, reads_data, step_loss
+from tests.conftest import token_corpus
 
 
 def corpus(path) -> str:
-    with indexed.IndexedDatasetWriter(path, np.uint16) as w:
-        for d in range(40):
-            w.add_document((np.arange(23) * 7 + d * 11) % 251)
-    return str(path)
+    """40 documents of 23 tokens below 251."""
+    return token_corpus(path, 40, 23, stride=7, doc_shift=11, vocab=251)
 
 
 def test_only_tp_rank_0_of_the_stages_that_use_data_reads():

@@ -9,10 +9,11 @@ answer is set by the test (a node DOWN, a job being preempted, a release refused
 real parsers in ``commands`` read the answers, and every command is recorded in the order it
 ran, so a story can say what was done to the job, not only what was printed.
 
-``FakeSlurm(tmp_path, monkeypatch)`` puts ``scontrol``, ``squeue``, ``scancel`` and ``srun``
-first on PATH. ``state`` is a plain dict (jobs, nodes, partitions, steps, failures, the node
-check's answer, the steps a kill cannot end, what a hold changes in the job's record), saved
-with :meth:`save`; :meth:`calls` lists what ran.
+``FakeSlurm(tmp_path, monkeypatch)`` puts ``scontrol``, ``squeue``, ``scancel``, ``srun``,
+``sacct`` and ``sbatch`` first on PATH. ``state`` is a plain dict (jobs, nodes, partitions,
+steps, failures, the node check's answer, the steps a kill cannot end, what a hold changes in
+the job's record, and ``answers``: a tool's canned output, exit code and delay), saved with
+:meth:`save`; :meth:`calls` lists what ran.
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ def fail_if_told(name):
         save()
         sys.stderr.write(message + "\n")
         sys.exit(1)
+
+
+def answer_if_canned():
+    """``state["answers"][tool]``: this tool's canned answer (``out``, ``err``, ``rc``), after
+    ``sleep`` seconds (a command that does not answer in time)."""
+    canned = state.get("answers", {}).get(tool)
+    if canned is None:
+        return
+    import time
+    time.sleep(canned.get("sleep", 0))
+    sys.stdout.write(canned.get("out", ""))
+    sys.stderr.write(canned.get("err", ""))
+    sys.exit(canned.get("rc", 0))
+
+
+answer_if_canned()
 
 
 def job(job_id):
@@ -132,7 +149,7 @@ elif tool == "srun":
 
 
 class FakeSlurm:
-    TOOLS = ("scontrol", "squeue", "scancel", "srun")
+    TOOLS = ("scontrol", "squeue", "scancel", "srun", "sacct", "sbatch")
 
     def __init__(self, folder: Path, monkeypatch, **state) -> None:
         self.folder = Path(folder) / "fake-slurm"
@@ -165,5 +182,5 @@ class FakeSlurm:
 
     def acted(self) -> list[list[str]]:
         """The commands that changed something (not the reading ones)."""
-        return [r for r in self.calls() if r[0] in ("scancel", "srun")
+        return [r for r in self.calls() if r[0] in ("scancel", "srun", "sbatch")
                 or (r[0] == "scontrol" and r[1] != "show")]

@@ -244,12 +244,14 @@ def restart_settings(run: RunFolder):
     return effective_resilience(run.resolved_job(), run.resolved_profile())
 
 
-def restarts_so_far(run: RunFolder, attempt: int) -> list[dict]:
-    """The in-job restarts of this allocation: the ledger's, and the one that began
-    ``attempt`` (its record is not written yet)."""
+def restarts_so_far(run: RunFolder, attempt: int, ledger: list | None = None) -> list[dict]:
+    """The in-job restarts of this allocation: the ledger's (``ledger``: the run's, read here
+    unless the caller read it already), and the one that began ``attempt`` (its record is not
+    written yet)."""
     from ...record.attempt_records import AttemptRecord
-    ledger = [AttemptRecord.from_dict(r) for r in run.ledger() if isinstance(r, dict)]
-    done = in_job_restart.restarts_in_job(ledger, job_id_of_run() or None)
+    records = [AttemptRecord.from_dict(r) for r in (run.ledger() if ledger is None else ledger)
+               if isinstance(r, dict)]
+    done = in_job_restart.restarts_in_job(records, job_id_of_run() or None)
     began = read_restart(run, attempt)
     if began is not None:
         done.append(began)
@@ -323,13 +325,15 @@ def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) ->
                                                  answered)
     preempting = (run.attempt_dir(attempt) / "signal.flag").exists() or \
         info.get("PreemptTime", "None") not in ("None", "", "Unknown")
+    ledger = run.ledger()          # read once: nothing else writes it while the shell decides
+    done = restarts_so_far(run, attempt, ledger)
     plan, note = in_job_restart.plan(
         reason=reason, spare_nodes=settings.spare_nodes,
-        max_restarts=settings.max_in_job_restarts, done=restarts_so_far(run, attempt),
+        max_restarts=settings.max_in_job_restarts, done=done,
         culprits=culprits, why=why, step_nodes=step_nodes, allocation=allocation,
         states=states, time_left_s=(end - time.time()) if end else None,
         lead_time_s=profile.preemption.lead_time_s,
-        restart_cost_s=newest_recovery_s(run.ledger(), restarts_only=True),
+        restart_cost_s=newest_recovery_s(ledger, restarts_only=True),
         preempting=preempting)
     if plan is None:
         print(f"[hpctrain] no in-job restart: {note}", file=sys.stderr)
@@ -359,7 +363,7 @@ def _consider_restart(run, attempt, code, verdict, evidence, facts, settings) ->
         return None
     run.event("node_check", attempt=attempt, nodes=check_nodes, passed=True,
               output=out[-500:])
-    budget = len(restarts_so_far(run, attempt)) + 1
+    budget = len(done) + 1
     decision = Decision(False, f"{plan.describe()}; in-job restart {budget} of "
                                f"{settings.max_in_job_restarts}", in_job=True)
     return Restart(plan, decision, failed_at, overlap=bool(stale))

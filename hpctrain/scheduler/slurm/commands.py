@@ -84,25 +84,29 @@ def squeue(job_ids: list[str]) -> list[QueueEntry]:
 
 
 def parse_duration(text: str) -> int | None:
-    """Slurm's durations (squeue %M/%l, sacct Elapsed: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``)
-    -> seconds; None for ``UNLIMITED``, ``N/A``, ``INVALID`` and anything else unreadable."""
+    """Slurm's durations (squeue %M/%l, sacct Elapsed: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``),
+    read by the whole grammar of its time values (``minutes``, ``minutes:seconds``,
+    ``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes``,
+    ``days-hours:minutes:seconds``) -> seconds; None for ``UNLIMITED``, ``N/A``, ``INVALID``
+    and anything else unreadable."""
     text = (text or "").strip()
-    days = 0
+    days = None
     if "-" in text:
         head, text = text.split("-", 1)
         if not head.isdigit():
             return None
         days = int(head)
     parts = text.split(":")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    if len(parts) > 3 or not all(p.isdigit() for p in parts):
         return None
     nums = [int(p) for p in parts]
-    if days and len(nums) < 3:
-        nums += [0] * (3 - len(nums))  # "1-02" is one day two hours
-        h, m, s = nums
+    if days is not None:         # after a day count, the fields start at the hours
+        h, m, s = nums + [0] * (3 - len(nums))
+    elif len(nums) == 1:         # a lone number is minutes
+        h, m, s = 0, nums[0], 0
     else:
         h, m, s = [0] * (3 - len(nums)) + nums
-    return ((days * 24 + h) * 60 + m) * 60 + s
+    return (((days or 0) * 24 + h) * 60 + m) * 60 + s
 
 
 # ---- sacct ----------------------------------------------------------------------------------
