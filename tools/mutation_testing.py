@@ -716,6 +716,9 @@ EQUIVALENT.update({
 _IJ = "hpctrain/scheduler/slurm/in_job_restart.py"
 _SC = "hpctrain/scheduler/slurm/commands.py"
 _EV = "hpctrain/runtime/evaluation.py"
+_RV = "hpctrain/view/runview.py"
+_DETAIL = ("this line runs only for STOPPED or FINISHED, the constants `state` returns: `is` "
+           "and `==` agree, and of the two only STOPPED is `>=` STOPPED")
 EQUIVALENT.update({
     (_IJ, "core/ReplaceComparisonOperator_LtE_Eq", "if max_restarts <= 0:"):
         "resilience.max_in_job_restarts is at least 0 (the schema's bound): `== 0` holds "
@@ -890,6 +893,15 @@ EQUIVALENT.update({
         "interleaving take as that chunk (they unwrap a one-element list)",
     (_EV, "core/ReplaceComparisonOperator_Eq_LtE", "if i == 0 and self.hooks is not None:"):
         "the batch index counts from 0: `i <= 0` is `i == 0`",
+    (_RV, "core/ReplaceComparisonOperator_Eq_GtE",
+     "return f\"{last.get('exit_reason')}: {reason}\" if self.state == STOPPED else \"\""): _DETAIL,
+    (_RV, "core/ReplaceComparisonOperator_Eq_Is",
+     "return f\"{last.get('exit_reason')}: {reason}\" if self.state == STOPPED else \"\""): _DETAIL,
+    (_RV, "core/ReplaceAndWithOr", "if self.ledger and self.state in (STOPPED, FINISHED):"):
+        "`state` is STOPPED or FINISHED only with a ledger, and with a ledger in any other "
+        "state (CANCELLED, NOT SUBMITTED) the line below gives \"\" as the fall-through does",
+    (_RV, "core/NumberReplacer", "view = build_views([run])[0]"):
+        "`[0]` -> `[-1]`: one run, one view",
     (_SC, "core/NumberReplacer", "h, m, s = 0, nums[0], 0"):
         "`nums[0]` -> `nums[-1]`: this line reads a lone number, where the first is the last",
     (_RF, "core/NumberReplacer", "entry[1] -= 1"):

@@ -3,9 +3,14 @@ cancel and a later resume (the contract between `hpctrain cancel/resume` and the
 
 from __future__ import annotations
 
+import pytest
+
+from hpctrain.record.files import RunFileError
 from hpctrain.scheduler.slurm import batch_steps
+from hpctrain.scheduler.slurm.commands import parse_squeue
 from hpctrain.scheduler.backend import JobState
-from hpctrain.view.runview import RunView
+from hpctrain.view.runview import DamagedView, RunView, build_view
+from tests.conftest import REPO
 from tests.ops.helpers import crafted_run, record
 
 
@@ -26,6 +31,41 @@ def test_running_job_wins_over_the_pending_chained_one(tmp_path):
     assert (v.state, v.current_job.job_id, v.state_detail) == ("RUNNING", "41", "")
     v = view(run, [JobState("41", "COMPLETED"), JobState("42", "PENDING", "Dependency")])
     assert (v.state, v.current_job.job_id, v.state_detail) == ("PENDING", "42", "Dependency")
+
+
+def test_the_running_job_is_current_wherever_the_queue_lists_it(tmp_path):
+    """squeue lists a pending job before a running one (its captured answer): the run is
+    running, on the running job."""
+    run = crafted_run(tmp_path)
+    listed = parse_squeue((REPO / "tests" / "fixtures" / "slurm" /
+                           "squeue_running_pending.txt").read_text())
+    assert [e.state for e in listed] == ["PENDING", "RUNNING"]
+    v = view(run, [JobState(e.job_id, e.state, e.reason, e.nodes) for e in listed])
+    assert (v.state, v.current_job.job_id, v.state_detail) == ("RUNNING", "16", "")
+
+
+def test_the_last_event_is_the_newest(tmp_path):
+    run = crafted_run(tmp_path, events=[{"event": "cancel", "time": "2026-11-29T01:00:00"},
+                                        {"event": "resume", "time": "2026-11-29T02:00:00"}])
+    v = view(run)
+    assert v.last_event["event"] == "resume"
+    summary = v.summary()
+    assert (summary["last_event"], summary["last_event_time"]) == ("resume",
+                                                                   "2026-11-29T02:00:00")
+
+
+def test_one_run_s_view_names_its_damaged_file_unless_the_damage_is_wanted(tmp_path):
+    """What acts on one run (status, cancel, resume) needs its records: a damaged one is an
+    error naming the file; a listing asks for the damage itself and shows the run DAMAGED."""
+    run = crafted_run(tmp_path)
+    assert type(build_view(run)) is RunView and type(build_view(run, damaged_ok=True)) is RunView
+    run.run_file.write_text("name: [unclosed\n")
+    with pytest.raises(RunFileError) as e:
+        build_view(run)
+    assert "run.yaml" in str(e.value)
+    damaged = build_view(run, damaged_ok=True)
+    assert isinstance(damaged, DamagedView) and damaged.state == "DAMAGED"
+    assert damaged.state_detail.startswith("run.yaml: ")
 
 
 def test_finished_stopped_and_the_step_reached(tmp_path):
