@@ -244,6 +244,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "run_view": ("hpctrain/view/runview.py", [
         "tests/ops/test_run_state.py", "tests/ops/test_status_and_report_offline.py",
         "tests/runs/test_summary_cache.py", "tests/runs/test_runs_index.py"]),
+    # GPU-hours a run used over its attempts and requeues: Slurm's accounting for many runs
+    # in one call, else each attempt's time on the ranks it ran
+    "gpu_hours": ("hpctrain/view/cost.py", [
+        f"tests/ops/test_gpu_hours.py::test_{name}" for name in (
+            "without_accounting_the_ledger_times_the_ranks",
+            "one_accounting_call_costs_many_runs_and_the_others_fall_back_to_their_ledgers",
+            "the_ledger_counts_each_attempt_on_the_ranks_it_ran")]),
     # the one place Slurm's commands run: their output read (squeue, sacct, scontrol, srun's
     # task exits, durations), a job id checked before scancel or scontrol acts on it
     "slurm_commands": ("hpctrain/scheduler/slurm/commands.py", [
@@ -891,6 +898,16 @@ EQUIVALENT.update({
     (_EV, "core/NumberReplacer", "model=mo.model if chunks > 1 else mo.model[0],"):
         "`chunks > 0`: the list of one model chunk, which megatron-core's schedules without "
         "interleaving take as that chunk (they unwrap a one-element list)",
+    (_EV, "core/ReplaceComparisonOperator_Lt_NotEq",
+     "batch_s if i + 1 < self.iters else 0.0)"):
+        "`i + 1` runs from 1 to `iters`: below `iters` is not equal to it",
+    (_EV, "core/ReplaceComparisonOperator_Lt_NotEq",
+     "if signal or (deadline and i + 1 < self.iters):"):
+        "`i + 1` runs from 1 to `iters`: below `iters` is not equal to it",
+    (_EV, "core/ReplaceComparisonOperator_Eq_GtE",
+     "f\"{'a preemption signal' if stopped_by == 'signal' else 'the time limit'}\")"):
+        "an evaluation without a loss was stopped by \"signal\" or \"deadline\", and "
+        "\"deadline\" < \"signal\": `>=` is `==` here",
     (_EV, "core/ReplaceComparisonOperator_Eq_LtE", "if i == 0 and self.hooks is not None:"):
         "the batch index counts from 0: `i <= 0` is `i == 0`",
     (_RV, "core/ReplaceComparisonOperator_Eq_GtE",

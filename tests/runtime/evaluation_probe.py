@@ -152,6 +152,16 @@ def one_layout(name: str, prefix: str, out: Path, renv) -> None:
             "stage": ps.get_pipeline_model_parallel_rank(), "filled": filled,
             "kinds": sorted(ev.feeders), "reports_loss": ev.reports_loss,
             "due": [ev.due(s) for s in range(1, 7)], "built_log": list(logged)}
+    if renv.world_size == 1:
+        # what ends a test hook's hold: the batch shell's flag file, or a file the test makes
+        released = [ev.released()]
+        (out / "hold-release").touch()
+        released.append(ev.released())
+        (out / "hold-release").unlink()
+        flag.check_file = lambda: True
+        released.append(ev.released())
+        flag.check_file = lambda: False
+        seen["released"] = released
     if renv.world_size == 1:      # jobs that evaluate less: no model run needed
         for case, train in (("none", {"eval_interval": None, "eval_at_end": False}),
                             ("test_only", {"eval_interval": None, "eval_at_end": True})):

@@ -120,6 +120,7 @@ def test_one_rank_s_loss_is_the_mean_token_loss_of_the_split_s_first_batches(one
     # a job that evaluates nothing has no evaluator; one with a test at the end only is
     # never due for validation
     assert seen["none"] is None
+    assert seen["released"] == [False, True, True]   # the release file, the flag file
     assert seen["test_only"] == {"kinds": ["test"], "due": [False] * 6}
 
 
