@@ -25,7 +25,9 @@ SAMPLES = ITERS * BATCH["global_batch_size"]        # what one evaluation reads
 def _probe(tmp_path, world: int, layouts) -> dict:
     from tests.launch import Launch
     from tests.runtime.conftest import _explain
-    prefix = token_corpus(tmp_path / "corpus", 40, 23, stride=7, doc_shift=11, vocab=251)
+    # 200 documents: the validation and test splits hold about 14 samples each, so the first
+    # global batches of 8 differ (with fewer, every batch would hold the same few samples)
+    prefix = token_corpus(tmp_path / "corpus", 200, 23, stride=7, doc_shift=11, vocab=251)
     out = tmp_path / "out"
     out.mkdir()
     res = Launch(tmp_path, world, module="tests.runtime.evaluation_probe",
