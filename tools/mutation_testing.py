@@ -250,7 +250,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         f"tests/ops/test_gpu_hours.py::test_{name}" for name in (
             "without_accounting_the_ledger_times_the_ranks",
             "one_accounting_call_costs_many_runs_and_the_others_fall_back_to_their_ledgers",
-            "the_ledger_counts_each_attempt_on_the_ranks_it_ran")]),
+            "the_ledger_counts_each_attempt_on_the_ranks_it_ran",
+            "without_sacct_every_run_is_costed_from_its_ledger",
+            "accounting_rows_count_gpus_per_incarnation")]),
     # the one place Slurm's commands run: their output read (squeue, sacct, scontrol, srun's
     # task exits, durations), a job id checked before scancel or scontrol acts on it
     "slurm_commands": ("hpctrain/scheduler/slurm/commands.py", [
@@ -724,6 +726,7 @@ _IJ = "hpctrain/scheduler/slurm/in_job_restart.py"
 _SC = "hpctrain/scheduler/slurm/commands.py"
 _EV = "hpctrain/runtime/evaluation.py"
 _RV = "hpctrain/view/runview.py"
+_GH = "hpctrain/view/cost.py"
 _DETAIL = ("this line runs only for STOPPED or FINISHED, the constants `state` returns: `is` "
            "and `==` agree, and of the two only STOPPED is `>=` STOPPED")
 EQUIVALENT.update({
@@ -919,6 +922,18 @@ EQUIVALENT.update({
         "state (CANCELLED, NOT SUBMITTED) the line below gives \"\" as the fall-through does",
     (_RV, "core/NumberReplacer", "view = build_views([run])[0]"):
         "`[0]` -> `[-1]`: one run, one view",
+    (_SC, "core/ReplaceAndWithOr",
+     'elif key == "State" and name is not None and name not in states:'):
+        "every node's record in `scontrol show node` has one State=: a key before it that "
+        "either `or` writes in its place is overwritten by it, and none after it is written",
+    (_GH, "core/ReplaceComparisonOperator_Eq_GtE",
+     'ids = [j["job_id"] for j in meta.get("jobs", []) if j.get("kind", "train") == "train"]'):
+        "a job's kind is `train` or `preflight` (hpctrain records no other), and `preflight` "
+        "sorts before `train`: `>=` holds for `train` alone",
+    (_GH, "core/NumberReplacer", 'int(meta_of[run.path].get("world_size") or 0))'):
+        "`or 0` -> `or -1`: the ledger counts no attempt on ranks known nowhere, 0 or -1 alike",
+    (_GH, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
+        "nothing assigns to a GpuHours: `frozen` only guards against it",
     (_SC, "core/NumberReplacer", "h, m, s = 0, nums[0], 0"):
         "`nums[0]` -> `nums[-1]`: this line reads a lone number, where the first is the last",
     (_RF, "core/NumberReplacer", "entry[1] -= 1"):

@@ -29,7 +29,8 @@ class GpuHours:
 
 
 def ledger_gpu_seconds(ledger: list[dict], world_size: int) -> float | None:
-    """Each attempt's duration times its ranks (the run's world size when not recorded)."""
+    """Each attempt's duration times its ranks (the run's world size when not recorded; an
+    attempt on ranks known nowhere is not guessed at: None when no attempt is left)."""
     total, any_attempt = 0.0, False
     for rec in ledger:
         duration = rec.get("duration_s")
@@ -39,6 +40,8 @@ def ledger_gpu_seconds(ledger: list[dict], world_size: int) -> float | None:
                 continue
             duration = end - start
         ranks = rec.get("world_size") if isinstance(rec.get("world_size"), int) else world_size
+        if ranks <= 0:      # how many ranks it ran on is not known (a run.yaml edited by hand)
+            continue
         total += max(0.0, float(duration)) * ranks
         any_attempt = True
     return total if any_attempt else None

@@ -52,50 +52,71 @@ def test_accounting_rows_count_gpus_per_incarnation():
 
 def test_one_accounting_call_costs_many_runs_and_the_others_fall_back_to_their_ledgers(
         tmp_path, monkeypatch):
-    """Three runs in one listing: one whose jobs Slurm accounts for (a requeued job, two
-    incarnations, and its preflight job, which is not training), one whose job sacct no longer
+    """Four runs in one listing: one whose jobs Slurm accounts for (a requeued job, two
+    incarnations, and its preflight job, which is not training), one on a cluster whose
+    accounting tracks no GPUs (its ranks then, one per GPU), one whose job sacct no longer
     knows (its ledger's times then), one that never ran. One sacct call, for the training
     jobs."""
     slurm = FakeSlurm(tmp_path, monkeypatch)
     slurm.state["answers"] = {"sacct": {"out": "JobID|ElapsedRaw|AllocTRES\n"
                                                "41|100|cpu=2,gres/gpu=2,node=1\n"
                                                "41|50|cpu=2,gres/gpu=2,node=1\n"
-                                               "42|999|cpu=2,gres/gpu=2,node=1\n"}}
+                                               "42|999|cpu=2,gres/gpu=2,node=1\n"
+                                               "43|10|cpu=2,node=1\n"}}
     slurm.save()
     root = tmp_path / "runs"
     accounted = crafted_run(root, ledger=[record(1, 0, 10, "preempted", True, job_id="41"),
                                           record(2, 10, 30, "finished", False, job_id="41")])
     accounted.add_job_id("41")
     accounted.add_job_id("42", kind="preflight")
+    cpus_only = crafted_run(root)
+    cpus_only.add_job_id("43")
     forgotten = crafted_run(root, ledger=[record(1, 0, 30, "finished", False, job_id="55")])
     forgotten.add_job_id("55")
     never = crafted_run(root)
-    usage = gpu_hours_of_runs([accounted, forgotten, never])
+    usage = gpu_hours_of_runs([accounted, cpus_only, forgotten, never])
     assert usage[accounted.path] == GpuHours(150 * 2 / 3600, ACCOUNTING)
+    assert usage[cpus_only.path] == GpuHours(10 * cpus_only.meta()["world_size"] / 3600,
+                                             ACCOUNTING)
     ranks = forgotten.meta()["world_size"]
     assert usage[forgotten.path] == GpuHours(65.0 * ranks / 3600, LEDGER)
     assert usage[never.path] == GpuHours(None, None)
     (call,) = slurm.calls("sacct")
-    assert call[-2:] == ["-j", "41,55"]
+    assert call[-2:] == ["-j", "41,43,55"]
     assert GpuHours(1 / 3, ACCOUNTING).to_json() == {"gpu_hours": 0.3333,
                                                      "gpu_hours_source": "slurm accounting"}
     assert GpuHours(None, None).to_json() == {"gpu_hours": None, "gpu_hours_source": None}
-    # where there is no sacct at all, every run is costed from its ledger
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert gpu_hours_of_runs([accounted])[accounted.path] == GpuHours(
-        2 * 65.0 * accounted.meta()["world_size"] / 3600, LEDGER)
+    # a run.yaml without its world size (edited by hand): the GPUs Slurm accounted still
+    # count; rows without a GPU resource, and the ledger's attempts, are not guessed at
+    for run in (accounted, cpus_only, forgotten):
+        run.update_meta(world_size=None)
+    usage = gpu_hours_of_runs([accounted, cpus_only, forgotten])
+    assert usage[accounted.path] == GpuHours(150 * 2 / 3600, ACCOUNTING)
+    assert usage[cpus_only.path] == usage[forgotten.path] == GpuHours(None, None)
+
+
+def test_without_sacct_every_run_is_costed_from_its_ledger(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))                   # no Slurm command here
+    run = crafted_run(tmp_path / "runs", ledger=[record(1, 0, 30, "finished", False)])
+    run.add_job_id("41")
+    assert gpu_hours_of_runs([run])[run.path] == GpuHours(
+        65.0 * run.meta()["world_size"] / 3600, LEDGER)
 
 
 def test_the_ledger_counts_each_attempt_on_the_ranks_it_ran():
-    ledger = [{"duration_s": 100.0, "world_size": 2},        # resumed on 2 ranks
+    ledger = [{"start_time": 1000.0},                        # never ended: not counted
+              {"duration_s": 100.0, "world_size": 2},        # resumed on 2 ranks
               {"start_time": 1000.0, "end_time": 1030.0},    # no duration: its times
-              {"start_time": 1000.0},                        # never ended: not counted
               {"duration_s": -5.0},                          # a clock stepped back: nothing
               {"duration_s": "60", "world_size": 8}]         # not a number, no times: skipped
     assert ledger_gpu_seconds(ledger, 4) == 100.0 * 2 + 30.0 * 4
     assert ledger_gpu_seconds([{"duration_s": -5.0}], 4) == 0.0     # it ran, for no time
     assert ledger_gpu_seconds([{"start_time": 1000.0}], 4) is None  # nothing ended
     assert ledger_gpu_seconds([], 4) is None
+    # ranks known nowhere (no world size in the record nor in run.yaml): not guessed
+    assert ledger_gpu_seconds([{"duration_s": 100.0}], 0) is None
+    assert ledger_gpu_seconds([{"duration_s": 100.0}, {"duration_s": 10.0, "world_size": 2}],
+                              0) == 20.0
 
 
 @pytest.mark.slurm

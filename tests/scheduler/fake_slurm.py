@@ -72,8 +72,9 @@ def fail_if_told(name):
 
 
 def answer_if_canned():
-    """``state["answers"][tool]``: this tool's canned answer (``out``, ``err``, ``rc``), after
-    ``sleep`` seconds (a command that does not answer in time)."""
+    """``state["answers"][tool]``: this tool's canned answer (``out``, ``err``, ``rc``, or
+    ``signal``: the number it is killed by), after ``sleep`` seconds (a command that does not
+    answer in time)."""
     canned = state.get("answers", {}).get(tool)
     if canned is None:
         return
@@ -81,6 +82,10 @@ def answer_if_canned():
     time.sleep(canned.get("sleep", 0))
     sys.stdout.write(canned.get("out", ""))
     sys.stderr.write(canned.get("err", ""))
+    if canned.get("signal"):             # killed by a signal (the OOM killer, a timeout)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), canned["signal"])
     sys.exit(canned.get("rc", 0))
 
 

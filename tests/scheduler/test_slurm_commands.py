@@ -45,6 +45,9 @@ def test_a_refusal_says_what_slurm_said_or_its_exit_code(slurm):
     with pytest.raises(SubmissionError, match=r"^scancel failed with exit code 3$"):
         commands.run(["scancel", "41"])
     assert commands.run(["scancel", "41"], check=False).returncode == 3   # asked not to check
+    _answer(slurm, "scancel", signal=9)             # killed: Python says -9
+    with pytest.raises(SubmissionError, match=r"^scancel failed with exit code -9$"):
+        commands.run(["scancel", "41"])
 
 
 def test_a_command_that_is_not_installed_says_where_slurm_is(slurm, monkeypatch):

@@ -35,7 +35,9 @@ def accounted_seconds(rows: list[dict], ranks_of_job: dict[str, int]) -> dict[st
         except ValueError:
             continue
         gpus = gpus_of_tres(row.get("AllocTRES", ""), ranks_of_job[job_id])
-        out[job_id] = out.get(job_id, 0.0) + elapsed * (gpus or 0)
+        if not gpus:       # no GPU resource, and the job's ranks not known: not guessed at
+            continue
+        out[job_id] = out.get(job_id, 0.0) + elapsed * gpus
     return out
 
 
