@@ -108,8 +108,10 @@ def test_the_ledger_counts_each_attempt_on_the_ranks_it_ran():
               {"duration_s": 100.0, "world_size": 2},        # resumed on 2 ranks
               {"start_time": 1000.0, "end_time": 1030.0},    # no duration: its times
               {"duration_s": -5.0},                          # a clock stepped back: nothing
-              {"duration_s": "60", "world_size": 8}]         # not a number, no times: skipped
-    assert ledger_gpu_seconds(ledger, 4) == 100.0 * 2 + 30.0 * 4
+              {"duration_s": "60", "world_size": 8},         # not a number, no times: skipped
+              {"duration_s": 50.0, "world_size": -2},        # ranks edited to nonsense: skipped
+              {"duration_s": 7.0, "world_size": 1}]          # one rank
+    assert ledger_gpu_seconds(ledger, 4) == 100.0 * 2 + 30.0 * 4 + 7.0
     assert ledger_gpu_seconds([{"duration_s": -5.0}], 4) == 0.0     # it ran, for no time
     assert ledger_gpu_seconds([{"start_time": 1000.0}], 4) is None  # nothing ended
     assert ledger_gpu_seconds([], 4) is None
