@@ -928,8 +928,7 @@ EQUIVALENT.update({
         "either `or` writes in its place is overwritten by it, and none after it is written",
     (_GH, "core/ReplaceComparisonOperator_Eq_GtE",
      'ids = [j["job_id"] for j in meta.get("jobs", []) if j.get("kind", "train") == "train"]'):
-        "a job's kind is `train` or `preflight` (hpctrain records no other), and `preflight` "
-        "sorts before `train`: `>=` holds for `train` alone",
+        _KINDS,
     (_GH, "core/NumberReplacer", 'int(meta_of[run.path].get("world_size") or 0))'):
         "`or 0` -> `or -1`: the ledger counts no attempt on ranks known nowhere, 0 or -1 alike",
     (_GH, "core/ReplaceTrueWithFalse", "@dataclass(frozen=True)"):
