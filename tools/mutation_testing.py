@@ -260,6 +260,20 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/ops/test_parsers_and_formatting.py",
         "tests/scheduler/test_node_exclusion.py", "tests/scheduler/test_in_job_restart.py",
         "tests/scheduler/test_batch_steps_stories.py", "tests/runs/test_runs_and_attempts.py"]),
+    # saving and resuming across the ranks and attempts of a run: background saves published
+    # one at a time, pruning, a resume that gives back the state, damaged checkpoints set
+    # aside (caught before or while loading), another run's folder refused on every rank
+    "checkpoint_manager": ("hpctrain/runtime/checkpoint/manager.py", [
+        "tests/runtime/test_checkpointer.py", "tests/runtime/test_rank0_errors.py",
+        "tests/runtime/test_save_faults.py"]),
+    # what a checkpoint holds and getting it back into a fresh model and optimizer: the
+    # distributed optimizer's two formats, megatron-core's four fixes, Adam's step count
+    "checkpoint_state": ("hpctrain/runtime/checkpoint/state.py", [
+        "tests/runtime/test_checkpointer.py", "tests/runtime/test_optimizer_step.py"]),
+    # what a person does to a run by hand: cancel (recorded first, every live job of every
+    # kind), requeue in place or by a new job, resume elsewhere or for more steps, refusals
+    # that change nothing
+    "ops_control": ("hpctrain/ops/control.py", ["tests/ops/test_control_stories.py"]),
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),
@@ -727,6 +741,15 @@ _SC = "hpctrain/scheduler/slurm/commands.py"
 _EV = "hpctrain/runtime/evaluation.py"
 _RV = "hpctrain/view/runview.py"
 _GH = "hpctrain/view/cost.py"
+_CM = "hpctrain/runtime/checkpoint/manager.py"
+_OC = "hpctrain/ops/control.py"
+_CS = "hpctrain/runtime/checkpoint/state.py"
+_MODEL_KEY = ("with one model chunk the section is `model` or `model0`: a name in memory only "
+              "(the stored keys are the tensors' own), made by this one function for the save "
+              "and the load alike; with two chunks `< 1` and `<= 1` keep `model0`, `model1`")
+_FORMATS = ("the formats are dp_reshardable and fully_reshardable, and only the fully "
+            "reshardable save calls the wrapped gather: `<=` adds dp_reshardable, which never "
+            "calls it; `>=` keeps fully_reshardable alone")
 _DETAIL = ("this line runs only for STOPPED or FINISHED, the constants `state` returns: `is` "
            "and `==` agree, and of the two only STOPPED is `>=` STOPPED")
 EQUIVALENT.update({
@@ -938,6 +961,52 @@ EQUIVALENT.update({
     (_RF, "core/NumberReplacer", "entry[1] -= 1"):
         "the reentrant depth is counted, but nothing reads it: the outermost block releases "
         "the lock in its own finally",
+    (_CS, "core/ReplaceComparisonOperator_Eq_Lt",
+     'return "model" if chunks == 1 else f"model{index}"'): _MODEL_KEY,
+    (_CS, "core/ReplaceComparisonOperator_Eq_LtE",
+     'return "model" if chunks == 1 else f"model{index}"'): _MODEL_KEY,
+    (_CS, "core/ReplaceComparisonOperator_Eq_LtE",
+     'if _is_distributed(o) and fmt == "fully_reshardable":'): _FORMATS,
+    (_CS, "core/ReplaceComparisonOperator_Eq_GtE",
+     'if _is_distributed(o) and fmt == "fully_reshardable":'): _FORMATS,
+    (_CS, "core/ReplaceComparisonOperator_Eq_LtE",
+     "if _is_distributed(o) and len(o.optimizer.state) == 0:"):
+        "a length is never negative: `<= 0` is `== 0`",
+    (_CS, "core/ReplaceComparisonOperator_Eq_GtE",
+     "if _is_distributed(o) and len(o.optimizer.state) == 0:"):
+        "the dummy state is only somewhere to load into: the load that follows fills every "
+        "tensor of it, and Adam's count is set from hpctrain's own after",
+    (_CS, "core/ReplaceOrWithAnd", 'if not state or kwargs.get("empty_data"):'):
+        "hpctrain never asks for megatron-core's memory-efficient gather, so the state comes "
+        "back on every rank (never empty), and the save never passes `empty_data`: neither "
+        "side is ever true, with `or` or `and`",
+    (_OC, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "extends = new_job is not None and new_job.train.steps > (view.step or 0)"):
+        "the new job's train.steps is never below the step reached: an override of it at or "
+        "below is refused just before, and any other override keeps the steps the run had, "
+        "which it never passes",
+    (_OC, "core/ReplaceBinaryOperator_Add_Sub",
+     'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'):
+        "this line is reached only with a step reached of at least 1 (train.steps is at least "
+        "1), where 2 × reached is above reached − 1 as it is at or above reached + 1",
+    (_OC, "core/NumberReplacer",
+     "next_attempt: int = 1            # the first attempt the new job can start (to follow it)"):
+        "`next_attempt` is read only for a resubmission, which always passes it: the default "
+        "(an in-place requeue's) is never read",
+    (_CM, "core/ReplaceTrueWithFalse",
+     "progress=None, delay: float = 0.0, page_locked: bool = True):"):
+        "the one caller (`_save`) passes `page_locked` by name every time: the default is "
+        "never used",
+    (_CM, "core/ReplaceComparisonOperator_NotEq_Gt", 'if manifest.get("kind", "full") != "full":'):
+        "a manifest's kind is `full` or `weights` (a weights-only export), and `weights` sorts "
+        "after `full`: `>` refuses exactly what `!=` does",
+    (_CM, "core/ReplaceComparisonOperator_Eq_LtE",
+     'if want_distopt and fmt == "dp_reshardable" and \\'):
+        "the formats are dp_reshardable and fully_reshardable: only dp_reshardable sorts at or "
+        "before dp_reshardable",
+    (_CM, "core/NumberReplacer", 'self.read_stats["host_memory_wait_s"] = round(arena_wait, 3)'):
+        "a load runs only at a resume, before the first step, and page-locking starts after "
+        "the first step: the wait is the call's own microseconds, 0 at 2 or 4 decimals too",
 })
 
 

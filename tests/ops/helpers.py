@@ -100,10 +100,12 @@ def record(attempt: int, start: int, end: int, reason: str, requeue: bool, *, jo
             "last_loss": 2.5, "decision": {"requeue": requeue, "reason": why or reason}}
 
 
-def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(), steps=30) -> RunFolder:
-    """A run folder written by hand (no job): what a run looks like after its attempts."""
+def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(), steps=30,
+                profile=None) -> RunFolder:
+    """A run folder written by hand (no job): what a run looks like after its attempts
+    (``profile``: dev-slurm's one node of 2 ranks unless given)."""
     from hpctrain.record.files import append_jsonl
-    run = ops_run(root, ops_resolved(ops_profile(ranks_per_node=2), steps=steps))
+    run = ops_run(root, ops_resolved(profile or ops_profile(ranks_per_node=2), steps=steps))
     for r in ledger:
         run.append_ledger(r)
     for m in metrics:

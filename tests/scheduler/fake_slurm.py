@@ -10,7 +10,8 @@ real parsers in ``commands`` read the answers, and every command is recorded in 
 ran, so a story can say what was done to the job, not only what was printed.
 
 ``FakeSlurm(tmp_path, monkeypatch)`` puts ``scontrol``, ``squeue``, ``scancel``, ``srun``,
-``sacct`` and ``sbatch`` first on PATH. ``state`` is a plain dict (jobs, nodes, partitions,
+``sacct`` and ``sbatch`` first on PATH (``sbatch`` queues a pending job under the next id,
+from ``next_job_id``). ``state`` is a plain dict (jobs, nodes, partitions,
 steps, failures, the node check's answer, the steps a kill cannot end, what a hold changes in
 the job's record, and ``answers``: a tool's canned output, exit code and delay), saved with
 :meth:`save`; :meth:`calls` lists what ran.
@@ -135,17 +136,29 @@ elif tool == "squeue":
                 print(f"{step} {nodes}" if "%N" in args[args.index("-o") + 1] else step)
         print(f"{job_id}.batch {expand(job(job_id)['NodeList'])[0]}")
     else:
-        j = job(job_id)
-        print("|".join([job_id, "hpctrain", j.get("JobState", "RUNNING"), "None",
-                        j.get("Partition", "debug"), j.get("NodeList", ""),
-                        j.get("NumNodes", "1"), "0:02", "5:00", "2026-11-25T22:23:51",
-                        j.get("EndTime", "Unknown")]))
+        # every job asked about that Slurm still knows; none known: Slurm's refusal
+        known = [i for i in job_id.split(",") if i.split("_")[0] in state["jobs"]]
+        if not known:
+            job(job_id)
+        for i in known:
+            j = job(i)
+            print("|".join([i, "hpctrain", j.get("JobState", "RUNNING"), j.get("Reason", "None"),
+                            j.get("Partition", "debug"), j.get("NodeList", ""),
+                            j.get("NumNodes", "1"), "0:02", "5:00", "2026-11-25T22:23:51",
+                            j.get("EndTime", "Unknown")]))
 elif tool == "scancel":
     fail_if_told("scancel")
     for step in [a for a in args if not a.startswith("-")]:
         if step not in state.get("stuck", []):    # a step on a node Slurm lost stays listed
             state.get("steps", {}).pop(step, None)
     save()
+elif tool == "sbatch":     # queued under the next id, pending
+    fail_if_told("sbatch")
+    new_id = str(state.get("next_job_id", 100))
+    state["next_job_id"] = int(new_id) + 1
+    state["jobs"][new_id] = {"JobState": "PENDING", "Reason": "Priority"}
+    save()
+    print(f"Submitted batch job {new_id}")
 elif tool == "srun":
     answer = state.get("srun", {"rc": 0, "out": "node check passed"})
     print(answer["out"])
