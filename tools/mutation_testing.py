@@ -743,6 +743,8 @@ _RV = "hpctrain/view/runview.py"
 _GH = "hpctrain/view/cost.py"
 _CM = "hpctrain/runtime/checkpoint/manager.py"
 _OC = "hpctrain/ops/control.py"
+_REACHED = ("this line is reached only with a step reached of at least 1 (train.steps is at "
+            "least 1), where 2 × reached is at or above reached + 1, reached − 1 and reached")
 _CS = "hpctrain/runtime/checkpoint/state.py"
 _MODEL_KEY = ("with one model chunk the section is `model` or `model0`: a name in memory only "
               "(the stored keys are the tensors' own), made by this one function for the save "
@@ -965,6 +967,13 @@ EQUIVALENT.update({
      'return "model" if chunks == 1 else f"model{index}"'): _MODEL_KEY,
     (_CS, "core/ReplaceComparisonOperator_Eq_LtE",
      'return "model" if chunks == 1 else f"model{index}"'): _MODEL_KEY,
+    (_CS, "core/ReplaceContinueWithBreak", 'if "param" not in world:\ncontinue'):
+        "megatron-core's gathered state has one entry per buffer's dtype, and a buffer has one "
+        "dtype: the loop runs once, with its `param` (the guard is for other shapes of that "
+        "state), so `break` and `continue` end it alike",
+    (_CS, "core/NumberReplacer", 'return "model" if chunks == 1 else f"model{index}"'):
+        "`1` -> `0` (a surviving mutant of this line; `1` -> `2` gives two chunks one name, "
+        "which the two-chunk story kills): " + _MODEL_KEY,
     (_CS, "core/ReplaceComparisonOperator_Eq_LtE",
      'if _is_distributed(o) and fmt == "fully_reshardable":'): _FORMATS,
     (_CS, "core/ReplaceComparisonOperator_Eq_GtE",
@@ -986,9 +995,13 @@ EQUIVALENT.update({
         "below is refused just before, and any other override keeps the steps the run had, "
         "which it never passes",
     (_OC, "core/ReplaceBinaryOperator_Add_Sub",
-     'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'):
-        "this line is reached only with a step reached of at least 1 (train.steps is at least "
-        "1), where 2 × reached is above reached − 1 as it is at or above reached + 1",
+     'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'): _REACHED,
+    (_OC, "core/ReplaceBinaryOperator_Add_FloorDiv",
+     'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'): _REACHED,
+    (_OC, "core/NumberReplacer",
+     "extends = new_job is not None and new_job.train.steps > (view.step or 0)"):
+        "`view.step` is None only for a run that never trained, which has not finished, and "
+        "`extends` changes something only for a finished run",
     (_OC, "core/NumberReplacer",
      "next_attempt: int = 1            # the first attempt the new job can start (to follow it)"):
         "`next_attempt` is read only for a resubmission, which always passes it: the default "
@@ -1015,7 +1028,7 @@ def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = 
     """Why the mutant is equivalent, or None (``in_annotation``: the mutation is inside a
     function signature's annotation; ``before``: the line above, stripped, for the keys of
     lines that are not unique on their own, such as ``continue``: "line above\nline")."""
-    if module in (_FD, _IJ, _SC) and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
+    if module in (_FD, _IJ, _SC, _OC) and operator == "core/ReplaceBinaryOperator_Mul_Div" and \
             line.startswith("def ") and \
             re.search(r"\(\s*[^*]*,\s*\*,", line) and line.count("*") == 1:
         return ("the `*` that makes the parameters after it keyword-only, made `/` (those before "

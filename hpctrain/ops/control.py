@@ -91,10 +91,14 @@ def requeue_run(run: RunFolder) -> Resubmitted:
             raise UsageError(f"run {run.shown} is running {backend.where()}, where a job cannot be "
                              f"requeued in place; `hpctrain cancel {run.shown}` then "
                              f"`hpctrain resume {run.shown}`")
-        if job.state.split()[0] != "RUNNING":
+        state = job.state.split()[0]
+        if state != "RUNNING":
             why = f" ({job.reason})" if job.reason not in ("", "None") else ""
-            raise UsageError(f"run {run.shown}'s job {job.job_id} is {job.state.lower()}{why}; it will "
-                             "start by itself, there is nothing to requeue")
+            then = ("it will start by itself, there is nothing to requeue" if state == "PENDING"
+                    else f"only a running job is requeued in place: wait until it runs, or "
+                         f"`hpctrain cancel {run.shown}` then `hpctrain resume {run.shown}`")
+            raise UsageError(f"run {run.shown}'s job {job.job_id} is {job.state.lower()}{why}; "
+                             f"{then}")
         run.event("requeue", job_id=job.job_id, how="scontrol requeue", by=_user())
         backend.requeue(job.job_id)
         profile = run.resolved_profile()

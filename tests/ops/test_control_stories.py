@@ -113,6 +113,17 @@ def test_a_pending_job_is_not_requeued(tmp_path, slurm, reason, said):
     assert _events(run) == [] and slurm.acted() == []
 
 
+@pytest.mark.parametrize("state", ["SUSPENDED", "CONFIGURING", "REQUEUED"])
+def test_a_job_that_is_not_running_is_not_requeued_in_place(tmp_path, slurm, state):
+    run = crafted_run(tmp_path)
+    _jobs(run, slurm, ("41", state))
+    assert _refused(requeue_run, run) == (
+        f"run {run.shown}'s job 41 is {state.lower()}; only a running job is requeued in "
+        f"place: wait until it runs, or `hpctrain cancel {run.shown}` then `hpctrain resume "
+        f"{run.shown}`")
+    assert _events(run) == [] and slurm.acted() == []
+
+
 def test_a_finished_run_is_neither_requeued_nor_resumed(tmp_path, slurm):
     run = _finished(tmp_path)
     _jobs(run, slurm, ("41", "COMPLETED"))
@@ -198,9 +209,13 @@ def test_a_finished_run_is_extended_by_more_steps_and_its_old_job_kept(tmp_path,
 def test_more_steps_must_be_more_than_the_run_reached(tmp_path, slurm):
     run = _finished(tmp_path)
     before = run.job_file.read_text()
-    assert _refused(resume_run, run, overrides={"train.steps": 30}) == (
-        f"train.steps: run {run.shown} already reached step 30; give more than 30 "
-        f"(e.g. --steps 60)")
+    for fewer in (30, 20):
+        assert _refused(resume_run, run, overrides={"train.steps": fewer}) == (
+            f"train.steps: run {run.shown} already reached step 30; give more than 30 "
+            f"(e.g. --steps 60)")
+    # other values changed, not the steps: still nothing to resume
+    assert _refused(resume_run, run, overrides={"train.lr": 1e-3}).startswith(
+        f"run {run.shown} finished at step 30; nothing to resume")
     assert run.job_file.read_text() == before and not (run.path / "job.1.yaml").exists()
     early = crafted_run(tmp_path, ledger=[record(1, 0, 1, "failed", False)],
                         metrics=[{"step": 1, "loss": 5.0}])

@@ -37,7 +37,9 @@ def probed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("checkpointer")
     prefix = token_corpus(tmp / "corpus", 50, 40)
     runs = tmp / "runs"
-    run = make_run(runs, "ck", job_mapping(prefix, LAYOUT, checkpoint={"keep_last": 2}), WORLD)
+    # the format named in the job (a string read from its YAML), as a user writes it
+    run = make_run(runs, "ck", job_mapping(prefix, LAYOUT, checkpoint={
+        "keep_last": 2, "optimizer_format": "fully_reshardable"}), WORLD)
     other = make_run(runs, "other", job_mapping(prefix, LAYOUT), WORLD)
     dp = make_run(runs, "dp", job_mapping(prefix, LAYOUT,
                                           checkpoint={"optimizer_format": "dp_reshardable"}),
