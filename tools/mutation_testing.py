@@ -998,6 +998,8 @@ EQUIVALENT.update({
      'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'): _REACHED,
     (_OC, "core/ReplaceBinaryOperator_Add_FloorDiv",
      'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'): _REACHED,
+    (_OC, "core/ReplaceBinaryOperator_Add_Div",
+     'f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")'): _REACHED,
     (_OC, "core/NumberReplacer",
      "extends = new_job is not None and new_job.train.steps > (view.step or 0)"):
         "`view.step` is None only for a run that never trained, which has not finished, and "

@@ -103,6 +103,19 @@ def test_a_running_job_is_requeued_in_place_from_its_newest_checkpoint(tmp_path,
     assert slurm.acted() == [["scontrol", "requeue", "41"]]
 
 
+def test_a_requeue_whose_checkpoints_cannot_be_read_still_requeues(tmp_path, slurm):
+    """What the requeue says it resumes from is read from the checkpoint folder; a folder
+    that cannot be read (here: a name longer than the file system allows, ENAMETOOLONG; a
+    permission error stops no test run as root) says nothing, and the job still goes back to
+    the queue (its ranks find what they can)."""
+    run = crafted_run(tmp_path)
+    run.update_meta(checkpoint_dir=str(tmp_path / ("c" * 300)))
+    _jobs(run, slurm, ("41", "RUNNING"))
+    got = requeue_run(run)
+    assert (got.job_id, got.how, got.from_step) == ("41", "scontrol requeue", None)
+    assert slurm.acted() == [["scontrol", "requeue", "41"]]
+
+
 @pytest.mark.parametrize("reason, said", [("Priority", "is pending (Priority); it will start"),
                                           ("None", "is pending; it will start")])
 def test_a_pending_job_is_not_requeued(tmp_path, slurm, reason, said):

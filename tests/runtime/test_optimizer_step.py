@@ -255,6 +255,39 @@ def test_fused_adam_keeps_no_per_parameter_step_and_te_state_dict_would_fail_on_
     opt.state_dict()
 
 
+def test_the_distributed_optimizers_load_leaves_each_parameters_step_as_it_was():
+    """megatron-core's fully-reshardable load sets each parameter's state through
+    ``_set_main_param_and_optimizer_states``, never given Adam's step (fix 2): hpctrain's
+    wrapper keeps a per-parameter step (torch's Adam) through it, and adds none where the
+    optimizer keeps none (a FusedAdam, whose state_dict fails on one)."""
+    from types import SimpleNamespace
+
+    from hpctrain.runtime.checkpoint.state import _step_set_aside
+    torch = _torch()
+    kept, fused = object(), object()          # two model parameters
+    main = [torch.zeros(2), torch.zeros(2)]
+    state = {main[0]: {"exp_avg": torch.zeros(2), "step": torch.tensor(7.0)},   # by identity
+             main[1]: {"exp_avg": torch.zeros(2)}}
+
+    def loader_sets(model_param, tensors):     # as megatron-core's: every key it was given
+        group, order = o.model_param_group_index_map[model_param]
+        target = o.optimizer.state[o.optimizer.param_groups[group]["params"][order]]
+        target.update(tensors)
+        assert "step" not in target, "the loader saw Adam's step"
+
+    o = SimpleNamespace(model_param_group_index_map={kept: (0, 0), fused: (0, 1)},
+                        optimizer=SimpleNamespace(state=state,
+                                                  param_groups=[{"params": main}]),
+                        _set_main_param_and_optimizer_states=loader_sets)
+    original, setter = _step_set_aside(o)
+    assert original is loader_sets
+    setter(kept, {"exp_avg": torch.ones(2)})
+    setter(fused, {"exp_avg": torch.ones(2)})
+    assert float(state[main[0]]["step"]) == 7.0
+    assert torch.equal(state[main[0]]["exp_avg"], torch.ones(2))
+    assert "step" not in state[main[1]]
+
+
 def test_a_cpu_checkpoint_loads_into_fused_adam_and_a_fused_one_into_torch_adam():
     """Per-parameter steps (torch, the CPU rehearsal) into FusedAdam, and group steps back."""
     from hpctrain.runtime.checkpoint import optimizer_step as osx
