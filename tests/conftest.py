@@ -221,6 +221,15 @@ def token_corpus(path, docs: int, doc_len: int, *, stride: int = 1, doc_shift: i
     return str(path)
 
 
+def flip_byte(path, at: int | None = None) -> None:
+    """Invert one byte of the file at ``path`` (``at``, else the middle one): damage that keeps
+    the file's size, so only a checksum can find it."""
+    from pathlib import Path
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 2 if at is None else at] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+
+
 def wait_until(predicate, timeout: float = 120, interval: float = 0.5, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
     import time

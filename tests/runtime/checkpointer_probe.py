@@ -44,6 +44,8 @@ import time
 import zlib
 from pathlib import Path
 
+from tests.conftest import flip_byte
+
 FLIPPED_AT = 4096      # the byte flipped inside a data file (past its header)
 TIED = {"output_layer.weight": "embedding.word_embeddings.weight",
         "embedding.word_embeddings.weight": "embedding.word_embeddings.weight"}
@@ -70,7 +72,9 @@ def _digest(tensors) -> str:
 
 
 def weights(mo) -> str:
-    return _digest([p for m in mo.model for p in m.module.parameters()])
+    """This rank's weights (the runtime's own per-rank digest of every parameter)."""
+    from hpctrain.runtime.digest import local_digest
+    return local_digest([m.module for m in mo.model])
 
 
 def optimizer_state(mo) -> dict:
@@ -190,9 +194,7 @@ class Probe:
         if self.rank0:
             files = sorted(folder.glob("*.distcp"), key=lambda p: (-p.stat().st_size, p.name))
             target = folder / name if name else files[0]
-            data = bytearray(target.read_bytes())
-            data[FLIPPED_AT] ^= 0xFF
-            target.write_bytes(bytes(data))
+            flip_byte(target, FLIPPED_AT)
             name = target.name
         self.barrier()
         return name or ""

@@ -12,7 +12,7 @@ import pytest
 
 from hpctrain import exit_codes
 from hpctrain.record import checkpoint_store as store
-from tests.conftest import wait_until
+from tests.conftest import flip_byte, wait_until
 from tests.launch import Launch, launch
 from tests.runtime.conftest import _explain
 from tests.runtime.helpers import losses, result, world_of
@@ -254,10 +254,7 @@ def test_corrupt_newest_checkpoint_is_quarantined_and_the_previous_used(ws):
     run = ws.new_run("corrupt", "single", steps=8)
     _copy_checkpoint(src, 6, run)
     _copy_checkpoint(src, 12, run)
-    damaged = sorted((run.path / "checkpoints" / "step-00000012").glob("__0_*.distcp"))[0]
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.write_bytes(bytes(data))
+    flip_byte(sorted((run.path / "checkpoints" / "step-00000012").glob("__0_*.distcp"))[0])
     res = launch(run.path, 1)
     assert res.codes == [0], _explain(res)
     assert result(run, 1)["start_step"] == 6
@@ -271,9 +268,7 @@ def _damage_rank1s_share(folder, names):
     theirs = store.share(names, 1, 2)
     assert theirs and not set(theirs) & set(store.share(names, 0, 2))
     damaged = max((folder / n for n in theirs), key=lambda p: p.stat().st_size)
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    damaged.write_bytes(bytes(data))
+    flip_byte(damaged)
     return damaged
 
 
