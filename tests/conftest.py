@@ -83,6 +83,15 @@ def worker_group(path: str) -> str:
     return path
 
 
+# The groups that take longest (from --durations of whole runs on a 2-core machine: each Slurm
+# group 300-650 s, the runtime workspace about 600 s, then single files of 150-280 s), in the
+# order the workers take them. The first worker whose group ends early (a cluster with few
+# tests) takes the next one, so none of them waits behind another.
+LONGEST_FIRST = ("slurm", "slurm-2", "slurm-3", "slurm-4", "slurm-5", "megatron-workspace",
+                 "tests/runtime/test_gpu_check.py", "tests/safety/test_bad_files.py",
+                 "tests/safety/test_fuzz.py", "tests/runs/test_hostile_records.py")
+
+
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: the suite runs without it too
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadscope`` with ``worker_group``'s groups as the scopes (pytest-xdist's own
@@ -96,8 +105,9 @@ def pytest_xdist_make_scheduler(config, log):
             return worker_group(nodeid.split("::", 1)[0])
 
         def _assign_work_unit(self, node) -> None:
-            # the Slurm groups are the longest chains: each starts first, on a worker of its own
-            for scope in ("slurm-5", "slurm-4", "slurm-3", "slurm-2", "slurm"):
+            # the longest chains start first, each on a worker of its own: a long one taken
+            # last would run alone at the end, on one of the machine's cores
+            for scope in reversed(LONGEST_FIRST):
                 if scope in self.workqueue:
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)

@@ -274,6 +274,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # kind), requeue in place or by a new job, resume elsewhere or for more steps, refusals
     # that change nothing
     "ops_control": ("hpctrain/ops/control.py", ["tests/ops/test_control_stories.py"]),
+    # the training loop's decisions on every rank over a run's attempts: a signal on one
+    # rank, rank 0's time limit (between steps and in an evaluation), evaluations cut short
+    # and done again, the guard's skips, saves, and a resumed run that trains bit for bit
+    "loop": ("hpctrain/runtime/loop.py", ["tests/runtime/test_training_loop.py"]),
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),

@@ -391,9 +391,10 @@ class Trainer:
                         f"holds this step")
         saved = self._save("deadline" if deadline else "emergency", sync=True) \
             if self.step != self.start_step else None
+        where = "saved" if saved else "already in the checkpoint this attempt resumed from"
         return self._outcome(ExitReason.DEADLINE if deadline else ExitReason.PREEMPTED,
                              exit_codes.PREEMPTED, f"{cause} during evaluation: step "
-                             f"{self.step} saved, exiting to be requeued", saved)
+                             f"{self.step} {where}, exiting to be requeued", saved)
 
     def _stop_for_straggler(self, node) -> Outcome:
         """health.exclude_stragglers: every rank reached the same decision from the same

@@ -1,0 +1,230 @@
+"""Rank-side probe: the training loop (``runtime.loop.Trainer``) over several attempts of one
+run, on a real megatron-core model (PP2 × DP2, the distributed optimizer), real batches,
+evaluations, checkpoints and straggler timing, in one launch instead of one per attempt.
+
+Each attempt assembles what an attempt's ranks assemble (``runtime.entry``): a fresh model
+and optimizer, batch feeder, straggler watch, checkpointer and its resume, metrics,
+evaluator and preemption flag, then ``Trainer.run()``. What can only come from outside is
+injected where it comes from: a real ``SIGUSR1`` sent to one rank's own process (at the start
+of a step, or in the first batch of an evaluation), a time limit that only rank 0's clock
+sees, a NaN loss through the runtime's test hooks.
+
+Runs (6 steps, validation every 2 steps, a test at the end, background saves every 2 steps):
+
+* ``whole``: uninterrupted;
+* ``stopped``: attempt 1 gets the signal on rank 3 at step 3; attempt 2 resumes and trains
+  step 4, and rank 0's time limit comes near in the validation after it; attempt 3 gets the
+  signal on rank 1 in the validation of step 4 it does again first; attempt 4 does it, trains
+  steps 5 and 6 and gets the signal on rank 1 in the validation after step 6; attempt 5
+  resumes at step 6 (nothing left to train), validates and gets the signal on rank 2 in the
+  test; attempt 6 validates, tests and finishes;
+* ``unstable``: NaN losses at steps 2 and 3 with ``max_skipped_steps: 2``.
+
+Each rank writes ``OUT/RUN-attempt-N-rank-R.json``: the outcome, the trainer's counters, the
+weights' digest after every step, the saves, what the watchdog heard.
+
+    python -m tests.runtime.loop_probe WHOLE_RUN STOPPED_RUN UNSTABLE_RUN OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from hpctrain.runtime.faults import TestHooks
+
+DEADLINE = 4_000_000_000.0      # the time limit's epoch second; rank 0's clock jumps to it
+
+
+class ProbeHooks(TestHooks):
+    """The runtime's test hooks, and a real signal sent to this rank's own process at the
+    start of step ``signal_step``, or in the first batch of this attempt's ``eval_signal``-th
+    evaluation."""
+
+    __test__ = False
+
+    def __init__(self, rank: int, signal_step: int | None = None,
+                 eval_signal: int | None = None, **hooks) -> None:
+        super().__init__(**hooks)
+        self.rank, self.signal_step, self.eval_signal = rank, signal_step, eval_signal
+        self.evaluations = 0
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def at_step(self, step, rank, **kwargs):
+        if step == self.signal_step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return super().at_step(step, rank, **kwargs)
+
+    def hold_in_evaluation(self, step, released, waiting=None):
+        self.evaluations += 1
+        if self.evaluations == self.eval_signal:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return True
+
+
+class Heard:
+    """The watchdog's side of the loop: what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def progress(self, step=None, phase=None) -> None:
+        self.calls.append(["progress", step, phase])
+
+    def step_done(self, step, elapsed) -> None:
+        self.calls.append(["step_done", step, elapsed > 0])
+
+
+class Probe:
+    def __init__(self, out: Path) -> None:
+        from hpctrain.identity import rank_env
+        from hpctrain.runtime.log import setup
+        self.out = out
+        self.renv = rank_env()
+        setup(self.renv.rank)
+
+    def start(self) -> None:
+        """The process group, once for every attempt."""
+        from hpctrain.runtime import distributed
+        distributed.prepare_device("cpu", self.renv)
+        distributed.init_process_group(self.renv, "cpu", 600)
+
+    def job_of(self, run):
+        from hpctrain.planner.layouts import with_optimizer_format
+        from hpctrain.runtime.entry import resolve_layout
+        job, profile = run.resolved_job(), run.resolved_profile()
+        layout = resolve_layout(job, profile, self.renv.world_size)
+        return with_optimizer_format(job, profile, layout), layout
+
+    def attempt(self, run, number: int, *, signal_rank: int | None = None,
+                signal_step: int | None = None, eval_signal: int | None = None,
+                deadline_after: int | None = None, nan_steps=()) -> dict:
+        """Attempt ``number`` of ``run``, assembled as the runtime assembles one."""
+        from hpctrain.data.blend import split_samples
+        from hpctrain.data.order import FEISTEL, PERMUTATION
+        from hpctrain.runtime.batches import BatchFeeder
+        from hpctrain.runtime.checkpoint.manager import Checkpointer
+        from hpctrain.runtime.context import RankContext
+        from hpctrain.runtime.digest import local_digest
+        from hpctrain.runtime.entry import _straggler_watch
+        from hpctrain.runtime.evaluation import build_evaluator
+        from hpctrain.runtime.job_env import JobEnv
+        from hpctrain.runtime.loop import Trainer
+        from hpctrain.runtime.metrics import MetricsWriter
+        from hpctrain.runtime.model import build_model_and_optimizer
+        from hpctrain.runtime.preemption import PreemptionFlag
+
+        from megatron.core import parallel_state
+
+        from hpctrain.runtime.model import initialize_parallel
+        rank = self.renv.rank
+        job, layout = self.job_of(run)
+        profile = run.resolved_profile()
+        # megatron's parallel state and every RNG seeded again, as in a new attempt's process
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        initialize_parallel(layout, job.train.seed)
+        mine = signal_rank == rank
+        hooks = ProbeHooks(rank, signal_step if mine else None, eval_signal if mine else None,
+                           nan_steps=set(nan_steps))
+        hooks.attempt = number
+        flag = PreemptionFlag(profile.preemption.signal)
+        flag.install()
+        jenv = JobEnv(run_dir=str(run.path), attempt=number,
+                      deadline=DEADLINE if deadline_after is not None else None,
+                      preempt_signal=None, signal_flag=None, log_to_file=False,
+                      local_executor=False, local_job_id=None)
+        ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=self.renv,
+                          job_env=jenv, attempt=number, device="cpu")
+        heard = Heard()
+        ctx.watchdog = heard
+        mo = build_model_and_optimizer(job, layout, "cpu")
+        datasets: dict = {}
+        samples = split_samples(job.data, "train", job.model.seq_length, job.train.seed,
+                                job.model.vocab_size, datasets)
+        feeder = BatchFeeder(samples, layout, "cpu", job.data.num_workers)
+        stragglers = _straggler_watch(ctx, feeder, hooks)
+        ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
+        loaded = ckpt.resume()
+        order = FEISTEL
+        if loaded is not None:
+            order = loaded.common.get("sample_order", PERMUTATION)
+            samples.use_order(order)
+        metrics = MetricsWriter(ctx, job.train.steps, resume_step=loaded.step if loaded else 0)
+        ckpt.on_published = metrics.committed
+        evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks, order)
+        at = {}
+
+        def clock() -> float:
+            """Far from the time limit; at it once the trainer is past ``deadline_after``
+            (rank 0 only: the other ranks' clocks never come near it)."""
+            trainer = at.get("trainer")
+            near = rank == 0 and deadline_after is not None and trainer is not None and \
+                trainer.step >= deadline_after
+            return DEADLINE if near else DEADLINE - 1e6
+
+        trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
+                          clock=clock, watchdog=heard, stragglers=stragglers,
+                          evaluator=evaluator)
+        at["trainer"] = trainer
+        after_step: list = []
+        step_done = ckpt.step_done
+
+        def digest_after(step: int) -> None:
+            after_step.append([step, local_digest(mo.modules)])
+            step_done(step)
+        ckpt.step_done = digest_after
+        outcome = trainer.run()
+        metrics.close(finished_step=trainer.step if outcome.exit_reason == "finished" else None,
+                      status="finished" if outcome.exit_reason == "finished" else "stopped")
+        feeder.close()
+        ckpt.close()
+        flag.uninstall()
+        seen = {"rank": rank, "loaded": loaded.step if loaded else None,
+                "outcome": {"exit_reason": str(outcome.exit_reason),
+                            "exit_code": outcome.exit_code, "start_step": outcome.start_step,
+                            "end_step": outcome.end_step, "message": outcome.message,
+                            "last_loss": outcome.last_loss,
+                            "checkpoint_saved": Path(outcome.checkpoint_saved).name
+                            if outcome.checkpoint_saved else None},
+                "step": trainer.step, "updates": trainer.updates, "consumed": trainer.consumed,
+                "evaluated_step": trainer.evaluated_step, "tested_step": trainer.tested_step,
+                "skipped_total": trainer.guard.skipped_total,
+                "common": trainer.common_state(), "signal": flag.received,
+                "after_step": after_step, "final_weights": local_digest(mo.modules),
+                "saves": [{k: s.get(k) for k in ("step", "reason", "sync")} for s in ckpt.saves],
+                "published": ckpt.last_published_step,
+                "heard": heard.calls}
+        name = f"{run.path.name}-attempt-{number}-rank-{rank}.json"
+        (self.out / name).write_text(json.dumps(seen, indent=1, default=str))
+        return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    from hpctrain.record.folder import RunFolder
+    from hpctrain.runtime import cpu_shim, distributed
+    cpu_shim.install()
+    whole, stopped, unstable = (RunFolder(Path(p)) for p in args[:3])
+    probe = Probe(Path(args[3]))
+    probe.start()
+    probe.attempt(whole, 1)
+    probe.attempt(stopped, 1, signal_rank=3, signal_step=3)
+    probe.attempt(stopped, 2, deadline_after=4)
+    probe.attempt(stopped, 3, signal_rank=1, eval_signal=1)
+    probe.attempt(stopped, 4, signal_rank=1, eval_signal=2)
+    probe.attempt(stopped, 5, signal_rank=2, eval_signal=2)
+    probe.attempt(stopped, 6)
+    probe.attempt(unstable, 1, nan_steps=(2, 3))
+    distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The training loop's decisions across the ranks and attempts of one run (``runtime.loop``),
+on a real megatron-core model over four ranks (PP2 × DP2, the distributed optimizer), from
+``loop_probe.py``: one launch for every attempt, where a training run per story would take
+minutes.
+
+The stories: a preemption signal that reaches one rank stops every rank after the same step
+with an emergency checkpoint; a time limit that only rank 0's clock sees stops every rank in
+the evaluation under way, saved; a signal in an evaluation right after a resume stops without
+saving again (the checkpoint just loaded holds the step), and the next attempt evaluates that
+step first; a signal in the evaluation after a trained step saves it; a run resumed with
+nothing left to train only evaluates; through all of it, the interrupted run trains bit for
+bit as the uninterrupted one and reports the same losses. NaN losses skip the update on every
+rank until the guard stops the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import token_corpus
+from tests.runtime.helpers import job_mapping, make_run
+
+pytestmark = pytest.mark.megatron
+WORLD = 4
+GBS = 8
+STEPS = 6
+# (run, attempt) -> what every rank's attempt must end with: exit reason, first and last
+# step, the checkpoint it saved at the end, the saves it made (step, reason, synchronous),
+# the optimizer updates so far, the last steps validated and tested
+EXPECTED = {
+    ("whole", 1): ("finished", 0, 6, "step-00000006",
+                   [(2, "periodic", False), (4, "periodic", False), (6, "final", True)],
+                   6, 6, 6),
+    # the signal on rank 3 at the start of step 3: step 3 is trained, saved, the attempt ends
+    ("stopped", 1): ("preempted", 0, 3, "step-00000003",
+                     [(2, "periodic", False), (3, "emergency", True)], 3, 2, None),
+    # step 4 trained; rank 0's time limit near in the validation after it: saved, no
+    # validation recorded (the next attempt does it again), no periodic save of step 4
+    ("stopped", 2): ("deadline", 3, 4, "step-00000004", [(4, "deadline", True)], 4, 2, None),
+    # the validation of step 4 again, the signal in it: the checkpoint loaded holds step 4
+    ("stopped", 3): ("preempted", 4, 4, None, [], 4, 2, None),
+    # validation of step 4 done, steps 5 and 6, the signal in the validation after step 6
+    ("stopped", 4): ("preempted", 4, 6, "step-00000006", [(6, "emergency", True)], 6, 4, None),
+    # nothing to train: the validation of step 6, the signal in the test
+    ("stopped", 5): ("preempted", 6, 6, None, [], 6, 6, None),
+    ("stopped", 6): ("finished", 6, 6, None, [], 6, 6, 6),
+    # NaN losses at steps 2 and 3, max_skipped_steps 2: no update after step 1
+    ("unstable", 1): ("unstable", 0, 3, None, [(2, "periodic", False)], 1, 2, None),
+}
+CODES = {"finished": 0, "preempted": 75, "deadline": 75, "unstable": 3}
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> dict:
+    from tests.launch import Launch
+    from tests.runtime.conftest import _explain
+    tmp = tmp_path_factory.mktemp("loop")
+    # 200 documents of 23 tokens: validation and test splits of a few global batches each
+    prefix = token_corpus(tmp / "corpus", 200, 23, stride=7, doc_shift=11, vocab=251)
+
+    def job(**train) -> dict:
+        return job_mapping(
+            prefix, "pp2dp2_zero1", steps=STEPS,
+            batch={"micro_batch_size": 2, "global_batch_size": GBS},
+            train={"eval_interval": 2, "eval_iters": 2, "eval_at_end": True, **train},
+            data={"split": "80,10,10"},
+            checkpoint={"interval_steps": 2, "async_save": True, "keep_last": 10})
+    runs = {name: make_run(tmp / "runs", name, job(**train), WORLD) for name, train in (
+        ("whole", {}), ("stopped", {}), ("unstable", {"stability": {"max_skipped_steps": 2}}))}
+    out = tmp / "out"
+    out.mkdir()
+    res = Launch(runs["whole"].path, WORLD, module="tests.runtime.loop_probe",
+                 args=[str(runs[n].path) for n in ("whole", "stopped", "unstable")]
+                 + [str(out)]).wait(900)
+    assert res.ok, _explain(res)
+    seen = {key: [json.loads((out / f"{key[0]}-attempt-{key[1]}-rank-{r}.json").read_text())
+                  for r in range(WORLD)] for key in EXPECTED}
+    return {"seen": seen, "runs": runs}
+
+
+def _stage_and_dp(rank: int) -> tuple[int, int]:
+    """PP2 × DP2 on four ranks, megatron's order (TP, DP, PP from fastest): rank r is stage
+    r // 2, DP rank r % 2."""
+    return rank // 2, rank % 2
+
+
+@pytest.mark.parametrize("key", list(EXPECTED), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_every_rank_ends_the_attempt_as_the_story_says(probed, key):
+    reason, start, end, saved, saves, updates, validated, tested = EXPECTED[key]
+    for seen in probed["seen"][key]:
+        out = seen["outcome"]
+        assert (out["exit_reason"], out["exit_code"], out["start_step"], out["end_step"],
+                out["checkpoint_saved"]) == (reason, CODES[reason], start, end, saved), seen
+        assert [tuple(s.values()) for s in seen["saves"]] == saves, seen["saves"]
+        assert (seen["updates"], seen["evaluated_step"], seen["tested_step"]) == \
+            (updates, validated, tested)
+        assert seen["step"] == end and seen["consumed"] == end * GBS
+        # the common state a save of this step would hold
+        common = seen["common"]
+        assert (common["step"], common["consumed_samples"], common["optimizer_updates"],
+                common["evaluated_step"], common["tested_step"]) == \
+            (end, end * GBS, updates, validated, tested)
+
+
+def test_each_attempt_resumes_from_what_the_last_one_published(probed):
+    seen = probed["seen"]
+    published = None
+    for attempt in range(1, 7):
+        ranks = seen[("stopped", attempt)]
+        assert {s["loaded"] for s in ranks} == {published}, attempt
+        published = ranks[0]["published"]
+        assert {s["published"] for s in ranks} == {published}
+    assert seen[("whole", 1)][0]["loaded"] is None
+
+
+def test_the_interrupted_run_trains_bit_for_bit_as_the_uninterrupted_one(probed):
+    """Every rank's weights after every step, and at the end, are the uninterrupted run's,
+    whichever attempt trained the step."""
+    seen = probed["seen"]
+    for rank in range(WORLD):
+        whole = seen[("whole", 1)][rank]
+        steps = {}
+        for attempt in range(1, 7):
+            for step, digest in seen[("stopped", attempt)][rank]["after_step"]:
+                assert step not in steps, (rank, step, "trained twice")
+                steps[step] = digest
+        assert steps == dict(whole["after_step"]), rank
+        assert len(steps) == STEPS
+        assert seen[("stopped", 6)][rank]["final_weights"] == whole["final_weights"]
+
+
+def test_the_replicas_hold_the_same_weights_when_an_attempt_ends(probed):
+    """The distributed optimizer updates a shard per DP rank; by the end of the attempt every
+    replica has gathered the others' (and each stage its own weights)."""
+    for key, ranks in probed["seen"].items():
+        by_stage: dict = {}
+        for seen in ranks:
+            stage, _ = _stage_and_dp(seen["rank"])
+            by_stage.setdefault(stage, set()).add(seen["final_weights"])
+        assert all(len(d) == 1 for d in by_stage.values()), key
+        assert len(set().union(*by_stage.values())) == 2, key
+
+
+def test_the_run_reports_the_same_losses_as_the_uninterrupted_one(probed):
+    """metrics.jsonl: each step's training loss, the validations after steps 2, 4 and 6 and
+    the test at the end, as the uninterrupted run reports them; a validation cut short is
+    not recorded (the next attempt records it)."""
+    whole, stopped = probed["runs"]["whole"], probed["runs"]["stopped"]
+
+    def by_step(run, kind):
+        return [(r["step"], r["loss"], r["attempt"]) for r in run.metrics(kind=kind)]
+    assert [(s, x) for s, x, _ in by_step(stopped, "train")] == \
+        [(s, x) for s, x, _ in by_step(whole, "train")]
+    assert [s for s, _, _ in by_step(whole, "train")] == list(range(1, STEPS + 1))
+    assert [a for _, _, a in by_step(stopped, "train")] == [1, 1, 1, 2, 4, 4]
+    want = {s: x for s, x, _ in by_step(whole, "validation")}
+    assert sorted(want) == [2, 4, 6]
+    got = by_step(stopped, "validation")
+    assert [(s, a) for s, _, a in got] == [(2, 1), (4, 4), (6, 5), (6, 6)]
+    assert all(x == want[s] for s, x, _ in got)
+    assert [(s, x) for s, x, _ in by_step(stopped, "test")] == \
+        [(s, x) for s, x, _ in by_step(whole, "test")]
+    assert [(s, a) for s, _, a in by_step(stopped, "test")] == [(6, 6)]
+
+
+def test_the_signal_is_named_on_the_rank_it_reached(probed):
+    seen = probed["seen"]
+    for attempt, rank, during in ((1, 3, ""), (3, 1, " during evaluation"),
+                                  (4, 1, " during evaluation"), (5, 2, " during evaluation")):
+        for s in seen[("stopped", attempt)]:
+            here = s["rank"] == rank
+            assert s["signal"] == ("SIGUSR1" if here else None), (attempt, s["rank"])
+            cause = "signal SIGUSR1" if here else "signal on another rank"
+            assert s["outcome"]["message"].startswith(cause + during), s["outcome"]["message"]
+    # a signal in the evaluation right after a resume: nothing new to save
+    for attempt, step in ((3, 4), (5, 6)):
+        for s in seen[("stopped", attempt)]:
+            assert s["outcome"]["message"].endswith(
+                f"during evaluation: step {step} already in the checkpoint this attempt "
+                f"resumed from, exiting to be requeued")
+    assert seen[("stopped", 4)][0]["outcome"]["message"].endswith(
+        "during evaluation: step 6 saved, exiting to be requeued")
+    for s in seen[("stopped", 2)]:
+        assert s["signal"] is None
+        assert s["outcome"]["message"].startswith(
+            "the job's time limit is near during evaluation: step 4 saved")
+
+
+def test_the_watchdog_hears_every_step_and_every_evaluation(probed):
+    for key, ranks in probed["seen"].items():
+        for seen in ranks:
+            heard = seen["heard"]
+            done = [c[1] for c in heard if c[0] == "step_done"]
+            trained = [step for step, _ in seen["after_step"]]
+            assert done == trained, (key, seen["rank"])
+            assert all(c[2] for c in heard if c[0] == "step_done")
+            batches = [c[2] for c in heard if c[0] == "progress" and "batch" in (c[2] or "")]
+            # every evaluation begun is heard batch by batch
+            assert all(b.split(" batch ")[0] in ("validation", "test") for b in batches)
+    # a finished evaluation is progress at its step: the last attempt's two
+    last = probed["seen"][("stopped", 6)][0]["heard"]
+    assert [c for c in last if c[0] == "progress" and c[1] is not None] == \
+        [["progress", 6, "step"]]
+    kinds = [c[2] for c in last if c[0] == "progress" and c[2] and "batch" in c[2]]
+    assert kinds == ["validation batch 1/2", "validation batch 2/2", "test batch 1/2",
+                     "test batch 2/2"]
+
+
+def test_nan_losses_skip_the_update_on_every_rank_until_the_guard_stops(probed):
+    ranks = probed["seen"][("unstable", 1)]
+    run = probed["runs"]["unstable"]
+    for seen in ranks:
+        digests = dict(seen["after_step"])
+        # no update at steps 2 and 3 (what a rank holds after step 2 is step 1's gathered)
+        assert digests[2] == digests[3] and digests[1] != digests[2]
+        assert seen["skipped_total"] == 2 and seen["common"]["guard"]["skipped_in_a_row"] == 2
+        assert seen["outcome"]["message"].startswith("2 updates in a row were skipped")
+    skipped = [(e["step"], e["reason"], e["attempt"]) for e in run.events()
+               if e.get("event") == "step_skipped"]
+    assert skipped == [(2, "loss is nan", 1), (3, "loss is nan", 1)]
+    rows = [(r["step"], r["skipped"], r["skip_reason"]) for r in run.metrics()]
+    assert rows == [(1, False, None), (2, True, "loss is nan"), (3, True, "loss is nan")]
