@@ -1028,6 +1028,30 @@ EQUIVALENT.update({
         "the first step: the wait is the call's own microseconds, 0 at 2 or 4 decimals too",
 })
 
+_LP = "hpctrain/runtime/loop.py"
+_FLAGS = ("each flag of the agreement is a sum over the ranks of 0.0 or 1.0: never negative, "
+          "so `!= 0` and `> 0` agree")
+_MULT = ("megatron-core's parameter groups always carry `lr_mult` and `wd_mult` (its "
+         "`_get_param_groups` puts both in every group): the default is never read")
+EQUIVALENT.update({
+    (_LP, "core/ReplaceComparisonOperator_Eq_LtE", 'deadline = self.stopped_by == "deadline"'):
+        "what stops an evaluation is `signal` or `deadline`, and `signal` sorts after "
+        "`deadline`: only `deadline` is at or before it",
+    (_LP, "core/ReplaceComparisonOperator_Eq_GtE", 'if kind == "validation":'):
+        "the kinds evaluated are `validation` and `test`, and `test` sorts before "
+        "`validation`: only `validation` is at or after it",
+    (_LP, "core/NumberReplacer",
+     'group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)'): _MULT,
+    (_LP, "core/NumberReplacer", 'group["lr"] = lr * group.get("lr_mult", 1.0)'): _MULT,
+    (_LP, "core/ReplaceComparisonOperator_Gt_NotEq",
+     'else None, "stop": stop, "preempt": agreed[2] > 0, "deadline": agreed[3] > 0,'): _FLAGS,
+    (_LP, "core/ReplaceComparisonOperator_Gt_NotEq", '"save_due": agreed[4] > 0}'): _FLAGS,
+    (_LP, "core/ReplaceComparisonOperator_Eq_GtE", "ps.get_tensor_model_parallel_rank() == 0"):
+        "a TP rank is never negative, so `>= 0` lets every TP rank of the last stage report; "
+        "they all hold the same loss (the vocabulary-parallel cross entropy reduces over TP), "
+        "and the mean of k copies of one value is that value, bit for bit",
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:

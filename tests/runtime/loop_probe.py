@@ -18,12 +18,14 @@ Runs (6 steps, validation every 2 steps, a test at the end, background saves eve
   steps 5 and 6 and gets the signal on rank 1 in the validation after step 6; attempt 5
   resumes at step 6 (nothing left to train), validates and gets the signal on rank 2 in the
   test; attempt 6 validates, tests and finishes;
-* ``unstable``: NaN losses at steps 2 and 3 with ``max_skipped_steps: 2``.
+* ``unstable``: NaN losses at steps 2 and 3 with ``max_skipped_steps: 2``;
+* ``unclipped``: ``whole`` with ``train.clip_grad: 0``, without evaluations or saves.
 
 Each rank writes ``OUT/RUN-attempt-N-rank-R.json``: the outcome, the trainer's counters, the
-weights' digest after every step, the saves, what the watchdog heard.
+weights' digest and the loss the rank reported after every step, the saves, what the
+watchdog heard.
 
-    python -m tests.runtime.loop_probe WHOLE_RUN STOPPED_RUN UNSTABLE_RUN OUT
+    python -m tests.runtime.loop_probe WHOLE STOPPED UNSTABLE UNCLIPPED OUT
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class Probe:
         from hpctrain.runtime.entry import _straggler_watch
         from hpctrain.runtime.evaluation import build_evaluator
         from hpctrain.runtime.job_env import JobEnv
+        from hpctrain.runtime import loop
         from hpctrain.runtime.loop import Trainer
         from hpctrain.runtime.metrics import MetricsWriter
         from hpctrain.runtime.model import build_model_and_optimizer
@@ -175,12 +178,27 @@ class Probe:
         at["trainer"] = trainer
         after_step: list = []
         step_done = ckpt.step_done
+        reported: list = []
+        real_step_loss = loop.step_loss
+
+        def local_loss(losses, microbatches):
+            """This rank's loss of the step, as it goes into the agreement (reporting
+            ranks only: the last stage's TP rank 0)."""
+            loss = real_step_loss(losses, microbatches)
+            reported.append(float(loss))
+            return loss
 
         def digest_after(step: int) -> None:
-            after_step.append([step, local_digest(mo.modules)])
+            """After each step: this rank's weights, and the loss it reported."""
+            after_step.append([step, local_digest(mo.modules),
+                               reported.pop() if reported else None])
             step_done(step)
         ckpt.step_done = digest_after
-        outcome = trainer.run()
+        loop.step_loss = local_loss
+        try:
+            outcome = trainer.run()
+        finally:
+            loop.step_loss = real_step_loss
         metrics.close(finished_step=trainer.step if outcome.exit_reason == "finished" else None,
                       status="finished" if outcome.exit_reason == "finished" else "stopped")
         feeder.close()
@@ -211,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     from hpctrain.record.folder import RunFolder
     from hpctrain.runtime import cpu_shim, distributed
     cpu_shim.install()
-    whole, stopped, unstable = (RunFolder(Path(p)) for p in args[:3])
-    probe = Probe(Path(args[3]))
+    whole, stopped, unstable, unclipped = (RunFolder(Path(p)) for p in args[:4])
+    probe = Probe(Path(args[4]))
     probe.start()
     probe.attempt(whole, 1)
     probe.attempt(stopped, 1, signal_rank=3, signal_step=3)
@@ -222,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.attempt(stopped, 5, signal_rank=2, eval_signal=2)
     probe.attempt(stopped, 6)
     probe.attempt(unstable, 1, nan_steps=(2, 3))
+    probe.attempt(unclipped, 1)
     distributed.destroy_process_group()
     return 0
 

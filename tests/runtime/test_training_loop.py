@@ -47,6 +47,8 @@ EXPECTED = {
     ("stopped", 6): ("finished", 6, 6, None, [], 6, 6, 6),
     # NaN losses at steps 2 and 3, max_skipped_steps 2: no update after step 1
     ("unstable", 1): ("unstable", 0, 3, None, [(2, "periodic", False)], 1, 2, None),
+    # "whole" without gradient clipping, evaluations or saves
+    ("unclipped", 1): ("finished", 0, 6, None, [], 6, None, None),
 }
 CODES = {"finished": 0, "preempted": 75, "deadline": 75, "unstable": 3}
 
@@ -59,24 +61,26 @@ def probed(tmp_path_factory) -> dict:
     # 200 documents of 23 tokens: validation and test splits of a few global batches each
     prefix = token_corpus(tmp / "corpus", 200, 23, stride=7, doc_shift=11, vocab=251)
 
-    def job(**train) -> dict:
+    def job(checkpoint=None, **train) -> dict:
         return job_mapping(
             prefix, "pp2dp2_zero1", steps=STEPS,
             batch={"micro_batch_size": 2, "global_batch_size": GBS},
             train={"eval_interval": 2, "eval_iters": 2, "eval_at_end": True, **train},
             data={"split": "80,10,10"},
-            checkpoint={"interval_steps": 2, "async_save": True, "keep_last": 10})
+            checkpoint=checkpoint or {"interval_steps": 2, "async_save": True, "keep_last": 10})
     runs = {name: make_run(tmp / "runs", name, job(**train), WORLD) for name, train in (
-        ("whole", {}), ("stopped", {}), ("unstable", {"stability": {"max_skipped_steps": 2}}))}
+        ("whole", {}), ("stopped", {}), ("unstable", {"stability": {"max_skipped_steps": 2}}),
+        ("unclipped", {"clip_grad": 0.0, "eval_interval": None, "eval_at_end": False,
+                       "profile_step": 2, "checkpoint": {"save_at_end": False}}))}
     out = tmp / "out"
     out.mkdir()
     res = Launch(runs["whole"].path, WORLD, module="tests.runtime.loop_probe",
-                 args=[str(runs[n].path) for n in ("whole", "stopped", "unstable")]
+                 args=[str(runs[n].path) for n in ("whole", "stopped", "unstable", "unclipped")]
                  + [str(out)]).wait(900)
     assert res.ok, _explain(res)
     seen = {key: [json.loads((out / f"{key[0]}-attempt-{key[1]}-rank-{r}.json").read_text())
                   for r in range(WORLD)] for key in EXPECTED}
-    return {"seen": seen, "runs": runs}
+    return {"seen": seen, "runs": runs, "log": [res.output(r).splitlines() for r in range(WORLD)]}
 
 
 def _stage_and_dp(rank: int) -> tuple[int, int]:
@@ -122,10 +126,10 @@ def test_the_interrupted_run_trains_bit_for_bit_as_the_uninterrupted_one(probed)
         whole = seen[("whole", 1)][rank]
         steps = {}
         for attempt in range(1, 7):
-            for step, digest in seen[("stopped", attempt)][rank]["after_step"]:
+            for step, digest, _ in seen[("stopped", attempt)][rank]["after_step"]:
                 assert step not in steps, (rank, step, "trained twice")
                 steps[step] = digest
-        assert steps == dict(whole["after_step"]), rank
+        assert steps == {step: digest for step, digest, _ in whole["after_step"]}, rank
         assert len(steps) == STEPS
         assert seen[("stopped", 6)][rank]["final_weights"] == whole["final_weights"]
 
@@ -192,7 +196,7 @@ def test_the_watchdog_hears_every_step_and_every_evaluation(probed):
         for seen in ranks:
             heard = seen["heard"]
             done = [c[1] for c in heard if c[0] == "step_done"]
-            trained = [step for step, _ in seen["after_step"]]
+            trained = [step for step, _, _ in seen["after_step"]]
             assert done == trained, (key, seen["rank"])
             assert all(c[2] for c in heard if c[0] == "step_done")
             batches = [c[2] for c in heard if c[0] == "progress" and "batch" in (c[2] or "")]
@@ -211,7 +215,7 @@ def test_nan_losses_skip_the_update_on_every_rank_until_the_guard_stops(probed):
     ranks = probed["seen"][("unstable", 1)]
     run = probed["runs"]["unstable"]
     for seen in ranks:
-        digests = dict(seen["after_step"])
+        digests = {step: digest for step, digest, _ in seen["after_step"]}
         # no update at steps 2 and 3 (what a rank holds after step 2 is step 1's gathered)
         assert digests[2] == digests[3] and digests[1] != digests[2]
         assert seen["skipped_total"] == 2 and seen["common"]["guard"]["skipped_in_a_row"] == 2
@@ -221,3 +225,68 @@ def test_nan_losses_skip_the_update_on_every_rank_until_the_guard_stops(probed):
     assert skipped == [(2, "loss is nan", 1), (3, "loss is nan", 1)]
     rows = [(r["step"], r["skipped"], r["skip_reason"]) for r in run.metrics()]
     assert rows == [(1, False, None), (2, True, "loss is nan"), (3, True, "loss is nan")]
+
+
+def test_the_gradient_is_clipped_to_the_jobs_norm(probed):
+    """train.clip_grad 1.0 against 0 (off) from the same weights and batches: the first
+    step's gradient norm is the same and above 1, and from the second step on the clipped
+    run's weights part from the unclipped run's (Adam's update follows the ratio of its
+    moments, which clipping each step by another factor changes)."""
+    whole, unclipped = probed["runs"]["whole"], probed["runs"]["unclipped"]
+    first = [r["grad_norm"] for r in whole.metrics()][0]
+    assert first == unclipped.metrics()[0]["grad_norm"] and first > 1.0
+    for rank in range(WORLD):
+        clipped = {s: d for s, d, _ in probed["seen"][("whole", 1)][rank]["after_step"]}
+        free = {s: d for s, d, _ in probed["seen"][("unclipped", 1)][rank]["after_step"]}
+        assert all(clipped[step] != free[step] for step in range(2, STEPS + 1)), rank
+
+
+def test_every_logged_step_gathers_the_ranks_forward_times(probed):
+    """The straggler watch: at every logged step (log_interval 1) the forward passes' times of
+    every rank are gathered; the metrics say which nodes were slow (none here) and the
+    median and slowest rank's compute time."""
+    for name in ("whole", "stopped", "unstable"):
+        for row in probed["runs"][name].metrics():
+            assert row["stragglers"] == [], (name, row)
+            assert 0 < row["compute_s_median"] <= row["compute_s_max"], (name, row)
+
+
+def test_rank_0_says_whether_a_stopped_evaluation_saves(probed):
+    """What rank 0 logs when an evaluation is stopped: an emergency checkpoint after a trained
+    step, none right after a resume (the loaded checkpoint holds the step); no other rank
+    says it."""
+    said = [line.split(": ", 1)[1] for line in probed["log"][0] if "during evaluation;" in line]
+    assert said == [
+        "step 4: the job's time limit is near during evaluation; saving an emergency checkpoint",
+        "step 4: signal on another rank during evaluation; the loaded checkpoint holds this step",
+        "step 6: signal on another rank during evaluation; saving an emergency checkpoint",
+        "step 6: signal on another rank during evaluation; the loaded checkpoint holds this step",
+    ], said
+    assert not any("during evaluation;" in line for log in probed["log"][1:] for line in log)
+
+
+def test_the_profiled_step_says_when_its_passes_were_issued(probed):
+    """train.profile_step 2 (the unclipped run): every rank's summary of step 2, the host
+    having issued its forward and backward passes within the step's time."""
+    folder = probed["runs"]["unclipped"].attempt_dir(1)
+    for rank in range(WORLD):
+        report = json.loads((folder / f"profile-step-2-rank-{rank}.json").read_text())
+        assert 0 < report["issued_s"] <= report["step_s"], (rank, report)
+
+
+def test_the_loss_logged_is_the_mean_of_the_replicas_losses(probed):
+    """Each step's loss in metrics.jsonl is the mean of what the two reporting ranks (the last
+    stage's TP rank 0 in each DP replica: ranks 2 and 3) computed; the other ranks report
+    nothing."""
+    import math
+    for (name, attempt), ranks in probed["seen"].items():
+        logged = {r["step"]: r["loss"] for r in probed["runs"][name].metrics()
+                  if r["attempt"] == attempt}
+        local = [{step: loss for step, _, loss in seen["after_step"]} for seen in ranks]
+        assert all(loss is None for r in (0, 1) for loss in local[r].values())
+        for step, loss in logged.items():
+            a, b = local[2][step], local[3][step]
+            assert a != b or math.isnan(a), (name, step)     # two replicas, two batches
+            mean, loss = (a + b) / 2, float(loss)      # a NaN is written as "nan"
+            assert loss == mean or (math.isnan(loss) and math.isnan(mean)), \
+                (name, attempt, step, loss, a, b)
