@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain.runtime.faults import TestHooks
@@ -83,6 +84,26 @@ class Heard:
         self.calls.append(["step_done", step, elapsed > 0])
 
 
+@contextmanager
+def reported_losses():
+    """The loss this rank put into each step's agreement, step after step, for the steps run
+    inside (reporting ranks only: the last stage's TP rank 0 of each DP replica; empty on
+    the others)."""
+    from hpctrain.runtime import loop
+    real = loop.step_loss
+    reported: list = []
+
+    def step_loss(losses, microbatches):
+        loss = real(losses, microbatches)
+        reported.append(float(loss))
+        return loss
+    loop.step_loss = step_loss
+    try:
+        yield reported
+    finally:
+        loop.step_loss = real
+
+
 class Probe:
     def __init__(self, out: Path) -> None:
         from hpctrain.identity import rank_env
@@ -104,10 +125,25 @@ class Probe:
         layout = resolve_layout(job, profile, self.renv.world_size)
         return with_optimizer_format(job, profile, layout), layout
 
+    @staticmethod
+    def record_steps(ckpt, digest) -> list:
+        """[step, weights digest] after every step the trainer runs (it tells the
+        checkpointer each one)."""
+        after_step: list = []
+        step_done = ckpt.step_done
+
+        def recorded(step: int) -> None:
+            after_step.append([step, digest()])
+            step_done(step)
+        ckpt.step_done = recorded
+        return after_step
+
     def attempt(self, run, number: int, *, signal_rank: int | None = None,
                 signal_step: int | None = None, eval_signal: int | None = None,
                 deadline_after: int | None = None, nan_steps=()) -> dict:
         """Attempt ``number`` of ``run``, assembled as the runtime assembles one."""
+        from megatron.core import parallel_state
+
         from hpctrain.data.blend import split_samples
         from hpctrain.data.order import FEISTEL, PERMUTATION
         from hpctrain.runtime.batches import BatchFeeder
@@ -117,15 +153,11 @@ class Probe:
         from hpctrain.runtime.entry import _straggler_watch
         from hpctrain.runtime.evaluation import build_evaluator
         from hpctrain.runtime.job_env import JobEnv
-        from hpctrain.runtime import loop
         from hpctrain.runtime.loop import Trainer
         from hpctrain.runtime.metrics import MetricsWriter
-        from hpctrain.runtime.model import build_model_and_optimizer
+        from hpctrain.runtime.model import build_model_and_optimizer, initialize_parallel
         from hpctrain.runtime.preemption import PreemptionFlag
 
-        from megatron.core import parallel_state
-
-        from hpctrain.runtime.model import initialize_parallel
         rank = self.renv.rank
         job, layout = self.job_of(run)
         profile = run.resolved_profile()
@@ -176,29 +208,11 @@ class Probe:
                           clock=clock, watchdog=heard, stragglers=stragglers,
                           evaluator=evaluator)
         at["trainer"] = trainer
-        after_step: list = []
-        step_done = ckpt.step_done
-        reported: list = []
-        real_step_loss = loop.step_loss
-
-        def local_loss(losses, microbatches):
-            """This rank's loss of the step, as it goes into the agreement (reporting
-            ranks only: the last stage's TP rank 0)."""
-            loss = real_step_loss(losses, microbatches)
-            reported.append(float(loss))
-            return loss
-
-        def digest_after(step: int) -> None:
-            """After each step: this rank's weights, and the loss it reported."""
-            after_step.append([step, local_digest(mo.modules),
-                               reported.pop() if reported else None])
-            step_done(step)
-        ckpt.step_done = digest_after
-        loop.step_loss = local_loss
-        try:
+        after_step = self.record_steps(ckpt, lambda: local_digest(mo.modules))
+        with reported_losses() as reported:
             outcome = trainer.run()
-        finally:
-            loop.step_loss = real_step_loss
+        after_step = [[step, digest, reported[i] if reported else None]
+                      for i, (step, digest) in enumerate(after_step)]
         metrics.close(finished_step=trainer.step if outcome.exit_reason == "finished" else None,
                       status="finished" if outcome.exit_reason == "finished" else "stopped")
         feeder.close()
