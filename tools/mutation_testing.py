@@ -1049,7 +1049,8 @@ EQUIVALENT.update({
     (_LP, "core/ReplaceComparisonOperator_Eq_GtE", "ps.get_tensor_model_parallel_rank() == 0"):
         "a TP rank is never negative, so `>= 0` lets every TP rank of the last stage report; "
         "they all hold the same loss (the vocabulary-parallel cross entropy reduces over TP), "
-        "and the mean of k copies of one value is that value, bit for bit",
+        "so the mean over k copies of each replica's loss is the replicas' mean (with one "
+        "replica bit for bit; with several, to the rounding of one float64 sum)",
 })
 
 
