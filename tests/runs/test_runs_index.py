@@ -66,10 +66,14 @@ def _kept_names(rows: list[dict]) -> set[str]:
 
 
 def _copy_run(root: Path, source: str, stamp: str) -> RunFolder:
-    """A new run: a copy of ``source`` under a new run id (its own inodes and times)."""
+    """A new run: a copy of ``source`` under a new run id (its own inodes and times).
+
+    The copy leaves out the summary cache and its temporary files: listings running beside
+    the copy rewrite the source's cache (write a temporary file, rename it), and a temporary
+    file that is renamed between copytree's listing and its copy would fail the copy."""
     new = RunFolder(root / f"tiny-ops-{stamp}-beef")
-    shutil.copytree(root / source, new.path)
-    (new.path / CACHE_FILE).unlink(missing_ok=True)
+    shutil.copytree(root / source, new.path,
+                    ignore=shutil.ignore_patterns(CACHE_FILE, f".{CACHE_FILE}.*.tmp"))
     new.update_meta(run_id=new.id)
     return new
 
