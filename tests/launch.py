@@ -16,15 +16,22 @@ Like ``srun --kill-on-bad-exit``, the first rank that dies abnormally (an exit c
 checks the runtime brings itself down). Each rank's stdout/stderr goes to ``OUT_DIR/rank-R.out``.
 Other launchers' variables are cleared and the tests' fault injection is switched on
 (``HPCTRAIN_TEST_HOOKS=1``).
+
+Ranks never outlive the process that launched them. A test killed by its timeout (the mutation
+tool's, or a person's Ctrl-C) would otherwise leave ranks that never finish spinning for hours
+and slowing every later test: a forked launch's supervisor kills its ranks once the launching
+process is gone, and an exec'd rank is killed by the kernel when its parent dies.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +94,13 @@ class Launch:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", *argv],
                     env={**base, **rank_env(r, nprocs, self.port, self.extra)},
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_die_with_parent if _on_main_thread() else None))
                 out.close()
         else:
             _server().submit({"run_dir": str(self.run_dir), "n": nprocs, "port": self.port,
                               "env": self.extra, "out": str(self.out_dir), "argv": argv,
-                              "kill_on_failure": kill_on_failure})
+                              "kill_on_failure": kill_on_failure, "owner": os.getpid()})
 
     def pids(self, timeout: float = 60) -> list[int]:
         """The ranks' process ids (rank order)."""
@@ -157,12 +165,41 @@ def _killpg(pid: int) -> None:
         _kill(pid)
 
 
-def _monitor(procs, kill_on_failure: bool, deadline: float) -> list[int]:
-    """Wait for every process; on the first abnormal exit kill the rest."""
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """In an exec'd rank, before exec: ask the kernel for SIGKILL when the parent dies.
+
+    Only set from the main thread: the kernel sends the signal when the *thread* that forked
+    the child ends, which for a helper thread would be long before the test does."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _monitor(procs, kill_on_failure: bool, deadline: float, owner: int | None = None) -> list[int]:
+    """Wait for every process; on the first abnormal exit kill the rest, and kill them all
+    once ``owner`` (the process that launched them) is gone."""
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return codes
+        if owner is not None and not _alive(owner):
+            for p in procs:
+                if p.poll() is None:
+                    _killpg(p.pid)
+            return [p.wait() for p in procs]
         if kill_on_failure and any(c is not None and c not in NOT_A_CRASH for c in codes):
             time.sleep(0.5)  # let the failing rank's peers write their own last words
             for p in procs:
@@ -286,7 +323,8 @@ def _supervise(spec: dict) -> None:
             _run_rank(spec, r)
         children.append(_Forked(pid))
     (out / "pids.json").write_text(json.dumps([c.pid for c in children]))
-    codes = _monitor(children, spec["kill_on_failure"], time.time() + 24 * 3600)
+    codes = _monitor(children, spec["kill_on_failure"], time.time() + 24 * 3600,
+                     owner=spec.get("owner"))
     tmp = out / "codes.json.tmp"
     tmp.write_text(json.dumps(codes))
     os.replace(tmp, out / "codes.json")

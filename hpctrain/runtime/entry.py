@@ -143,20 +143,13 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
     from .versions import import_megatron_core
     import_megatron_core()
     from ..record.attempt_end import in_job_restart_event
-    from ..data.blend import split_samples
-    from ..data.order import FEISTEL, PERMUTATION
     from . import collectives, distributed
-    from .batches import BatchFeeder
-    from .checkpoint.manager import Checkpointer
-    from .checkpoint.weights import load_model_only
+    from .assembly import assemble_attempt
     from .comm_overlap import describe as describe_overlap
     from .context import RankContext
     from .digest import weights_digest
-    from .evaluation import build_evaluator
     from .faults import TestHooks
     from .log import logger
-    from .loop import Trainer
-    from .metrics import MetricsWriter
     from .model import build_model_and_optimizer, initialize_parallel
     from .preemption import PreemptionFlag
     from .versions import check_megatron_core
@@ -207,31 +200,12 @@ def _train(run: RunFolder, renv: RankEnv, jenv: JobEnv,
         logger.info(f"communication: {describe_overlap(mo.model, mo.config)}")
         for note in mo.notes:
             logger.info(f"note: {note}")
-    datasets: dict = {}
-    samples = split_samples(job.data, "train", job.model.seq_length, job.train.seed,
-                            job.model.vocab_size, datasets)
-    feeder = BatchFeeder(samples, layout, device, job.data.num_workers)
-    if ctx.is_rank0:
-        logger.info(f"data: training {samples.describe()}")
-    stragglers = _straggler_watch(ctx, feeder, hooks)
-    ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
-    loaded = ckpt.resume()
-    order = FEISTEL
-    if loaded is not None:
+    def resumed(loaded) -> None:     # kept if the attempt fails later
         result.checkpoint_loaded = str(loaded.path)
-        # a run saved before the on-the-fly order goes on reading the order it started with
-        order = loaded.common.get("sample_order", PERMUTATION)
-        samples.use_order(order)
-        result.load_seconds = round(loaded.seconds, 3)   # kept if the attempt fails later
-    elif job.train.init_from:
-        folder = load_model_only(mo, job.train.init_from, ctx.is_rank0)
-        if ctx.is_rank0:
-            logger.info(f"initial weights from {folder}")
-    metrics = MetricsWriter(ctx, job.train.steps, resume_step=loaded.step if loaded else 0)
-    ckpt.on_published = metrics.committed
-    evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks, order)
-    trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
-                      watchdog=ctx.watchdog, stragglers=stragglers, evaluator=evaluator)
+        result.load_seconds = round(loaded.seconds, 3)
+    parts = assemble_attempt(ctx, mo, hooks, flag, on_resumed=resumed)
+    feeder, ckpt, loaded, metrics, trainer = (parts.feeder, parts.checkpointer, parts.loaded,
+                                              parts.metrics, parts.trainer)
     result.start_step = result.end_step = trainer.step
     # kept if the attempt fails later: the recovery time after a failure counts to it
     def on_first_step(at: float) -> None:
@@ -379,30 +353,6 @@ def _start_watchdog(run: RunFolder, renv: RankEnv, jenv: JobEnv, job: JobConfig,
                    on_verdict=on_verdict, log=logger.info)
     _WATCHDOG.append(dog)
     return dog.start()
-
-
-def _straggler_watch(ctx, feeder, hooks):
-    """Times every forward pass and gathers the times at log steps (``straggler_timing``).
-    Exclusion needs the batch shell, which requeues without the node."""
-    import os
-    from ..flops import model_flops_per_step
-    from ..model_shape import ModelShape
-    from .straggler_timing import ComputeTimer, StragglerWatch
-    from .watchdog import WATCHER_ENV
-    feeder.timer = ComputeTimer(ctx.device, hooks.forward_delay(ctx.rank))
-    health = ctx.job.health
-    may_exclude = health.exclude_stragglers and os.environ.get(WATCHER_ENV) == "batch"
-    if health.exclude_stragglers and not may_exclude and ctx.is_rank0:
-        from .log import logger
-        logger.info("note: health.exclude_stragglers: only a Slurm batch script can requeue "
-                    "without a node; stragglers are named only")
-    # a node already stopped for once: excluded, or kept in (the job cannot start without it)
-    before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"
-              for n in (r.get("excluded_nodes") or []) + (r.get("not_excluded_nodes") or [])}
-    flops = model_flops_per_step(ModelShape.from_model(ctx.job.model),
-                                 ctx.job.batch.global_batch_size,
-                                 ctx.layout.tensor_model_parallel_size)
-    return StragglerWatch(ctx, feeder.timer, may_exclude, before, flops)
 
 
 def _cleanup(exiting: bool = False) -> None:

@@ -144,17 +144,10 @@ class Probe:
         """Attempt ``number`` of ``run``, assembled as the runtime assembles one."""
         from megatron.core import parallel_state
 
-        from hpctrain.data.blend import split_samples
-        from hpctrain.data.order import FEISTEL, PERMUTATION
-        from hpctrain.runtime.batches import BatchFeeder
-        from hpctrain.runtime.checkpoint.manager import Checkpointer
+        from hpctrain.runtime.assembly import assemble_attempt
         from hpctrain.runtime.context import RankContext
         from hpctrain.runtime.digest import local_digest
-        from hpctrain.runtime.entry import _straggler_watch
-        from hpctrain.runtime.evaluation import build_evaluator
         from hpctrain.runtime.job_env import JobEnv
-        from hpctrain.runtime.loop import Trainer
-        from hpctrain.runtime.metrics import MetricsWriter
         from hpctrain.runtime.model import build_model_and_optimizer, initialize_parallel
         from hpctrain.runtime.preemption import PreemptionFlag
 
@@ -180,20 +173,6 @@ class Probe:
         heard = Heard()
         ctx.watchdog = heard
         mo = build_model_and_optimizer(job, layout, "cpu")
-        datasets: dict = {}
-        samples = split_samples(job.data, "train", job.model.seq_length, job.train.seed,
-                                job.model.vocab_size, datasets)
-        feeder = BatchFeeder(samples, layout, "cpu", job.data.num_workers)
-        stragglers = _straggler_watch(ctx, feeder, hooks)
-        ckpt = Checkpointer(ctx, mo, run.checkpoint_dir(job, profile), hooks)
-        loaded = ckpt.resume()
-        order = FEISTEL
-        if loaded is not None:
-            order = loaded.common.get("sample_order", PERMUTATION)
-            samples.use_order(order)
-        metrics = MetricsWriter(ctx, job.train.steps, resume_step=loaded.step if loaded else 0)
-        ckpt.on_published = metrics.committed
-        evaluator = build_evaluator(ctx, mo, datasets, flag, metrics, hooks, order)
         at = {}
 
         def clock() -> float:
@@ -204,18 +183,18 @@ class Probe:
                 trainer.step >= deadline_after
             return DEADLINE if near else DEADLINE - 1e6
 
-        trainer = Trainer(ctx, mo, feeder, ckpt, hooks, flag, loaded=loaded, metrics=metrics,
-                          clock=clock, watchdog=heard, stragglers=stragglers,
-                          evaluator=evaluator)
+        parts = assemble_attempt(ctx, mo, hooks, flag, clock=clock)
+        trainer, ckpt, loaded = parts.trainer, parts.checkpointer, parts.loaded
         at["trainer"] = trainer
         after_step = self.record_steps(ckpt, lambda: local_digest(mo.modules))
         with reported_losses() as reported:
             outcome = trainer.run()
         after_step = [[step, digest, reported[i] if reported else None]
                       for i, (step, digest) in enumerate(after_step)]
-        metrics.close(finished_step=trainer.step if outcome.exit_reason == "finished" else None,
-                      status="finished" if outcome.exit_reason == "finished" else "stopped")
-        feeder.close()
+        finished = outcome.exit_reason == "finished"
+        parts.metrics.close(finished_step=trainer.step if finished else None,
+                            status="finished" if finished else "stopped")
+        parts.feeder.close()
         ckpt.close()
         flag.uninstall()
         seen = {"rank": rank, "loaded": loaded.step if loaded else None,
