@@ -278,6 +278,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # rank, rank 0's time limit (between steps and in an evaluation), evaluations cut short
     # and done again, the guard's skips, saves, and a resumed run that trains bit for bit
     "loop": ("hpctrain/runtime/loop.py", ["tests/runtime/test_training_loop.py"]),
+    # rank 0's metrics: each interval's mean step time, throughput and MFU, what a record,
+    # TensorBoard and the progress line hold, and nothing written by the other ranks
+    "metrics": ("hpctrain/runtime/metrics.py", ["tests/runtime/test_metrics_records.py"]),
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),

@@ -140,7 +140,8 @@ class MetricsWriter:
         parts = [f"step {rec['step']}/{self.total_steps}",
                  f"loss {rec['loss']:.4f}" if isinstance(rec["loss"], float) else f"loss {rec['loss']}",
                  f"grad {gn:.3f}" if isinstance(gn, float) else f"grad {gn}",
-                 f"lr {rec['lr']:.2e}", f"{rec['tokens_per_s']:.0f} tok/s",
+                 f"lr {rec['lr']:.2e}",
+                 "n/a tok/s" if rec["tokens_per_s"] is None else f"{rec['tokens_per_s']:.0f} tok/s",
                  f"{rec['step_time_s']:.3f} s/step",
                  "MFU " + (f"{100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"),
                  f"ETA {eta}"]
