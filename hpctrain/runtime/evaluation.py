@@ -66,7 +66,8 @@ class Evaluator:
         ctx, lay, mo = self.ctx, self.ctx.layout, self.mo
         feeder = self.feeders[kind]
         chunks = len(mo.model)
-        started = time.time()
+        # durations on the monotonic clock, which an NTP step of the wall clock does not move
+        started = time.perf_counter()
         total, loss, stopped_by = 0.0, None, None
         batch_s = 0.0
         for m in mo.model:
@@ -74,7 +75,7 @@ class Evaluator:
         try:
             with torch.no_grad():
                 for i in range(self.iters):
-                    batch_started = time.time()
+                    batch_started = time.perf_counter()
                     if self.watchdog is not None:
                         self.watchdog.progress(phase=f"{kind} batch {i + 1}/{self.iters}")
                     reports = get_forward_backward_func()(
@@ -86,7 +87,7 @@ class Evaluator:
                         micro_batch_size=lay.micro_batch_size, forward_only=True)
                     if i == 0 and self.hooks is not None:
                         self.hooks.hold_in_evaluation(step, self.released, waiting=self._held)
-                    took = time.time() - batch_started
+                    took = time.perf_counter() - batch_started
                     batch_s = took if i == 0 else max(batch_s, took)
                     agreed = self._agree(step_loss(reports, lay.num_microbatches)
                                          if self.reports_loss else None,
@@ -104,7 +105,7 @@ class Evaluator:
             feeder.close()
             for m in mo.model:
                 m.train()
-        result = EvalResult(kind, loss, self.iters, time.time() - started, stopped_by)
+        result = EvalResult(kind, loss, self.iters, time.perf_counter() - started, stopped_by)
         if loss is None:
             if ctx.is_rank0:
                 logger.info(f"step {step}: {kind} stopped by "

@@ -139,7 +139,9 @@ class Trainer:
         self.step_time = None
         self.last_loss: float | None = None
         self.first_step_started: float | None = None
-        self.fb_issued_at: float | None = None   # when the last step had issued fwd+bwd
+        # when the last step had issued fwd+bwd (time.perf_counter: durations are measured on
+        # the monotonic clock, which an NTP step of the wall clock does not move)
+        self.fb_issued_at: float | None = None
         self.on_first_step = None       # called with the first step's start time
 
     def common_state(self) -> dict:
@@ -169,7 +171,7 @@ class Trainer:
             model=mo.model if chunks > 1 else mo.model[0],
             num_microbatches=lay.num_microbatches, seq_length=ctx.job.model.seq_length,
             micro_batch_size=lay.micro_batch_size, forward_only=False)
-        self.fb_issued_at = time.time()
+        self.fb_issued_at = time.perf_counter()
         # Started now, read after megatron's own host synchronisation (the gradient norm):
         # the agreement costs the step no wait of its own.
         agreement = self._start_agreement(
@@ -207,12 +209,12 @@ class Trainer:
             logger.warning(f"step {self.step + 1}: not profiled: {type(e).__name__}: {e}")
             return None
 
-    def _profile_end(self, profiled, started: float) -> None:
+    def _profile_end(self, profiled, tick: float) -> None:
         """The profiled step's summary into the attempt's folder (rank 0's trace beside it)
         and rank 0's log; a profile that cannot be written is said, the run goes on."""
         from .step_profile import describe
         try:
-            report = profiled.stop(self.fb_issued_at - started, time.time() - started)
+            report = profiled.stop(self.fb_issued_at - tick, time.perf_counter() - tick)
             profiled.write(self.ctx.run.attempt_dir(self.ctx.attempt), self.step, self.ctx.rank,
                            trace=self.ctx.is_rank0)
         except Exception as e:  # noqa: BLE001 - a diagnostic never stops the training
@@ -279,7 +281,8 @@ class Trainer:
         if not self._evaluations():   # an evaluation the last attempt was stopped in
             return self._preempted_in_evaluation()
         while self.step < self.total_steps:
-            started = time.time()
+            started = time.time()           # the epoch second, for the attempt's record
+            tick = time.perf_counter()      # the step's duration: never negative, see above
             if self.first_step_started is None:
                 self.first_step_started = started
                 if self.on_first_step is not None:
@@ -293,8 +296,8 @@ class Trainer:
                 timer.step_end()
             self.ckpt.step_done(self.step)
             if profiled is not None:
-                self._profile_end(profiled, started)
-            elapsed = time.time() - started
+                self._profile_end(profiled, tick)
+            elapsed = time.perf_counter() - tick
             self.step_time = elapsed if self.step_time is None else 0.8 * self.step_time + 0.2 * elapsed
             if self.watchdog is not None:
                 self.watchdog.step_done(self.step, elapsed)

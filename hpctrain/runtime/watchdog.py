@@ -21,6 +21,13 @@ rank itself has made no progress for the limit (a hung job stops every rank): it
 heartbeat, blames the rank that stopped first and claims the verdict; it also wakes and
 signals the silent ranks on its own node. With a watcher it still decides after twice the
 limit and a minute more, in case the watcher is gone.
+
+How long a rank has been idle is measured on the monotonic clock. The wall clock can be
+stepped (an NTP correction, a VM resumed): measured on it, a step forward by more than the
+limit would make a healthy job look hung and requeue it, and a step back would hide a real
+hang for as long as the step. Each beat writes the last progress on the wall clock of the
+moment (``beat_at`` minus the monotonic idle time), so ``beat_at - progress_at`` is the idle
+time whatever the wall clock did.
 """
 
 from __future__ import annotations
@@ -118,7 +125,7 @@ class Watchdog:
         self.step: int | None = None
         self.start_step: int | None = None
         self.phase = "start"
-        self.progress_at = time.time()
+        self._progress_tick = time.monotonic()    # the last progress, on the monotonic clock
         self.slowest_step_s: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,14 +139,19 @@ class Watchdog:
             self.step = step
         if phase is not None:
             self.phase = phase
-        self.progress_at = time.time()
+        self._progress_tick = time.monotonic()
 
     def step_done(self, step: int, seconds: float) -> None:
         if self.start_step is None:
             self.start_step = step - 1
         if self.slowest_step_s is None or seconds > self.slowest_step_s:
             self.slowest_step_s = seconds
-        self.step, self.phase, self.progress_at = step, "step", time.time()
+        self.step, self.phase, self._progress_tick = step, "step", time.monotonic()
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since this rank's last progress (monotonic: see the module's docstring)."""
+        return time.monotonic() - self._progress_tick
 
     @property
     def limit_s(self) -> float:
@@ -184,9 +196,10 @@ class Watchdog:
     # ---------------------------------------------------------------- the side thread
     def _beat(self) -> None:
         counts, members = collective_counts(self._groups)
+        now = time.time()
         write_beat(self.dir, Beat(rank=self.rank, node=self.node, pid=os.getpid(), step=self.step,
                                   start_step=self.start_step, phase=self.phase,
-                                  progress_at=self.progress_at, beat_at=time.time(),
+                                  progress_at=now - self.idle_s, beat_at=now,
                                   limit_s=self.limit_s, collectives=counts, members=members,
                                   where=main_thread_where()))
 
@@ -203,7 +216,7 @@ class Watchdog:
     def _decide(self) -> hangs.Verdict | None:
         """Decide here only when this rank itself has been idle for the limit (a hung job stops
         every rank), and with a watcher present only when it seems to be gone."""
-        idle = time.time() - self.progress_at
+        idle = self.idle_s
         limit = self.limit_s
         if idle <= (2 * limit + WATCHER_GRACE_S if self.watcher else limit):
             return None

@@ -7,11 +7,12 @@ and optimizer, batch feeder, straggler watch, checkpointer and its resume, metri
 evaluator and preemption flag, then ``Trainer.run()``. What can only come from outside is
 injected where it comes from: a real ``SIGUSR1`` sent to one rank's own process (at the start
 of a step, or in the first batch of an evaluation), a time limit that only rank 0's clock
-sees, a NaN loss through the runtime's test hooks.
+sees, a NaN loss through the runtime's test hooks, the wall clock stepped back.
 
 Runs (6 steps, validation every 2 steps, a test at the end, background saves every 2 steps):
 
-* ``whole``: uninterrupted;
+* ``whole``: uninterrupted; the wall clock of every rank is stepped back an hour (as an NTP
+  correction does) at the start of step 4 and in the first batch of the second validation;
 * ``stopped``: attempt 1 gets the signal on rank 3 at step 3; attempt 2 resumes and trains
   step 4, and rank 0's time limit comes near in the validation after it; attempt 3 gets the
   signal on rank 1 in the validation of step 4 it does again first; attempt 4 does it, trains
@@ -34,12 +35,29 @@ import json
 import os
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain.runtime.faults import TestHooks
 
 DEADLINE = 4_000_000_000.0      # the time limit's epoch second; rank 0's clock jumps to it
+WALL_CLOCK = time.time
+CLOCK_STEP_S = 3600.0           # how far the wall clock is stepped back
+
+
+def step_wall_clock_back() -> None:
+    """``time.time`` of this process from now on an hour further back, as after an NTP step
+    (the probe cannot move the machine's clock; ``restore_wall_clock`` puts it back)."""
+    shifted = time.time
+
+    def stepped() -> float:
+        return shifted() - CLOCK_STEP_S
+    time.time = stepped
+
+
+def restore_wall_clock() -> None:
+    time.time = WALL_CLOCK
 
 
 class ProbeHooks(TestHooks):
@@ -50,9 +68,11 @@ class ProbeHooks(TestHooks):
     __test__ = False
 
     def __init__(self, rank: int, signal_step: int | None = None,
-                 eval_signal: int | None = None, **hooks) -> None:
+                 eval_signal: int | None = None, clock_back_step: int | None = None,
+                 clock_back_eval: int | None = None, **hooks) -> None:
         super().__init__(**hooks)
         self.rank, self.signal_step, self.eval_signal = rank, signal_step, eval_signal
+        self.clock_back_step, self.clock_back_eval = clock_back_step, clock_back_eval
         self.evaluations = 0
 
     @property
@@ -62,12 +82,16 @@ class ProbeHooks(TestHooks):
     def at_step(self, step, rank, **kwargs):
         if step == self.signal_step:
             os.kill(os.getpid(), signal.SIGUSR1)
+        if step == self.clock_back_step:
+            step_wall_clock_back()
         return super().at_step(step, rank, **kwargs)
 
     def hold_in_evaluation(self, step, released, waiting=None):
         self.evaluations += 1
         if self.evaluations == self.eval_signal:
             os.kill(os.getpid(), signal.SIGUSR1)
+        if self.evaluations == self.clock_back_eval:
+            step_wall_clock_back()
         return True
 
 
@@ -140,7 +164,8 @@ class Probe:
 
     def attempt(self, run, number: int, *, signal_rank: int | None = None,
                 signal_step: int | None = None, eval_signal: int | None = None,
-                deadline_after: int | None = None, nan_steps=()) -> dict:
+                deadline_after: int | None = None, nan_steps=(), clock_back_step=None,
+                clock_back_eval=None) -> dict:
         """Attempt ``number`` of ``run``, assembled as the runtime assembles one."""
         from megatron.core import parallel_state
 
@@ -160,7 +185,7 @@ class Probe:
         initialize_parallel(layout, job.train.seed)
         mine = signal_rank == rank
         hooks = ProbeHooks(rank, signal_step if mine else None, eval_signal if mine else None,
-                           nan_steps=set(nan_steps))
+                           clock_back_step, clock_back_eval, nan_steps=set(nan_steps))
         hooks.attempt = number
         flag = PreemptionFlag(profile.preemption.signal)
         flag.install()
@@ -187,8 +212,11 @@ class Probe:
         trainer, ckpt, loaded = parts.trainer, parts.checkpointer, parts.loaded
         at["trainer"] = trainer
         after_step = self.record_steps(ckpt, lambda: local_digest(mo.modules))
-        with reported_losses() as reported:
-            outcome = trainer.run()
+        try:
+            with reported_losses() as reported:
+                outcome = trainer.run()
+        finally:
+            restore_wall_clock()
         after_step = [[step, digest, reported[i] if reported else None]
                       for i, (step, digest) in enumerate(after_step)]
         finished = outcome.exit_reason == "finished"
@@ -225,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     whole, stopped, unstable, unclipped = (RunFolder(Path(p)) for p in args[:4])
     probe = Probe(Path(args[4]))
     probe.start()
-    probe.attempt(whole, 1)
+    probe.attempt(whole, 1, clock_back_step=4, clock_back_eval=2)
     probe.attempt(stopped, 1, signal_rank=3, signal_step=3)
     probe.attempt(stopped, 2, deadline_after=4)
     probe.attempt(stopped, 3, signal_rank=1, eval_signal=1)

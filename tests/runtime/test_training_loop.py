@@ -191,6 +191,26 @@ def test_the_signal_is_named_on_the_rank_it_reached(probed):
             "the job's time limit is near during evaluation: step 4 saved")
 
 
+def test_a_wall_clock_stepped_back_moves_no_duration(probed):
+    """The whole run's wall clocks went an hour back at step 4's start and in the first batch
+    of the second validation, on every rank, as an NTP correction does. Every step time and
+    evaluation time stays the short positive duration it was (the watchdog's, below, too):
+    a negative one would shrink the reserve the time limit is judged by, and show a
+    negative throughput."""
+    from tests.runtime.loop_probe import CLOCK_STEP_S
+    records = probed["runs"]["whole"].metrics(kind=None)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] != "train"]
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
+    assert all(0 < r["step_time_s"] < CLOCK_STEP_S and r["tokens_per_s"] > 0 for r in train)
+    assert [(r["kind"], r["step"]) for r in evals] == [
+        ("validation", 2), ("validation", 4), ("validation", 6), ("test", 6)]
+    assert all(0 <= r["seconds"] < CLOCK_STEP_S for r in evals), evals
+    # the clock did go back, twice: the records' epoch seconds say so
+    times = [r["time"] for r in records]
+    assert sum(b < a - CLOCK_STEP_S / 2 for a, b in zip(times, times[1:])) == 2, times
+
+
 def test_the_watchdog_hears_every_step_and_every_evaluation(probed):
     for key, ranks in probed["seen"].items():
         for seen in ranks:

@@ -31,7 +31,7 @@ def two_idle_ranks(folder, idle_s: float, watcher: bool | None = None) -> list[W
                      device="cpu", init_timeout_s=LIMIT_S, watcher=watcher, beat_s=3600)
         w.dir.mkdir(parents=True, exist_ok=True)
         w.start_step, w.step, w.phase = 0, 5, "step"
-        w.progress_at = time.time() - idle_s
+        w._progress_tick = time.monotonic() - idle_s       # its last progress
         w._beat()
         ranks.append(w)
     return ranks
@@ -56,6 +56,30 @@ def test_under_the_batch_shells_watcher_a_rank_decides_only_when_the_watcher_see
         rank0 = two_idle_ranks(tmp_path / f"idle-{idle_s:.0f}", idle_s=idle_s)[0]
         assert rank0.watcher
         assert (rank0._decide() is not None) is decides, idle_s
+
+
+@pytest.mark.parametrize("step_s", [+6 * LIMIT_S, -3600.0])
+def test_a_wall_clock_stepped_forward_or_back_moves_no_rank_s_idle_time(tmp_path, monkeypatch,
+                                                                        step_s):
+    """The wall clock of every rank on a node stepped (an NTP correction, a VM resumed) right
+    after their last progress: forward by six limits, no rank is taken for hung (the job
+    would be requeued for nothing); back by an hour, a rank idle for the limit is still
+    judged hung (the step would hide a real hang for an hour). The beats say the same idle
+    time as the monotonic clock, on the new wall clock."""
+    monkeypatch.delenv(WATCHER_ENV, raising=False)
+    wall = time.time
+    busy = two_idle_ranks(tmp_path / "busy", idle_s=1.0)
+    hung = two_idle_ranks(tmp_path / "hung", idle_s=LIMIT_S + 5)
+    monkeypatch.setattr(time, "time", lambda: wall() + step_s)
+    for rank in busy + hung:
+        rank._beat()
+    assert busy[0]._decide() is None
+    verdict = hung[0]._decide()
+    assert verdict is not None and verdict.limit_s == LIMIT_S
+    for folder, idle_s in ((tmp_path / "busy", 1.0), (tmp_path / "hung", LIMIT_S + 5)):
+        for beat in read_beats(folder).values():
+            assert idle_s <= beat.idle_at_beat < idle_s + 60, (folder.name, beat)
+            assert abs(beat.beat_at - (wall() + step_s)) < 60, beat
 
 
 def a_verdict(ranks=(0,)) -> hangs.Verdict:
@@ -217,7 +241,7 @@ def test_a_rank_deciding_alone_wakes_every_stopped_rank_on_its_node(tmp_path, mo
         decider = Watchdog(folder, 1, "n1", hang_timeout_s=LIMIT_S, dump_stacks=False,
                            device="cpu", init_timeout_s=LIMIT_S)    # silent after 15 s
         decider.start_step, decider.step, decider.phase = 0, 5, "step"
-        decider.progress_at = time.time() - LIMIT_S - 5
+        decider._progress_tick = time.monotonic() - LIMIT_S - 5
         decider._beat()
         # this rank has seen the stopped ranks' beats unchanged for 100 s
         decider._monitor.update(read_beats(folder), time.monotonic() - 100)
