@@ -1056,6 +1056,20 @@ EQUIVALENT.update({
         "replica bit for bit; with several, to the rounding of one float64 sum)",
 })
 
+_MW = "hpctrain/runtime/metrics.py"
+_EPOCH = ("a record's `time` is the epoch second it was written, for people and plots; "
+          "records are ordered and matched by step, so no reader depends on its digits past "
+          "the second (3 is the millisecond, 2 or 4 equally true)")
+EQUIVALENT.update({
+    (_MW, "core/ReplaceComparisonOperator_Eq_GtE",
+     "return step % self.interval == 0 or skipped is not None or step == self.total_steps"):
+        "the loop never runs a step past `train.steps` (its `while self.step < "
+        "self.total_steps`), so a step at or past the last is the last",
+    (_MW, "core/NumberReplacer", '"attempt": self.ctx.attempt, "time": round(time.time(), 3)}'):
+        _EPOCH,
+    (_MW, "core/NumberReplacer", '"time": round(time.time(), 3)}'): _EPOCH,
+})
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:
