@@ -25,19 +25,18 @@ process is gone, and an exec'd rank is killed by the kernel when its parent dies
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.exit_codes import NOT_A_CRASH
 from hpctrain.identity import OTHER_LAUNCHERS_VARIABLES, free_port
+from hpctrain.scheduler.local.launch import die_with_parent
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,7 +94,7 @@ class Launch:
                     [sys.executable, "-m", *argv],
                     env={**base, **rank_env(r, nprocs, self.port, self.extra)},
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=_die_with_parent if _on_main_thread() else None))
+                    preexec_fn=die_with_parent()))
                 out.close()
         else:
             _server().submit({"run_dir": str(self.run_dir), "n": nprocs, "port": self.port,
@@ -173,19 +172,6 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-def _die_with_parent() -> None:
-    """In an exec'd rank, before exec: ask the kernel for SIGKILL when the parent dies.
-
-    Only set from the main thread: the kernel sends the signal when the *thread* that forked
-    the child ends, which for a helper thread would be long before the test does."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _monitor(procs, kill_on_failure: bool, deadline: float, owner: int | None = None) -> list[int]:

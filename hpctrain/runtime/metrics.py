@@ -33,7 +33,9 @@ def _finite(x):
 
 
 class MetricsWriter:
-    def __init__(self, ctx, total_steps: int, resume_step: int = 0) -> None:
+    def __init__(self, ctx, total_steps: int, resume_step: int) -> None:
+        """``resume_step``: the step the attempt resumed from (0 on a fresh start): the
+        trackers are sent what earlier attempts left up to it."""
         self.ctx = ctx
         self.total_steps = total_steps
         job = ctx.job

@@ -1,7 +1,10 @@
-"""The test launcher's promise that ranks never outlive the process that launched them.
+"""The launchers' promise that ranks never outlive the process that launched them: the tests'
+(``tests/launch.py``, forked or exec'd ranks) and the tools' (``hpctrain.scheduler.local.launch``,
+which ``tools/gpu_check`` and the benchmarks use).
 
 A test killed by a timeout must not leave ranks behind: a rank that never finishes would spin
-for hours, slowing every test after it."""
+for hours, slowing every test after it. A tool stopped with Ctrl-C must not leave ranks holding
+a GPU: they run in sessions of their own, which the terminal's signal does not reach."""
 
 from __future__ import annotations
 
@@ -17,14 +20,22 @@ from tests.launch import REPO, _alive
 LAUNCHER = """
 import json, sys, time
 sys.path.insert(0, {repo!r})
-from tests.launch import Launch
-launch = Launch({run_dir!r}, 2, mode={mode!r}, module="tests.runtime.sleep_probe", args=["3600"])
-print(json.dumps(launch.pids()), flush=True)
+if {mode!r} == "tools":
+    from hpctrain.scheduler.local.launch import start_ranks
+    ranks = start_ranks([sys.executable, "-m", "tests.runtime.sleep_probe", "3600"],
+                        {run_dir!r}, ranks_per_node=2, env={{"PYTHONPATH": {repo!r}}})
+    pids = [p.pid for p in ranks.procs]
+else:
+    from tests.launch import Launch
+    launch = Launch({run_dir!r}, 2, mode={mode!r}, module="tests.runtime.sleep_probe",
+                    args=["3600"])
+    pids = launch.pids()
+print(json.dumps(pids), flush=True)
 time.sleep(3600)
 """
 
 
-@pytest.mark.parametrize("mode", ["fork", "exec"])
+@pytest.mark.parametrize("mode", ["fork", "exec", "tools"])
 def test_ranks_die_when_the_launching_process_is_killed(tmp_path, mode):
     owner = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER.format(repo=str(REPO), run_dir=str(tmp_path), mode=mode)],

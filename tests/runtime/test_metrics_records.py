@@ -67,7 +67,7 @@ def _writer(tmp_path, rank: int = 0, peak: float | None = PEAK, name: str = "run
                   signal_flag=None, log_to_file=False, local_executor=False, local_job_id=None)
     ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=env, job_env=jenv,
                       attempt=3, device="cpu")
-    return MetricsWriter(ctx, STEPS)
+    return MetricsWriter(ctx, STEPS, resume_step=0)
 
 
 def _records(writer) -> list[dict]:
@@ -175,7 +175,7 @@ def test_a_tensorboard_folder_that_cannot_be_made_leaves_the_records(tmp_path, l
     writer.close()
     shutil.rmtree(writer.ctx.run.path / "tensorboard")
     (writer.ctx.run.path / "tensorboard").write_text("not a folder")
-    writer = MetricsWriter(writer.ctx, STEPS)
+    writer = MetricsWriter(writer.ctx, STEPS, resume_step=0)
     assert writer.tb is None
     _feed(writer)
     writer.record_eval("validation", 10, 2.0, 4, 64, 1.0)

@@ -8,14 +8,21 @@ process gets torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, a f
 ``HPCTRAIN_TEST_NODE_NAME``. Like ``srun --kill-on-bad-exit``, the first rank that fails takes
 the others down. The ``local`` profile's real path is submitit's local executor (``hpctrain
 submit``).
+
+The ranks run in sessions of their own (a signal meant for one rank's group reaches only it),
+so a Ctrl-C at the terminal does not reach them: they die with the process that started them
+instead (``die_with_parent``), or a tool stopped on a GPU machine would leave its ranks
+holding the GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +66,22 @@ class LocalRanks:
                 p.wait()
 
 
+PR_SET_PDEATHSIG = 1       # prctl(2): the signal this process gets when its parent dies
+
+
+def _kill_me_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent():
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets SIGKILL when its parent dies
+    (Linux). None off the main thread: the kernel sends the signal when the *thread* that
+    started the child ends, which for a helper thread may be long before its process does."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return _kill_me_with_parent
+
+
 def start_ranks(argv: list[str], log_dir: str | os.PathLike, *, nodes: int = 1,
                 ranks_per_node: int = 1, env: dict | None = None,
                 node_names: list[str] | None = None) -> LocalRanks:
@@ -83,7 +106,8 @@ def start_ranks(argv: list[str], log_dir: str | os.PathLike, *, nodes: int = 1,
         with os.fdopen(open_for_append(Path(log_dir) / f"rank-{rank}.log", truncate=True),
                        "wb") as log:
             ranks.procs.append(subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True))
+                                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                                preexec_fn=die_with_parent()))
     return ranks
 
 
