@@ -280,7 +280,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "loop": ("hpctrain/runtime/loop.py", ["tests/runtime/test_training_loop.py"]),
     # one attempt's parts built in the runtime's one order (resume before metrics, the
     # resumed sample order before the evaluator), as the loop's stories build each attempt
-    "assembly": ("hpctrain/runtime/assembly.py", ["tests/runtime/test_training_loop.py"]),
+    "assembly": ("hpctrain/runtime/assembly.py", [
+        "tests/runtime/test_attempt_assembly.py", "tests/runtime/test_training_loop.py"]),
     # rank 0's metrics: each interval's mean step time, throughput and MFU, what a record,
     # TensorBoard and the progress line hold, and nothing written by the other ranks
     "metrics": ("hpctrain/runtime/metrics.py", ["tests/runtime/test_metrics_records.py"]),

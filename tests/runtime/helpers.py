@@ -102,3 +102,21 @@ def tensor_write_item(name: str, tensor):
                      tensor_data=TensorWriteData(ChunkStorageMetadata((0,), tensor.shape),
                                                  TensorProperties(dtype=tensor.dtype),
                                                  tensor.shape))
+
+
+def rank_context(root: Path, name: str, job: dict, world: int, rank: int = 0,
+                 profile: dict | None = None, attempt: int = 1):
+    """The ``RankContext`` rank ``rank`` of a ``world``-rank attempt builds on a new run folder
+    (no process group: for what a rank does on its own)."""
+    from hpctrain.identity import RankEnv
+    from hpctrain.runtime.context import RankContext
+    from hpctrain.runtime.entry import resolve_layout
+    from hpctrain.runtime.job_env import JobEnv
+    run = make_run(root, name, job, world, profile)
+    job, prof = run.resolved_job(), run.resolved_profile()
+    env = RankEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                  master_addr="127.0.0.1", master_port=1, launcher="test")
+    jenv = JobEnv(run_dir=str(run.path), attempt=attempt, deadline=None, preempt_signal=None,
+                  signal_flag=None, log_to_file=False, local_executor=False, local_job_id=None)
+    return RankContext(run=run, job=job, profile=prof, layout=resolve_layout(job, prof, world),
+                       env=env, job_env=jenv, attempt=attempt, device="cpu")

@@ -19,13 +19,9 @@ import pytest
 
 from hpctrain.flops import model_flops_per_step
 from hpctrain.health.stragglers import SlowNode
-from hpctrain.identity import RankEnv
 from hpctrain.model_shape import ModelShape
-from hpctrain.runtime.context import RankContext
-from hpctrain.runtime.entry import resolve_layout
-from hpctrain.runtime.job_env import JobEnv
 from hpctrain.runtime.metrics import MetricsWriter
-from tests.runtime.helpers import job_mapping, local_profile, make_run
+from tests.runtime.helpers import job_mapping, local_profile, rank_context
 
 WORLD, TP = 4, 2
 PEAK = 123.0                # TFLOP/s per device, the profile's node.peak_tflops
@@ -58,15 +54,8 @@ def _writer(tmp_path, rank: int = 0, peak: float | None = PEAK, name: str = "run
     job = job_mapping(str(tmp_path / "unused"), "tp2dp2_zero1", steps=STEPS,
                       train={"log_interval": INTERVAL}, **({"tracking": tracking} if tracking
                                                            else {}))
-    run = make_run(tmp_path, name, job, WORLD, local_profile(WORLD, node={"peak_tflops": peak}))
-    job, profile = run.resolved_job(), run.resolved_profile()
-    layout = resolve_layout(job, profile, WORLD)
-    env = RankEnv(rank=rank, local_rank=rank, world_size=WORLD, local_world_size=WORLD,
-                  master_addr="127.0.0.1", master_port=1, launcher="test")
-    jenv = JobEnv(run_dir=str(run.path), attempt=3, deadline=None, preempt_signal=None,
-                  signal_flag=None, log_to_file=False, local_executor=False, local_job_id=None)
-    ctx = RankContext(run=run, job=job, profile=profile, layout=layout, env=env, job_env=jenv,
-                      attempt=3, device="cpu")
+    ctx = rank_context(tmp_path, name, job, WORLD, rank,
+                       local_profile(WORLD, node={"peak_tflops": peak}), attempt=3)
     return MetricsWriter(ctx, STEPS, resume_step=0)
 
 
