@@ -157,6 +157,18 @@ def test_a_step_time_of_zero_gives_no_rate_and_still_a_line(tmp_path, lines):
     assert recs[-1]["rank_tflops_min"] is None and recs[-1]["compute_s_max"] == 0.5
 
 
+def test_without_tensorboard_installed_the_records_are_written(tmp_path, monkeypatch):
+    """TensorBoard is optional (``hpctrain[tensorboard]``): without it, no event files."""
+    import sys
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)   # import fails
+    writer = _writer(tmp_path, name="no-tensorboard")
+    assert writer.tb is None
+    _feed(writer)
+    writer.close()
+    assert [r["step"] for r in _records(writer)] == [3, 5, 6, 9, 10]
+    assert not (writer.ctx.run.path / "tensorboard").exists()
+
+
 def test_a_tensorboard_folder_that_cannot_be_made_leaves_the_records(tmp_path, lines):
     """TensorBoard is optional: where its folder cannot be made (a file in the way, a full
     or read-only disk), rank 0 writes its records and lines without it."""
@@ -215,11 +227,13 @@ def test_evaluation_records_and_tensorboard_scalars(tmp_path, lines):
     assert [(e.step, e.value) for e in events.Scalars("validation/loss")] == [(9, 2.5)]
 
 
-def test_the_tracker_gets_what_a_checkpoint_holds_and_at_the_finish_everything(tmp_path, lines):
+def test_the_tracker_gets_what_a_checkpoint_holds_and_at_the_finish_everything(
+        tmp_path, lines, monkeypatch):
     """Through MLflow's real client and store: an attempt that stops sends the records up to
     the step its checkpoint holds and ends the tracker run as stopped; one that finishes
     sends every record, its evaluation, the report, and ends it finished."""
     from mlflow import MlflowClient
+    monkeypatch.chdir(tmp_path)          # a SQLite store keeps artifacts in ./mlruns
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracking = {"mlflow": {"tracking_uri": uri, "experiment": "metrics"}}
     client = MlflowClient(tracking_uri=uri)
