@@ -1069,6 +1069,10 @@ EQUIVALENT.update({
      "return step % self.interval == 0 or skipped is not None or step == self.total_steps"):
         "the loop never runs a step past `train.steps` (its `while self.step < "
         "self.total_steps`), so a step at or past the last is the last",
+    (_MW, "core/ReplaceComparisonOperator_Eq_LtE",
+     "return step % self.interval == 0 or skipped is not None or step == self.total_steps"):
+        "the first `==`: a remainder by a positive interval is never negative, so `<= 0` is "
+        "`== 0` (the last one's `<=` logs every step, which the stories kill)",
     (_MW, "core/NumberReplacer", '"attempt": self.ctx.attempt, "time": round(time.time(), 3)}'):
         _EPOCH,
     (_MW, "core/NumberReplacer", '"time": round(time.time(), 3)}'): _EPOCH,

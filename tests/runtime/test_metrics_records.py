@@ -125,6 +125,17 @@ def test_rank_0_logs_each_interval_with_its_own_mean_time_throughput_and_mfu(tmp
     assert progress[3].endswith("| straggler node-b")
 
 
+def test_the_last_step_of_a_long_run_is_logged(tmp_path):
+    """Step numbers are compared by value, also past the small integers CPython keeps one
+    object for: the last of 1001 steps is logged, though not on the interval."""
+    ctx = _writer(tmp_path).ctx
+    writer = MetricsWriter(ctx, int("1001"), resume_step=0)
+    assert [s for s in range(1, 1002) if writer.due(s, None)] == [INTERVAL * k for k in
+                                                                   range(1, 334)] + [1001]
+    assert writer.due(1000, "loss spike") and not writer.due(1000, None)
+    writer.close()
+
+
 def test_the_progress_line_reads_each_value_of_its_record(tmp_path):
     writer = _writer(tmp_path)
     rec = {"step": 4, "loss": 2.34567, "grad_norm": 0.12345, "lr": 2.5e-4,
