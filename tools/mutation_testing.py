@@ -1078,6 +1078,11 @@ EQUIVALENT.update({
     (_MW, "core/NumberReplacer", '"time": round(time.time(), 3)}'): _EPOCH,
 })
 
+EQUIVALENT[("hpctrain/runtime/assembly.py", "core/ReplaceComparisonOperator_Eq_GtE",
+            'before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"')] = (
+    "the only attempts whose records name nodes left out are `exit_codes.EXCLUDING_REASONS` "
+    "(preflight_failed, hung, straggler), and none of them sorts after `straggler`")
+
 
 def equivalent_why(module: str, operator: str, line: str, in_annotation: bool = False,
                    before: str = "") -> str | None:
