@@ -29,7 +29,7 @@ else:
     from tests.launch import Launch
     launch = Launch({run_dir!r}, 2, mode={mode!r}, module="tests.runtime.sleep_probe",
                     args=["3600"])
-    pids = launch.pids()
+    pids = launch.pids(timeout=600)      # the fork server imports megatron-core first
 print(json.dumps(pids), flush=True)
 time.sleep(3600)
 """
