@@ -4,6 +4,7 @@ reference run is trained once per session however many tests compare against it.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -12,6 +13,21 @@ import pytest
 from tests.conftest import hpctrain
 from tests.launch import Launch, launch
 from tests.runtime.helpers import CORPUS, job_mapping, make_run, result, world_of
+
+
+@pytest.fixture
+def lines():
+    """What this process's ``hpctrain`` logger says (INFO and up), message by message: the
+    lines a rank's log would hold, for code run in the test's own process."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    log = logging.getLogger("hpctrain")
+    log.addHandler(handler)
+    level, log.level = log.level, logging.INFO
+    yield said
+    log.removeHandler(handler)
+    log.setLevel(level)
 
 
 class Workspace:

@@ -8,10 +8,7 @@ ledger, so an attempt that misread it would requeue the job for the same slow no
 
 from __future__ import annotations
 
-import logging
 import types
-
-import pytest
 
 from hpctrain.flops import model_flops_per_step
 from hpctrain.model_shape import ModelShape
@@ -24,19 +21,6 @@ from tests.runtime.helpers import job_mapping, rank_context
 WORLD = 4
 NOTE = ("note: health.exclude_stragglers: only a Slurm batch script can requeue without a "
         "node; stragglers are named only")
-
-
-@pytest.fixture
-def notes():
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    log = logging.getLogger("hpctrain")
-    log.addHandler(handler)
-    level, log.level = log.level, logging.INFO
-    yield lines
-    log.removeHandler(handler)
-    log.setLevel(level)
 
 
 def _ctx(tmp_path, name, exclude: bool, rank: int = 0):
@@ -65,18 +49,18 @@ def test_the_nodes_stopped_for_before_are_read_from_the_ledger(tmp_path, monkeyp
     assert watch.flops_per_rank == flops / WORLD
 
 
-def test_exclusion_needs_the_batch_shell_and_rank_0_says_so_once(tmp_path, monkeypatch, notes):
+def test_exclusion_needs_the_batch_shell_and_rank_0_says_so_once(tmp_path, monkeypatch, lines):
     monkeypatch.delenv(WATCHER_ENV, raising=False)
     fresh = straggler_watch(_ctx(tmp_path, "fresh", exclude=True), types.SimpleNamespace(),
                             TestHooks())
     assert not fresh.may_exclude and fresh.excluded_before == set()
-    assert notes == [NOTE]
+    assert lines == [NOTE]
     other = straggler_watch(_ctx(tmp_path, "rank-1", exclude=True, rank=1),
                             types.SimpleNamespace(), TestHooks())
     named_only = straggler_watch(_ctx(tmp_path, "named", exclude=False),
                                  types.SimpleNamespace(), TestHooks())
     assert not other.may_exclude and not named_only.may_exclude
-    assert notes == [NOTE]                # not from rank 1, nor where exclusion is not asked
+    assert lines == [NOTE]                # not from rank 1, nor where exclusion is not asked
     monkeypatch.setenv(WATCHER_ENV, "batch")
     assert not straggler_watch(_ctx(tmp_path, "batch-named", exclude=False),
                                types.SimpleNamespace(), TestHooks()).may_exclude

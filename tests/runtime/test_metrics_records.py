@@ -10,7 +10,6 @@ against its definition, not against a run of the same code."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import statistics
@@ -27,26 +26,6 @@ WORLD, TP = 4, 2
 PEAK = 123.0                # TFLOP/s per device, the profile's node.peak_tflops
 STEPS, INTERVAL = 10, 3
 GBS = 16                    # job_mapping's global batch
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def lines():
-    handler = Lines()
-    log = logging.getLogger("hpctrain")
-    log.addHandler(handler)
-    level, log.level = log.level, logging.INFO
-    yield handler.lines
-    log.removeHandler(handler)
-    log.setLevel(level)
 
 
 def _writer(tmp_path, rank: int = 0, peak: float | None = PEAK, name: str = "run",
