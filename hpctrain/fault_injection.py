@@ -46,6 +46,9 @@ VARIABLES = {
     "HPCTRAIN_TEST_SLOW_WRITER_S": "=SECONDS: every background save's writer waits this long "
                                    "before it writes (first attempt only): the next save comes "
                                    "while the writer still reads the staged bytes",
+    "HPCTRAIN_TEST_SLOW_WRITER_ITEM_S": "=SECONDS: every background save's writer takes this "
+                                        "long for each item it writes (first attempt only): a "
+                                        "long write that advances, which is not a hang",
     "HPCTRAIN_TEST_FILL_AFTER_SAVE": "=1: once a background save is scheduled, allocate memory "
                                      "of every size it staged (pinned on a GPU: where a released "
                                      "staging buffer would be reused), first asking the save's "

@@ -91,7 +91,7 @@ class Evaluator:
                     batch_s = took if i == 0 else max(batch_s, took)
                     agreed = self._agree(step_loss(reports, lay.num_microbatches)
                                          if self.reports_loss else None,
-                                         batch_s if i + 1 < self.iters else 0.0)
+                                         batch_s if i + 1 < self.iters else None)
                     signal, deadline = agreed[2] > 0, agreed[3] > 0
                     if signal or (deadline and i + 1 < self.iters):
                         stopped_by = "signal" if signal else "deadline"
@@ -119,10 +119,11 @@ class Evaluator:
         if self.watchdog is not None:   # a test's hold on purpose is not a hang
             self.watchdog.progress(phase="held by a test hook")
 
-    def _agree(self, loss, next_batch_s: float):
+    def _agree(self, loss, next_batch_s: float | None):
         """[loss sum, reporters, signal, deadline] over every rank; the deadline is rank 0's
-        verdict with the next batch's time in the lead (0 after the last batch: the verdict
-        then says whether there is time left for another training step)."""
+        verdict with the next batch's time in the lead (None after the last batch: the verdict
+        then says whether there is time left for another training step, that step's time in
+        the lead)."""
         import torch
         deadline = bool(self.ctx.is_rank0 and self.deadline_near is not None
                         and self.deadline_near(next_batch_s))

@@ -84,6 +84,7 @@ class TestHooks:
     slow_s: float = 0.0
     fill_after_save: bool = False
     slow_writer_s: float = 0.0
+    slow_writer_item_s: float = 0.0
     read_threads: int | None = None
     page_lock_s: float = 0.0
     filled: list = field(default_factory=list)   # what the fill hook allocated (kept alive)
@@ -119,6 +120,9 @@ class TestHooks:
         hooks.fill_after_save = get("HPCTRAIN_TEST_FILL_AFTER_SAVE") == "1"
         if get("HPCTRAIN_TEST_SLOW_WRITER_S"):
             hooks.slow_writer_s = _parsed("HPCTRAIN_TEST_SLOW_WRITER_S", get, float, "SECONDS")
+        if get("HPCTRAIN_TEST_SLOW_WRITER_ITEM_S"):
+            hooks.slow_writer_item_s = _parsed("HPCTRAIN_TEST_SLOW_WRITER_ITEM_S", get, float,
+                                               "SECONDS")
         if get("HPCTRAIN_TEST_PAGE_LOCK_S"):
             hooks.page_lock_s = _parsed("HPCTRAIN_TEST_PAGE_LOCK_S", get, float, "SECONDS")
         if get("HPCTRAIN_TEST_READ_THREADS"):
@@ -140,6 +144,7 @@ class TestHooks:
                     or self.eval_hold_steps
                     or self.kill_rank is not None or self.hang_step is not None
                     or self.slow_rank is not None or self.fill_after_save or self.slow_writer_s
+                    or self.slow_writer_item_s
                     or self.read_threads is not None or self.page_lock_s
                     or self.file_size_limit is not None)
 
@@ -273,6 +278,11 @@ class TestHooks:
         writes (first attempt only), so that training reaches the next save while the writer
         still needs the staged bytes: that save must wait for it, not stage over them."""
         return 0.0 if sync or self.attempt not in (None, 1) else self.slow_writer_s
+
+    def writer_item_delay(self) -> float:
+        """HPCTRAIN_TEST_SLOW_WRITER_ITEM_S: seconds a background save's writer takes for each
+        item (first attempt only): slow storage, where the write advances item by item."""
+        return 0.0 if self.attempt not in (None, 1) else self.slow_writer_item_s
 
     def kill_during_save(self, rank: int, step: int) -> bool:
         if self.kill_rank != rank or not self._kill_armed or self.attempt not in (None, 1):

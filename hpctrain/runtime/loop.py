@@ -126,8 +126,7 @@ class Trainer:
         self.stragglers = stragglers
         self.evaluator = evaluator        # None: no evaluation
         if evaluator is not None:
-            evaluator.deadline_near = lambda batch_s: self.deadline.must_stop(
-                self.estimate.seconds, batch_s)
+            evaluator.deadline_near = self.out_of_time
         self.stopped_by = "signal"        # what stopped the last evaluation cut short
         self.straggler: dict | None = None   # the node this attempt stopped to exclude
         from megatron.core import parallel_state as ps
@@ -224,6 +223,14 @@ class Trainer:
         if self.ctx.is_rank0:
             logger.info(f"profile of step {self.step}: {describe(report)}")
 
+    def out_of_time(self, next_s: float | None) -> bool:
+        """Rank 0's clock: is the time left short of a save (with its safety factor and margin)
+        after work of ``next_s`` seconds, the next decision's distance? None: a training step,
+        the next decision being the next step's agreement (after an evaluation's last batch as
+        after a step)."""
+        ahead = (self.step_time or 0.0) if next_s is None else next_s
+        return self.deadline.must_stop(self.estimate.seconds, ahead)
+
     def _start_agreement(self, loss, number: int):
         """Start the step's one all-reduce: [loss sum, loss reporters, signal, deadline, save
         due]. The loss (last stage, TP rank 0) stays a device tensor; the flags are host
@@ -233,7 +240,7 @@ class Trainer:
         import torch
         ctx = self.ctx
         if ctx.is_rank0:
-            deadline = self.deadline.must_stop(self.estimate.seconds, self.step_time or 0.0)
+            deadline = self.out_of_time(None)
             due = self.periodic.due(number)
         else:
             deadline = due = False

@@ -189,12 +189,13 @@ class Probe:
         import torch
         torch.distributed.barrier()
 
-    def flip_byte(self, folder: Path, name: str | None = None) -> str:
-        """Rank 0 flips one byte of a data file (the largest, or ``name``); sizes unchanged."""
+    def flip_byte(self, folder: Path, name: str | None = None, at: int | None = FLIPPED_AT) -> str:
+        """Rank 0 flips one byte of a data file (the largest, or ``name``; at ``at``, None:
+        the middle one); sizes unchanged."""
         if self.rank0:
             files = sorted(folder.glob("*.distcp"), key=lambda p: (-p.stat().st_size, p.name))
             target = folder / name if name else files[0]
-            flip_byte(target, FLIPPED_AT)
+            flip_byte(target, at)
             name = target.name
         self.barrier()
         return name or ""
@@ -276,12 +277,18 @@ class Probe:
         # step is not known (poll, wait), by the step given otherwise
         seen["fault_while_pending"] = [self.storage_fault(ckpt, None), self.storage_fault(ckpt, 9)]
         self.step(mo, 4)
+        # step 4 written slowly, as on a busy file system (each item 50 ms): the wait for it
+        # hears of every item the writer wrote since its last look
+        ckpt.hooks.slow_writer_item_s, ckpt.WRITER_PROGRESS_POLL_S = 0.05, 0.05
         ckpt.save(4, self.common(4), "periodic", sync=False)
         seen["pending_4"] = [p["step"] for p in ckpt.pending]
         seen["published_before_wait"] = ckpt.last_published_step
+        self.phases.clear()
         ckpt.wait()
+        ckpt.hooks.slow_writer_item_s = 0.0
         seen["after_wait"] = {"pending": [p["step"] for p in ckpt.pending],
                               "published": ckpt.last_published_step}
+        seen["wait_phases"] = list(self.phases)
         seen["at_4"] = snapshot(mo)
         seen["draws_after_4"] = rng_draws()   # the streams as saved at step 4, drawn from
         seen["saves_wall"] = time.monotonic() - began    # every save's whole time within it
@@ -458,6 +465,21 @@ class Probe:
         seen["again_published"] = again.get("skipped")
         ckpt.close()
 
+    def small_file_damaged(self, key: str) -> None:
+        """A byte flipped in the middle of the newest checkpoint's ``common.pt`` (the step and
+        the data position, which ``torch.load`` reads, not hpctrain's checked reader): the
+        checkpoint is set aside before loading and the previous one loads."""
+        seen = self.seen[key]
+        seen["damaged_common"] = self.flip_byte(self.root / "step-00000300", "common.pt", None)
+        mo, ckpt, _ = self.attempt(3)
+        seen["common_damaged"] = self.resume(ckpt)
+        seen["common_damaged_resumed_at_2"] = snapshot(mo)
+        ckpt.close()
+        seen["common_damaged_quarantined"] = aside = self.look({})["quarantined"]
+        from hpctrain.record.checkpoint_store import QUARANTINE, QUARANTINE_NOTE
+        seen["common_damaged_note"] = [
+            (self.root / QUARANTINE / name / QUARANTINE_NOTE).read_text() for name in aside]
+
     def finish(self) -> None:
         if self.rank0:
             self.seen["events"] = [
@@ -476,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         for part in (probe.first, probe.second, probe.third, probe.fourth, probe.fifth):
             part()
         probe.resumes_alike(args[2], "dp_reshardable")
+        probe.small_file_damaged("dp_reshardable")
         probe.resumes_alike(args[3], "no_distributed_optimizer")
     finally:
         probe.finish()

@@ -198,9 +198,9 @@ def one_layout(name: str, prefix: str, out: Path, renv) -> None:
     run("test", kind="test")
     run("signal", signal=renv.rank == renv.world_size - 1)
     # the deadline's answer, given how many times it was asked and the next batch's time
-    run("deadline_mid", deadline=lambda n, next_s: next_s > 0)
+    run("deadline_mid", deadline=lambda n, next_s: next_s is not None)
     run("deadline_second", deadline=lambda n, next_s: n >= 2)
-    run("deadline_last", deadline=lambda n, next_s: next_s == 0)
+    run("deadline_last", deadline=lambda n, next_s: next_s is None)
     run("deadline_elsewhere", deadline=(lambda n, next_s: True) if renv.rank else None)
     if renv.world_size == 1:
         for kind, split in (("validation", "valid"), ("test", "test")):

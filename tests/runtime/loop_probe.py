@@ -162,6 +162,20 @@ class Probe:
         ckpt.step_done = recorded
         return after_step
 
+    @staticmethod
+    def time_left_after_evaluation(trainer) -> dict:
+        """The trainer's answer to its evaluator with the time left half a step past what a
+        save needs: another batch of no time fits; after the last batch, the next training
+        step does not (the question reserves that step, as the step's own agreement does)."""
+        ahead = trainer.step_time
+        left = trainer.deadline.reserve(trainer.estimate.seconds, 0.0) + ahead / 2
+        clock, trainer.deadline.clock = trainer.deadline.clock, lambda: DEADLINE - left
+        try:
+            return {"step_time": ahead, "next_batch_0": trainer.evaluator.deadline_near(0.0),
+                    "last_batch": trainer.evaluator.deadline_near(None)}
+        finally:
+            trainer.deadline.clock = clock
+
     def attempt(self, run, number: int, *, signal_rank: int | None = None,
                 signal_step: int | None = None, eval_signal: int | None = None,
                 deadline_after: int | None = None, nan_steps=(), clock_back_step=None,
@@ -219,6 +233,10 @@ class Probe:
             restore_wall_clock()
         after_step = [[step, digest, reported[i] if reported else None]
                       for i, (step, digest) in enumerate(after_step)]
+        if deadline_after is not None and trainer.evaluator is not None:
+            seen_deadline = self.time_left_after_evaluation(trainer)
+        else:
+            seen_deadline = None
         finished = outcome.exit_reason == "finished"
         parts.metrics.close(finished_step=trainer.step if finished else None,
                             status="finished" if finished else "stopped")
@@ -239,7 +257,7 @@ class Probe:
                 "after_step": after_step, "final_weights": local_digest(mo.modules),
                 "saves": [{k: s.get(k) for k in ("step", "reason", "sync")} for s in ckpt.saves],
                 "published": ckpt.last_published_step,
-                "heard": heard.calls}
+                "heard": heard.calls, "after_evaluation": seen_deadline}
         name = f"{run.path.name}-attempt-{number}-rank-{rank}.json"
         (self.out / name).write_text(json.dumps(seen, indent=1, default=str))
         return seen

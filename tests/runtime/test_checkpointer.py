@@ -106,6 +106,11 @@ def test_background_saves_are_published_by_poll_and_wait_one_at_a_time(probed):
     assert _same(probed, "first", "pending_4") == [4]
     assert _same(probed, "first", "published_before_wait") == 3
     assert _same(probed, "first", "after_wait") == {"pending": [], "published": 4}
+    # waiting for a background writer that writes slowly is progress for the hang watchdog
+    # while the writer's items advance (a long write on a busy file system is not a hang)
+    for phases in _all(probed, "first", "wait_phases"):
+        assert phases[-1] == "save: publishing step 4"
+        assert set(phases[:-1]) == {"save: writing step 4 (periodic) in the background"}
     assert [[{k: s[k] for k in ("step", "reason", "sync")} for s in saves]
             for saves in _all(probed, "first", "saves")] == [[
         {"step": 1, "reason": "periodic", "sync": False},
@@ -232,6 +237,23 @@ def test_the_older_formats_read_through_checks_every_ranks_share(probed):
              if e["event"] == "checkpoint_quarantined" and "/step-00000006-" in e["path"]]
     assert len(step6) == 1 and step6[0]["reason"].startswith(f"{damaged}: CRC32C ")
     assert step6[0]["reason"].endswith(" in the manifest")
+
+
+def test_a_flipped_byte_in_the_small_files_no_reader_checks_is_caught_before_loading(probed):
+    """``common.pt`` (the step, the data position) is read by ``torch.load``, not by the reader
+    that checks each item as it reads: its whole-file CRC32C is checked before loading, so a
+    flipped byte sets the checkpoint aside and the previous one loads, on every rank."""
+    assert _same(probed, "dp_reshardable", "damaged_common") == "common.pt"
+    for seen in probed["ranks"]:
+        other = seen["dp_reshardable"]
+        assert other["common_damaged"]["loaded"] == 2
+        assert other["common_damaged"]["phases"] == ["load: verifying checkpoints",
+                                                     "load: step-00000002"]
+        assert other["common_damaged_resumed_at_2"]["weights"] == other["at_2"]["weights"]
+    (aside,) = _same(probed, "dp_reshardable", "common_damaged_quarantined")
+    assert aside.startswith("step-00000300-")
+    (note,) = _same(probed, "dp_reshardable", "common_damaged_note")
+    assert "failed verification: common.pt: CRC32C " in note and " in the manifest" in note
 
 
 def test_checks_refuse_a_checkpoint_before_reading_it(probed):

@@ -389,7 +389,8 @@ def test_test_variables_do_nothing_without_the_switch():
              "HPCTRAIN_TEST_HANG_IN_COLLECTIVE": "2@1", "HPCTRAIN_TEST_SLOW_RANK": "1:0.5",
              "HPCTRAIN_TEST_HOLD_IN_EVAL_AT_STEP": "1", "HPCTRAIN_TEST_FILL_AFTER_SAVE": "1",
              "HPCTRAIN_TEST_READ_THREADS": "0", "HPCTRAIN_TEST_PAGE_LOCK_S": "0.5",
-             "HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": "1@1", "HPCTRAIN_TEST_SLOW_WRITER_S": "3"}
+             "HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": "1@1", "HPCTRAIN_TEST_SLOW_WRITER_S": "3",
+             "HPCTRAIN_TEST_SLOW_WRITER_ITEM_S": "0.25"}
     assert set(stray) == set(fault_injection.VARIABLES)      # every registered variable
     for switch in ({}, {"HPCTRAIN_TEST_HOOKS": "0"}, {"HPCTRAIN_TEST_HOOKS": "yes"}):
         env = {**stray, **switch}
@@ -400,6 +401,7 @@ def test_test_variables_do_nothing_without_the_switch():
         hooks.maybe_crash(1, 0)                                # no crash
         assert hooks.hold_in_evaluation(1, released=lambda: False)   # no hold
         assert not hooks.kill_during_save(0, 1) and hooks.writer_delay(sync=False) == 0
+        assert hooks.writer_item_delay() == 0
         assert all(fault_injection.value(k, env) is None for k in stray)
         assert node_name(env) != "fake-node" and rank_env(env).node != "fake-node"
         assert fault_injection.preflight_delay(0, "n1", env) == 0.0
@@ -408,6 +410,10 @@ def test_test_variables_do_nothing_without_the_switch():
     assert TestHooks.from_env(on).active and node_name(on) == "fake-node"
     assert TestHooks.from_env(on).writer_delay(sync=False) == 3.0
     assert TestHooks.from_env(on).writer_delay(sync=True) == 0.0     # background saves only
+    assert TestHooks.from_env(on).writer_item_delay() == 0.25
+    later = TestHooks.from_env(on)
+    later.attempt = 2
+    assert later.writer_item_delay() == 0.0                          # the first attempt only
     assert TestHooks.from_env(on).cpu_page_lock()(0, 1) is None       # the stand-in locks
     assert fault_injection.preflight_delay(0, "n1", on) == 600.0 and not fault_injection.ignored(on)
     with pytest.raises(KeyError):                              # only registered names are read

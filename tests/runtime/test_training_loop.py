@@ -285,6 +285,17 @@ def test_rank_0_says_whether_a_stopped_evaluation_saves(probed):
     assert not any("during evaluation;" in line for log in probed["log"][1:] for line in log)
 
 
+def test_the_last_evaluation_batch_leaves_time_for_the_next_training_step(probed):
+    """The evaluator asks rank 0's clock after each batch whether the next one leaves time for
+    a save; after the last batch the next work is a training step, so the trainer's answer
+    reserves that step, as a step's own agreement does: with half a step more than a save
+    needs, a batch of no time still fits, the training step does not (the stopped run's
+    second attempt, near its time limit)."""
+    answers = probed["seen"][("stopped", 2)][0]["after_evaluation"]
+    assert answers["step_time"] > 0
+    assert (answers["next_batch_0"], answers["last_batch"]) == (False, True)
+
+
 def test_the_profiled_step_says_when_its_passes_were_issued(probed):
     """train.profile_step 2 (the unclipped run): every rank's summary of step 2, the host
     having issued its forward and backward passes within the step's time, which is within

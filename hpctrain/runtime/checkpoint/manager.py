@@ -19,10 +19,13 @@ tried.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +84,16 @@ def _write(transform_list, folder: str, rank: int, main_pid: int, kill: bool, pr
     if kill:  # HPCTRAIN_TEST_KILL_DURING_SAVE: die with the shards written, unpublished
         os.kill(main_pid, signal.SIGKILL)
         os._exit(1)
+
+
+def _count_item(counter, delay: float) -> None:
+    """A background writer's progress, in its forked process: one more item written, in
+    ``counter`` (shared memory the rank reads while it waits). Two writer threads may lose an
+    increment between them; the count still moves, and only its moving is read.
+    ``delay``: HPCTRAIN_TEST_SLOW_WRITER_ITEM_S (slow storage: each item takes this long)."""
+    if delay:
+        time.sleep(delay)
+    counter.value += 1
 
 
 def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, kill: bool,
@@ -142,6 +155,9 @@ def _read_stats(readers, seconds: float) -> dict:
 
 
 class Checkpointer:
+    # how often a rank waiting for its background writer looks at the writer's item count
+    WRITER_PROGRESS_POLL_S = 1.0
+
     def __init__(self, ctx, mo, root: Path, hooks) -> None:
         self.ctx = ctx
         self.mo = mo
@@ -161,6 +177,8 @@ class Checkpointer:
         self.arena = staging.process_arena(ctx.device, hooks.cpu_page_lock())
         self.arena.reserve(staging_estimate(mo, ctx.layout))
         self.read_stats: dict = {}
+        # items the background writers wrote (shared with the forked writer processes)
+        self._items_written = multiprocessing.RawValue("Q", 0)
 
     # ------------------------------------------------------------------ saving
     def _save_strategy(self):
@@ -249,7 +267,8 @@ class Checkpointer:
         # a synchronous save writes on this rank: each item written is progress for the hang
         # watchdog (a long emergency save on a busy file system is not a hang)
         writing = f"save: writing step {step} ({reason})"
-        progress = functools.partial(self.ctx.progress, writing) if sync else None
+        progress = functools.partial(self.ctx.progress, writing) if sync else \
+            functools.partial(_count_item, self._items_written, self.hooks.writer_item_delay())
         request = own_staging_and_writer(request, self.arena, owner, str(partial),
                                          self.ctx.rank, kill, progress,
                                          self.hooks.writer_delay(sync), page_locked=not sync)
@@ -284,8 +303,34 @@ class Checkpointer:
     def wait(self) -> None:
         """Finish and publish every background save (collective, blocking)."""
         if self._queue is not None and self.pending:
-            with self._storage_faults(None):
+            with self._storage_faults(None), self._writer_progress():
                 self._queue.maybe_finalize_async_calls(blocking=True)
+
+    @contextlib.contextmanager
+    def _writer_progress(self):
+        """While this rank waits for its background writer, each look that finds more items
+        written is progress for the hang watchdog: a long background write on a busy file
+        system is not a hang, whether the wait is a save waiting for the one before it, an
+        emergency save, or the end of training. A writer that writes nothing for the hang
+        limit still is one."""
+        info = self.pending[-1]
+        phase = f"save: writing step {info['step']} ({info['reason']}) in the background"
+        done = threading.Event()
+
+        def watch() -> None:
+            seen = self._items_written.value
+            while not done.wait(self.WRITER_PROGRESS_POLL_S):
+                if self._items_written.value != seen:
+                    seen = self._items_written.value
+                    self.ctx.progress(phase)
+
+        watcher = threading.Thread(target=watch, name="hpctrain-writer-progress", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
 
     def close(self) -> None:
         self.wait()
@@ -379,17 +424,19 @@ class Checkpointer:
 
     def _verify(self, folder: Path) -> tuple[dict | None, list[str]]:
         """Collective: cheap checks on rank 0 (the manifest, every file at its size). A
-        checkpoint whose writer recorded each item's CRC32C is verified while it loads, in the
-        same read (``reader``); an older one (a CRC of each file only) is read through once
-        here, its files shared out over the ranks."""
+        checkpoint whose writer recorded each item's CRC32C has its shards verified while it
+        loads, in the same read (``reader``), and only the small files that read never sees
+        checked here; an older one (a CRC of each file only) is read through once here. The
+        files checked here are shared out over the ranks."""
         checked = None
         if self.ctx.is_rank0:
             manifest = store.read_manifest(folder)
             checked = (manifest, store.manifest_problems(folder, manifest))
         manifest, problems = collectives.broadcast_object(checked)
-        if problems or (reader.manifest_items(manifest) and self.hooks.read_threads != 0):
+        if problems:
             return manifest, problems
-        names = sorted(manifest["files"])
+        in_read = bool(reader.manifest_items(manifest)) and self.hooks.read_threads != 0
+        names = reader.files_read_unverified(manifest) if in_read else sorted(manifest["files"])
         mine = store.checksum_problems(folder, manifest,
                                        store.share(names, self.ctx.rank, self.ctx.world_size))
         problems = [p for ps in collectives.gather_objects(mine) for p in ps]

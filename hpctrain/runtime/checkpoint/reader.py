@@ -241,6 +241,15 @@ def manifest_items(manifest: dict) -> dict:
     return out
 
 
+def files_read_unverified(manifest: dict) -> list[str]:
+    """The files of a manifest with per-item checksums that the in-read verification never
+    sees: megatron's ``common.pt`` (the step, the data position), ``.metadata`` and
+    ``metadata.json``, which ``torch.load`` and megatron read themselves. They are small, and
+    a flipped byte in them would resume at a wrong step or data position with no error, so
+    they are checksummed whole before loading."""
+    return sorted(name for name, items in manifest_items(manifest).items() if not items)
+
+
 @contextlib.contextmanager
 def installed(folder, manifest: dict, arena, threads: int | None = None):
     """megatron's torch_dist loads of ``folder`` use a :class:`ParallelReader` (yielded, for
