@@ -198,6 +198,22 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
     if not all(math.isfinite(x) for x in numbers):
         raise fail("every time, bandwidth and fraction must be a finite number (not NaN or "
                    "Infinity)")
+    if not all(1e-9 <= x <= 1e6 for x in [t for *_, t in gemm] + [
+            x for p in attention for x in (p.forward_s, p.backward_s)]):
+        raise fail("every time must be between 1e-9 and 1e6 seconds")
+    if bandwidth is not None and not 1e-3 <= bandwidth <= 1e6:
+        raise fail("bandwidth_gbs: must be between 0.001 and 1e6 GB/s")
+    sizes = [x for _, m, n, k, _t in gemm for x in (m, n, k)] + [
+        x for p in attention for x in (p.batch, p.heads, p.kv_heads, p.seq, p.head_dim)]
+    if any(x > 1 << 31 for x in sizes):
+        raise fail("sizes must be at most 2**31")
+    seen = set()
+    for p in attention:
+        key = (p.backend, p.head_dim, p.seq)
+        if key in seen:
+            raise fail(f"attention: {p.backend} is measured twice at head_dim {p.head_dim}, "
+                       f"seq {p.seq}; keep one")
+        seen.add(key)
     if not gemm:
         raise fail("gemm: no measurements")
     if any(min(m, n, k) < 1 or not t > 0 for _, m, n, k, t in gemm):
@@ -220,5 +236,8 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
     if memory is not None and (memory.outside_allocator_bytes < 0
                                or not 0 <= memory.allocator_slack_fraction < 1):
         raise fail("memory: outside_allocator_bytes ≥ 0 and 0 ≤ allocator_slack_fraction < 1")
-    return GpuTable(str(data.get("device", "unknown")), str(data.get("dtype", "unknown")), gemm,
-                    attention, bandwidth, memory, dict(measured), source)
+    from .file_door import show   # text from the file is printed in plan's lines
+    measured = {k: (show(v, 60) if isinstance(v, str) else v) for k, v in measured.items()}
+    return GpuTable(show(str(data.get("device", "unknown")), 80),
+                    show(str(data.get("dtype", "unknown")), 40), gemm,
+                    attention, bandwidth, memory, measured, source)

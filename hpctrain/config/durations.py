@@ -12,6 +12,8 @@ def format_duration(seconds: float | int | None) -> str:
     """``42s``, ``3m05s``, ``2h03m``, ``1d04h`` (None: ``-``)."""
     if seconds is None:
         return "-"
+    if not abs(seconds) < 1e15:         # NaN, infinite or beyond 30 million years
+        return "-" if seconds != seconds else ("-" if seconds < 0 else "") + ">1e15s"
     s = int(round(seconds))
     if s < 0:
         return "-" + format_duration(-s)

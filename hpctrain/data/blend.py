@@ -86,12 +86,17 @@ class BlendedSamples:
         corpus, within = self.locate(position)
         return self.parts[corpus].sample(within, check)
 
-    def check_tokens(self, largest: int) -> None:
-        """A UsageError when a token id read is beyond the vocabulary (naming every corpus of
-        the blend: the reader does not know which one the batch's largest id came from)."""
+    def check_tokens(self, largest: int, smallest: int = 0) -> None:
+        """A UsageError when a token id read is beyond the vocabulary or negative (naming every
+        corpus of the blend: the reader does not know which one the batch's id came from)."""
         if len(self.parts) == 1:
-            self.parts[0].check_tokens(largest)
+            self.parts[0].check_tokens(largest, smallest)
             return
+        if smallest < 0:
+            names = ", ".join(f"{p.field} ({p.dataset.prefix})" for p in self.parts)
+            raise UsageError(f"one of {names} holds token id {smallest}; token ids are 0 or "
+                             f"more: a corpus is damaged (re-create it with `hpctrain data "
+                             f"prepare`)")
         vocab = self.parts[0].vocab_size
         if vocab is not None and largest >= vocab:
             names = ", ".join(f"{p.field} ({p.dataset.prefix})" for p in self.parts)

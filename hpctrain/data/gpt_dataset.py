@@ -66,11 +66,16 @@ class GPTSamples:
         start = j * self.seq_length
         window = np.asarray(self.tokens[start:start + self.seq_length + 1], dtype=np.int64)
         if check and window.size:
-            self.check_tokens(int(window.max()))
+            self.check_tokens(int(window.max()), int(window.min()))
         return window
 
-    def check_tokens(self, largest: int) -> None:
-        """A UsageError when ``largest`` (a token id read) is beyond ``vocab_size``."""
+    def check_tokens(self, largest: int, smallest: int = 0) -> None:
+        """A UsageError when ``largest`` (a token id read) is beyond ``vocab_size``, or
+        ``smallest`` is negative (a signed or float dtype in the index)."""
+        if smallest < 0:
+            raise UsageError(f"{self.field}: {self.dataset.prefix} holds token id {smallest}; "
+                             f"token ids are 0 or more: the data is damaged or was not written "
+                             f"by a tokenizer (re-create it with `hpctrain data prepare`)")
         if self.vocab_size is not None and largest >= self.vocab_size:
             raise UsageError(f"{self.field}: {self.dataset.prefix} holds token id {largest}, "
                              f"beyond model.vocab_size ({self.vocab_size}); the data was prepared "

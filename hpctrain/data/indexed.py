@@ -172,6 +172,9 @@ class IndexedDataset:
         if code not in DTYPES:
             raise UsageError(f"{ip}: unknown token dtype code {code}")
         self.dtype = np.dtype(DTYPES[code])
+        if self.dtype.kind == "f":      # token ids are integers: floats would be cut silently
+            raise UsageError(f"{ip}: token dtype {self.dtype.name} (code {code}) holds no token "
+                             f"ids; re-create the dataset with `hpctrain data prepare`")
         seqs, docs = struct.unpack_from("<QQ", raw, len(HEADER) + 9)
         need = fixed + seqs * 4 + seqs * 8 + docs * 8
         if size_idx < need:

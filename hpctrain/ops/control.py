@@ -139,6 +139,7 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
     backend_for(new)
     resolved = _resolve_for(run, new, new_job)
     check_fits(resolved, force)
+    _check_checkpoint_folder(run)   # refused before job.yaml or run.yaml changes
     changed = to_dict(new) != to_dict(old)
     if changed:
         _archive_profile(run, old, new, resolved)
@@ -213,10 +214,18 @@ def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, r
     return kept.name
 
 
+def _check_checkpoint_folder(run: RunFolder) -> None:
+    """The run's checkpoint folder is its own (not another run's) and every save can rewrite
+    its ``latest`` and ``owner.json``: checked before anything of the run changes, not found by
+    the ranks after the queue."""
+    from ..record import checkpoint_store as store
+    store.check_owner(run.checkpoint_dir(), run.id)
+    store.check_entries(run.checkpoint_dir())
+
+
 def _resubmit(run: RunFolder, resolved: Resolved, event: str, *, force: bool,
               previous_world_size: int | None = None, extended: bool = False) -> Resubmitted:
-    from ..record import checkpoint_store as store
-    store.check_owner(run.checkpoint_dir(), run.id)   # refused before any event is recorded
+    _check_checkpoint_folder(run)   # refused before any event is recorded
     from_step = _newest_step(run)
     data = {"how": "resubmitted", "by": _user(), "profile": resolved.profile.name,
             "world_size": resolved.profile.world_size, "from_step": from_step,

@@ -427,6 +427,20 @@ def check_location(root: Path, run_dir: str | os.PathLike | None,
             f"run keeps its checkpoints in its own folder)")
 
 
+def check_entries(root: Path) -> None:
+    """A UsageError when ``latest`` in ``root``, which every save rewrites, is a FIFO, device,
+    folder or link: the write door refuses it (never writes through), and the ranks would find
+    out at their first save, after the queue and the steps before it. (``owner.json`` is read,
+    and so checked, by :func:`check_owner`.)"""
+    try:
+        mode = os.lstat(root / LATEST).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"checkpoint folder {root}: {LATEST} is {file_door.kind_of(mode)}, not a "
+                         f"regular file; move it away (every save rewrites it)")
+
+
 def check_owner(root: Path, run_id: str, who: str | None = None) -> None:
     """Raise ForeignCheckpointsError when ``root`` is not free or ``run_id``'s (reads only).
     ``run_id`` "" stands for a run not created yet (every checkpoint is another run's)."""

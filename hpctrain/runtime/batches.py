@@ -126,7 +126,7 @@ class BatchFeeder:
         if self.reads:
             rows = next(data_iterator)
             self.microbatches_read += 1
-            self.samples.check_tokens(int(rows.max()))
+            self.samples.check_tokens(int(rows.max()), int(rows.min()))
             if self.device is not None:
                 rows = rows.to(self.device, non_blocking=True)
         if self.tp_group is not None:

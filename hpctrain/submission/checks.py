@@ -8,6 +8,7 @@ runs too).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Union
@@ -166,6 +167,27 @@ def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = Tr
     check_fits(resolved, force)
     check_trackers(resolved)
     check_data(resolved.job, prepare=prepare, warn=warn, dry_run=dry_run)
+    check_init_from(resolved.job, warn=warn)
+
+
+def check_init_from(job, *, warn: Callable[[str], None] | None = None) -> None:
+    """``train.init_from`` holds a checkpoint the ranks can load, by the rules they load it by
+    (:mod:`..record.model_checkpoint`): a folder without one, a file or a FIFO is refused here,
+    not by the ranks after the job waited for its nodes. With ``warn``, a path this machine
+    cannot see (the cluster's file system) is a warning, as for data."""
+    if not job.train.init_from:
+        return
+    from ..record.checkpoint_store import CheckpointError
+    from ..record.model_checkpoint import checked
+    path = Path(job.train.init_from).expanduser()
+    if warn is not None and not os.path.lexists(path):
+        warn(f"train.init_from: {path} does not exist on this machine (the job cannot start "
+             f"where it is missing)")
+        return
+    try:
+        checked(path)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_trackers(resolved: Resolved) -> None:

@@ -44,6 +44,7 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
         store.check_owner(Path(job.checkpoint.dir), "")
     if job.checkpoint.dir:
         store.check_location(Path(job.checkpoint.dir), None, runs_root)
+        store.check_entries(Path(job.checkpoint.dir))
     run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
     if job.checkpoint.dir and own_checkpoint_folder:
         job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)

@@ -81,6 +81,10 @@ def test_a_blend_needs_one_weight_per_corpus_and_names_every_corpus_for_a_bad_to
     with pytest.raises(UsageError, match=r"one of data\.path \(.*c0\), data\.path \(.*c1\) "
                                          r"holds token id 150"):
         blend.check_tokens(150)
+    blend.check_tokens(149, 0)
+    with pytest.raises(UsageError, match=r"one of data\.path \(.*c0\), data\.path \(.*c1\) "
+                                         r"holds token id -1; token ids are 0 or more"):
+        blend.check_tokens(149, -1)
 
 
 def test_resume_at_any_position_reads_the_next_sample_of_every_corpus(tmp_path):

@@ -222,6 +222,37 @@ def test_an_index_whose_sequences_are_not_aligned_is_one_error_line(tmp_path):
     _one_error_line(_invoke(["data", "info", str(tmp_path / "p")]), "p.bin")   # 3 % 2 bytes
 
 
+def _signed_dataset(folder: Path, code: int, dtype, tokens) -> Path:
+    """A well-formed index pair of one document in a signed or float dtype (not what
+    ``data prepare`` writes: another tool's, or damage)."""
+    data = np.asarray(tokens, dtype)
+    idx = struct.pack("<9sQBQQ", indexed.HEADER, 1, code, 1, 2)
+    idx += np.array([data.size], np.int32).tobytes() + np.array([0], np.int64).tobytes()
+    idx += np.array([0, 1], np.int64).tobytes()
+    folder.mkdir()
+    (folder / "p.idx").write_bytes(idx)
+    (folder / "p.bin").write_bytes(data.tobytes())
+    return folder / "p"
+
+
+def test_a_negative_token_id_is_refused_where_it_is_read(tmp_path):
+    """An int32 corpus holding -1 passed the check against the vocabulary (its largest id is
+    small) and crashed the ranks' embedding lookup; every window read is checked both ways."""
+    from hpctrain.data.gpt_dataset import GPTSamples
+    prefix = _signed_dataset(tmp_path / "neg", 4, np.int32, [5, 6, -1, 7] * 10)
+    samples = GPTSamples(indexed.IndexedDataset(prefix), 8, seed=1, vocab_size=100)
+    with pytest.raises(UsageError, match=r"data\.path: .*neg/p holds token id -1; token ids are "
+                                         r"0 or more"):
+        for position in range(samples.num_samples):
+            samples.sample(position, check=True)
+
+
+def test_an_index_of_float_tokens_is_one_error_line(tmp_path):
+    prefix = _signed_dataset(tmp_path / "f", 7, np.float32, [1.5, 2.0, 3.0])
+    line = _one_error_line(_invoke(["data", "info", str(prefix)]), "p.idx")
+    assert "token dtype float32 (code 7) holds no token ids" in line, line
+
+
 # ---- 2. tokenizer files ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, every_byte, says", [

@@ -58,6 +58,9 @@ def test_table_aligns_columns_and_shows_missing_values_as_dash():
 def test_durations_numbers_and_sizes_read_naturally():
     assert [format_duration(s) for s in (None, 0, 59, 61, 3600 + 120, 86400 + 7200)] == \
         ["-", "0s", "59s", "1m01s", "1h02m", "1d02h"]
+    # what a planner fed an absurd table or profile value, or a damaged record, may hold
+    assert [format_duration(s) for s in (float("inf"), -float("inf"), float("nan"), 9e99)] == \
+        [">1e15s", "->1e15s", "-", ">1e15s"]
     assert [format_number(x) for x in (None, 3, 2.345678, 1.5e-5, 123456.0, 0.0, "nan")] == \
         ["-", "3", "2.346", "1.500e-05", "1.235e+05", "0", "nan"]
     assert [format_bytes(n) for n in (12, 2048, 3 * 2**30)] == ["12 B", "2.0 KiB", "3.0 GiB"]

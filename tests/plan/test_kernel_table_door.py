@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hpctrain.config import load_profile
+from hpctrain.config.durations import format_duration
 from hpctrain.errors import ConfigError
 from hpctrain.config.kernel_table import load_table
 from hpctrain.gpu_table import TableError, table_from_json
@@ -24,7 +25,8 @@ ATTENTION = [{"backend": "flash", "batch": 1, "heads": 8, "kv_heads": 8, "seq": 
 
 
 def _small() -> dict:
-    return synthetic_table(grid=(256, 1024), attention=ATTENTION,
+    """A fresh table each time: a test that changes one of its values changes no other's."""
+    return synthetic_table(grid=(256, 1024), attention=[dict(a) for a in ATTENTION],
                            memory={"outside_allocator_bytes": 1 << 30,
                                    "allocator_slack_fraction": 0.02})
 
@@ -83,6 +85,37 @@ def test_values_the_model_cannot_use_are_refused(change):
         table_from_json(json.loads(json.dumps(data)), "t.json")
 
 
+def _twice(d):
+    d["attention"].append(dict(d["attention"][0], forward_s=2e-3))
+
+
+@pytest.mark.parametrize("change, said", [
+    # two measurements of one point: the interpolation between them divides by zero
+    (_twice, "attention: flash is measured twice at head_dim 128, seq 1024; keep one"),
+    # times no GPU takes: an infinite or zero step, an MFU of 209%
+    (lambda d: d["gemm"][0].update(seconds=5e-324), "between 1e-9 and 1e6 seconds"),
+    (lambda d: d["attention"][0].update(forward_s=1e-300, backward_s=1e300),
+     "between 1e-9 and 1e6 seconds"),
+    (lambda d: d.update(bandwidth_gbs=1e-320), "bandwidth_gbs: must be between"),
+    (lambda d: d["attention"][0].update(batch=10 ** 400), "sizes must be at most 2**31"),
+])
+def test_values_that_would_break_the_plan_are_refused_naming_them(change, said):
+    data = _small()
+    change(data)
+    with pytest.raises(TableError) as err:
+        table_from_json(data, "t.json")
+    assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_text_from_the_table_is_printed_as_printable_text():
+    data = _small()
+    data["device"] = "evil\n\x1b[31mred"
+    data["measured"] = {"date": "x\ny\x1b]0;title\x07"}
+    table = table_from_json(data, "t.json")
+    for text in (table.device, table.measured["date"]):
+        assert "\x1b" not in text and "\n" not in text and "\x07" not in text, text
+
+
 def _leaves(data, prefix=()):
     if isinstance(data, dict):
         for k, v in data.items():
@@ -94,7 +127,7 @@ def _leaves(data, prefix=()):
 
 
 HOSTILE = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**80, 2**80),
+    st.none(), st.booleans(), st.integers(-2**80, 2**80), st.integers(10**300, 10**400),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(),
                                                          max_size=2))
@@ -118,5 +151,28 @@ def test_any_value_anywhere_is_refused_or_plans_finite_times(path, value):
         for shape in ((256, 1024, 256), (300, 5000, 700), (1 << 20, 1, 1)):
             t = table.gemm_seconds(op, *shape)
             assert math.isfinite(t) and t > 0, (op, shape, t)
+            format_duration(t)                   # as plan prints it
     got = table.attention_seconds("flash", 2, 16, 4096, 128)
     assert got is None or all(math.isfinite(x) and x > 0 for x in got), got
+    assert "\x1b" not in table.describe() and "\n" not in table.describe()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forward=st.floats(allow_nan=False, allow_infinity=False, min_value=0, exclude_min=True),
+       backward=st.floats(allow_nan=False, allow_infinity=False, min_value=0, exclude_min=True))
+def test_a_second_attention_point_is_refused_or_interpolated_finitely(forward, backward):
+    """A second measurement beside the first (the same point, or twice the sequence): refused,
+    or the attention time at any sequence between and beyond them is a finite time."""
+    for seq in (1024, 2048):
+        data = _small()
+        data["attention"].append(dict(data["attention"][0], seq=seq, forward_s=forward,
+                                      backward_s=backward))
+        try:
+            table = table_from_json(data, "t.json")
+        except TableError as e:
+            assert str(e).startswith("t.json: ") and "\n" not in str(e)
+            continue
+        for at in (512, 1536, 4096):
+            got = table.attention_seconds("flash", 1, 8, at, 128)
+            assert got is not None and all(math.isfinite(x) and x > 0 for x in got), got
+            format_duration(sum(got))

@@ -12,41 +12,15 @@ import os
 from pathlib import Path
 
 from ...record import checkpoint_store as store
+from ...record.model_checkpoint import checked as checked_model_checkpoint
 from .. import collectives
 from . import cross_device
 from . import state as ckstate
 from .manager import CheckpointError, layers_record, versions
 
-def resolve_model_checkpoint(path: str | Path) -> Path:
-    """``train.init_from`` may name a checkpoint folder (``step-N`` or a model export), a run's
-    checkpoint root (its newest complete checkpoint is used) or a plain dist_checkpointing
-    folder."""
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise CheckpointError(f"train.init_from: {p} does not exist (give a checkpoint folder, "
-                              f"a checkpoint root or a model export)")
-    if (p / store.MANIFEST).is_file() or (p / "metadata.json").is_file():
-        return p
-    for _, d in store.complete_checkpoints(p):
-        if not store.manifest_problems(d, store.read_manifest(d)):
-            return d
-    raise CheckpointError(f"train.init_from: {p} holds no complete checkpoint")
-
-
-def checked_model_checkpoint(path: str | Path) -> Path:
-    """The folder ``train.init_from`` names (:func:`resolve_model_checkpoint`), its manifest
-    checked."""
-    folder = resolve_model_checkpoint(path)
-    manifest = store.read_manifest(folder)
-    if manifest is not None:
-        problems = store.manifest_problems(folder, manifest)
-        if problems:
-            raise CheckpointError(f"train.init_from: {folder} is damaged: {'; '.join(problems[:3])}")
-    return folder
-
-
 def load_model_only(mo, path: str | Path, is_rank0: bool) -> Path:
-    """Load weights (no optimizer state, no step) into every layout alike (collective).
+    """Load weights (no optimizer state, no step) into every layout alike (collective), from
+    the folder ``path`` names (:func:`..record.model_checkpoint.checked`).
 
     Rank 0 alone picks the folder and every rank loads that one: a checkpoint root of a run
     still training changes under the listing (a new step published, an old one pruned), so
