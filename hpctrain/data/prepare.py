@@ -22,7 +22,8 @@ from . import indexed, sources
 from .files import meta_path, read_meta  # noqa: F401  (the sidecar, read through the door)
 from .sources import check_inputs, read_pieces, total_input_bytes
 from .tokenizers import load_tokenizer
-from .vocabulary import check_vocab, recorded_vocab_size
+from .prepared import check_prepared, recorded_source, recorded_tokenizer
+from .vocabulary import check_vocab
 
 BATCH_TEXTS = 512  # pieces tokenized together (Hugging Face tokenizers are faster in batches)
 BATCH_PIECES_OF_TEXT = 2   # ... and at most this many PIECE_CHARS of text at once
@@ -91,7 +92,9 @@ def prepare(files: list[str | os.PathLike], output: str | os.PathLike, tokenizer
                          documents=writer.num_documents, sequences=writer.num_sequences,
                          tokens=writer.num_tokens, input_bytes=total,
                          seconds=round(time.time() - started, 2))
-    record = {**asdict(stats), "sources": [str(p.resolve()) for p in paths]}
+    # the names a job's data.tokenizer and prepare_from are compared with (.prepared)
+    record = {**asdict(stats), "tokenizer": recorded_tokenizer(tokenizer),
+              "sources": [recorded_source(p) for p in paths]}
     from ..outputs import write_atomic
     write_atomic(meta_path(out), json.dumps(record, indent=1) + "\n")
     return stats
@@ -234,15 +237,16 @@ def ensure_prepared(job) -> bool:
     ``prepare_from`` if it does not exist yet.
 
     Returns True when it prepared data, False when all of it was already there. Raises a
-    UsageError naming the field when a corpus is missing and cannot be prepared, or when the
-    tokenizer's vocabulary does not fit ``model.vocab_size``.
+    UsageError naming the field when a corpus is missing and cannot be prepared, when one that
+    is there was prepared with another tokenizer or from other files (:mod:`.prepared`), or
+    when the tokenizer's vocabulary does not fit ``model.vocab_size``.
     """
     from .splits import all_prefixes
     data = job.data
     prepared = False
     for field, prefix, sources in all_prefixes(data):
         if indexed.exists(prefix):
-            check_vocab(job, recorded_vocab_size(prefix))
+            check_prepared(job, field, prefix, sources)
             continue
         if not sources:
             hint = "data.prepare_from" if field == "data.path" else \

@@ -16,7 +16,7 @@ from ..config import yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError, UsageError
 from ..record.folder import RunFolder, find_run
-from .report import per_step
+from .report import evaluation_points, per_step
 from ..submission.sweep_values import SWEEP_DIR, label
 
 # settings that name a run rather than configure it: never a label
@@ -29,8 +29,15 @@ class Series:
     label: str
     steps: list[int]
     loss: list[float | None]
-    val_loss: list[float | None]
     tokens_per_s: list[float | None]
+    validation: list[tuple[int, float]]     # (step, loss), at the evaluations' own steps
+
+    def points(self, field: str) -> list[tuple[int, float]]:
+        """(step, value) of ``field`` where it has one: validation at its own steps, the
+        training values at the training records'."""
+        if field == "val_loss":
+            return self.validation
+        return [(x, y) for x, y in zip(self.steps, getattr(self, field)) if y is not None]
 
 
 def runs_of(refs: list[str], root: Path) -> tuple[list[RunFolder], str | None]:
@@ -107,11 +114,10 @@ def collect_series(runs: list[RunFolder]) -> list[Series]:
     series = []
     for run, label in zip(runs, labels(runs)):
         records = per_step(run.metrics())
-        validation = {m["step"]: m.get("loss") for m in per_step(run.metrics(kind="validation"))}
         series.append(Series(run, label, [m["step"] for m in records],
                              [num(m.get("loss")) for m in records],
-                             [num(validation.get(m["step"])) for m in records],
-                             [num(m.get("tokens_per_s")) for m in records]))
+                             [num(m.get("tokens_per_s")) for m in records],
+                             evaluation_points(run, "validation")))
     return series
 
 
@@ -122,7 +128,7 @@ def build_comparison(series: list[Series], width_px: int = 1200, height_px: int 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     panels = [("loss", "loss")]
-    if any(v is not None for s in series for v in s.val_loss):
+    if any(s.validation for s in series):
         panels.append(("val_loss", "validation loss"))
     panels.append(("tokens_per_s", "tokens/s"))
     fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
@@ -130,7 +136,7 @@ def build_comparison(series: list[Series], width_px: int = 1200, height_px: int 
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (field, name) in zip(axes, panels):
         for s in series:
-            pts = [(x, y) for x, y in zip(s.steps, getattr(s, field)) if y is not None]
+            pts = s.points(field)
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, linewidth=1.3, label=s.label, gid=f"{field}:{s.run.id}")
@@ -147,8 +153,7 @@ def comparison_summary(series: list[Series]) -> list[dict]:
     out = []
     for s in series:
         losses = [v for v in s.loss if v is not None]
-        vals = [v for v in s.val_loss if v is not None]
         out.append({"run": s.run.id, "label": s.label, "last_step": s.steps[-1] if s.steps else None,
                     "last_loss": losses[-1] if losses else None,
-                    "last_val_loss": vals[-1] if vals else None})
+                    "last_val_loss": s.validation[-1][1] if s.validation else None})
     return out

@@ -57,6 +57,14 @@ def _num(v):
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def evaluation_points(run: RunFolder, kind: str) -> list[tuple[int, float]]:
+    """(step, loss) of the run's ``kind`` evaluations (validation or test; the last record of
+    a step, non-finite losses left out), each at its own step: ``train.eval_interval`` need
+    not be a multiple of ``train.log_interval``, so they are not looked up by training step."""
+    return [(m["step"], _num(m.get("loss"))) for m in per_step(run.metrics(kind=kind))
+            if _num(m.get("loss")) is not None]
+
+
 def collect(run: RunFolder) -> ReportData:
     records = per_step(run.metrics())
     ledger = run.ledger()
@@ -65,9 +73,8 @@ def collect(run: RunFolder) -> ReportData:
                       tokens_per_s=[_num(m.get("tokens_per_s")) for m in records],
                       mfu=[_num(m.get("mfu")) for m in records], ledger=ledger,
                       attempts=max([len(ledger)] + run.attempts_started()))
-    for kind, into in (("validation", data.validation), ("test", data.test)):
-        into.extend((m["step"], _num(m.get("loss"))) for m in per_step(run.metrics(kind=kind))
-                    if _num(m.get("loss")) is not None)
+    data.validation = evaluation_points(run, "validation")
+    data.test = evaluation_points(run, "test")
     data.stragglers = [(m["step"], n.get("node")) for m in records
                        for n in (m.get("stragglers") or []) if isinstance(n, dict)]
     for i, rec in enumerate(ledger):

@@ -9,7 +9,8 @@ Every evaluation (``runtime.evaluation``) adds a record of its own kind: ``{"kin
 "validation"|"test", "step", "loss", "iters", "samples", "seconds", ...}``; training records
 say ``"kind": "train"`` (records without a kind, from older runs, are training records).
 TensorBoard event files go to ``RUN/tensorboard/`` when the ``tensorboard`` package is
-installed (it is optional): ``train/*``, ``validation/loss`` and ``test/loss``.
+installed (it is optional): ``train/*``, ``validation/loss`` and ``test/loss``; a resumed
+attempt hides what earlier attempts logged past its checkpoint's step (it logs those again).
 Every record also goes to the run's experiment trackers (``tracking:``, W&B and MLflow), through
 :mod:`hpctrain.tracking`'s thread: sent once a checkpoint holds its step (:meth:`committed`).
 """
@@ -46,7 +47,7 @@ class MetricsWriter:
         self.tokens_per_step = job.batch.global_batch_size * job.model.seq_length
         self.peak = ctx.profile.node.peak_tflops
         self._times: list[float] = []
-        self.tb = self._tensorboard() if ctx.is_rank0 else None
+        self.tb = self._tensorboard(resume_step) if ctx.is_rank0 else None
         # One writer (rank 0), one line per record, flushed but not fsynced: a lost last line
         # after a node crash costs nothing, an fsync per logged step costs step time.
         self._file = open(ctx.run.metrics_file, "a") if ctx.is_rank0 else None
@@ -60,13 +61,19 @@ class MetricsWriter:
         if self.tracker is not None:
             self.tracker.commit(step)
 
-    def _tensorboard(self):
+    def _tensorboard(self, resume_step: int):
+        """The attempt's TensorBoard writer. ``purge_step``: an earlier attempt may have
+        logged steps (and evaluations) past the checkpoint this one resumed from; this attempt
+        logs them again, and TensorBoard would show both. The writer's first event tells
+        TensorBoard's reader to drop what earlier event files hold from ``resume_step + 1``
+        on, in every tag (also from step 1 on a start without a checkpoint)."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except Exception:  # tensorboard not installed: optional
             return None
         try:
-            return SummaryWriter(log_dir=str(self.ctx.run.path / "tensorboard"))
+            return SummaryWriter(log_dir=str(self.ctx.run.path / "tensorboard"),
+                                 purge_step=resume_step + 1)
         except OSError:
             return None
 

@@ -105,26 +105,29 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
 def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None = None,
                dry_run: bool = False) -> None:
     """The job's corpora (``data.path`` or the blends' paths): there, or preparable (the example
-    corpora are prepared on first use), tokenized with a vocabulary the model holds, and split so
+    corpora are prepared on first use), prepared with the job's tokenizer from its
+    ``prepare_from`` where their record says (:mod:`hpctrain.data.prepared`), tokenized with a
+    vocabulary the model holds, and split so
     that the training, validation or test data the job uses is not empty (each error names its
     field).
 
     ``prepare=False`` writes nothing (validate, dry runs); the splits are then checked only when
     every corpus is there. With ``warn``, what this machine cannot see (data, or a tokenizer
     folder, that lives on the cluster's file system) is a warning instead of a refusal; a
-    vocabulary too small for the tokenizer is always refused. A ``dry_run`` with ``warn`` only
+    vocabulary too small for the tokenizer, or data prepared otherwise, is always refused. A ``dry_run`` with ``warn`` only
     warns about corpora whose splits it cannot read (placeholders of the cluster's data).
     """
     from ..data.blend import check_splits
     from ..data.splits import all_prefixes
-    from ..data.vocabulary import check_vocab, recorded_vocab_size
+    from ..data.prepared import check_prepared
+    from ..data.vocabulary import check_vocab
     missing_any = False
     for field, prefix, sources in all_prefixes(job.data):
         p = Path(prefix)
         missing = [str(f) for f in (p.with_name(p.name + ".bin"), p.with_name(p.name + ".idx"))
                    if not f.exists()]
         if not missing:
-            check_vocab(job, recorded_vocab_size(prefix))
+            check_prepared(job, field, prefix, sources)
             continue
         missing_any = True
         if not sources:

@@ -330,3 +330,86 @@ def test_a_split_too_small_for_one_sample_says_so_and_how_to_fix_it(tmp_path):
         GPTSamples(ds, 10, seed=3, tokens=ds.tokens[992:])
     with pytest.raises(UsageError, match="holds 0 tokens in this split"):   # a share of none
         GPTSamples(ds, 10, seed=3, tokens=ds.tokens[:0])
+
+
+def _data_job(tmp_path, **data):
+    from hpctrain.config import job_from_mapping
+    return job_from_mapping({"name": "t", "model": {"num_layers": 1, "hidden_size": 8,
+                                                    "num_attention_heads": 1, "vocab_size": 257,
+                                                    "seq_length": 8},
+                             "batch": {"micro_batch_size": 1, "global_batch_size": 1},
+                             "train": {"steps": 1}, "data": data}, "t")
+
+
+def test_data_prepared_otherwise_than_the_job_says_is_refused_at_every_door(tmp_path):
+    """Data prepared with ``byte``, then the job names a Hugging Face tokenizer (or other
+    files): the .bin/.idx are there, but not what the job would train on. ``submit``'s
+    preparation and ``validate``'s check both refuse it, naming the field; the same job as
+    prepared passes, and data without ``PREFIX.meta.json`` (another tool's) is taken as is."""
+    from hpctrain.submission.checks import check_data
+    text = tmp_path / "a.txt"
+    text.write_text("in the beginning god created the heaven and the earth\n\n" * 40)
+    other = tmp_path / "b.txt"
+    other.write_text("and the earth was without form\n\n" * 40)
+    tok = str(_tiny_hf_tokenizer(tmp_path / "tok"))
+    prefix = str(tmp_path / "corpus")
+    as_prepared = _data_job(tmp_path, path=prefix, prepare_from=[str(text)])
+    assert ensure_prepared(as_prepared)
+    files = {s: (tmp_path / f"corpus{s}").read_bytes() for s in (".bin", ".idx", ".meta.json")}
+    fix = (f"point data.path at a new prefix to prepare it there, or remove {prefix}.bin/.idx/"
+           f".meta.json to prepare it again")
+    changed = _data_job(tmp_path, path=prefix, prepare_from=[str(text)], tokenizer=tok)
+    for door in (ensure_prepared, check_data):
+        with pytest.raises(UsageError) as e:
+            door(changed)
+        assert str(e.value) == (f"data.tokenizer: {prefix} was prepared with 'byte', the job "
+                                f"names '{tok}'; {fix}")
+    moved = _data_job(tmp_path, path=prefix, prepare_from=[str(other)])
+    with pytest.raises(UsageError, match=rf"^data.prepare_from: {prefix} was prepared from "
+                                         rf"{text}, the job names {other}; "):
+        check_data(moved)
+    # a job that does not prepare the prefix and names a tokenizer names it too
+    with pytest.raises(UsageError, match=r"^data.tokenizer: .* set data.tokenizer to 'byte'"):
+        check_data(_data_job(tmp_path, path=prefix, tokenizer=tok))
+    assert {s: (tmp_path / f"corpus{s}").read_bytes() for s in files} == files
+    assert not ensure_prepared(as_prepared)
+    check_data(as_prepared)
+    check_data(_data_job(tmp_path, path=prefix))      # the tokenizer left at its default
+    (tmp_path / "corpus.meta.json").unlink()          # prepared by another tool: no record
+    assert not ensure_prepared(changed)
+    check_data(moved)
+
+
+def test_a_tokenizer_named_relative_to_another_folder_is_the_same_tokenizer(tmp_path,
+                                                                             monkeypatch):
+    """``data prepare -t ./tok`` records the tokenizer's absolute path: a job file elsewhere
+    naming the same folder (made absolute against the job file) takes the data."""
+    from hpctrain.submission.checks import check_data
+    (tmp_path / "a.txt").write_text("the heaven and the earth\n\n" * 10)
+    _tiny_hf_tokenizer(tmp_path / "tok")
+    monkeypatch.chdir(tmp_path)
+    prepare(["a.txt"], "corpus", "./tok")
+    meta = json.loads((tmp_path / "corpus.meta.json").read_text())
+    assert (meta["tokenizer"], meta["sources"]) == (str(tmp_path / "tok"),
+                                                    [str(tmp_path / "a.txt")])
+    check_data(_data_job(tmp_path, path=str(tmp_path / "corpus"), tokenizer=str(tmp_path / "tok"),
+                         prepare_from=[str(tmp_path / "a.txt")]))
+
+
+def test_validate_refuses_data_prepared_with_another_tokenizer_in_one_line(tmp_path):
+    import yaml
+    from tests.conftest import one_error_line
+    (tmp_path / "a.txt").write_text("in the beginning god created the heaven\n\n" * 40)
+    _tiny_hf_tokenizer(tmp_path / "tok")
+    prepare([tmp_path / "a.txt"], tmp_path / "corpus", "byte")
+    job = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
+    job["data"] = {"path": "corpus", "tokenizer": "./tok", "prepare_from": ["a.txt"]}
+    job["train"].pop("eval_interval")         # no validation data: all of it trains
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = hpctrain("validate", str(tmp_path / "job.yaml"), "--profile", "local")
+    one_error_line(proc, f"data.tokenizer: {tmp_path / 'corpus'} was prepared with 'byte', the "
+                         f"job names '{tmp_path / 'tok'}'; point data.path at a new prefix")
+    job["data"]["tokenizer"] = "byte"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = hpctrain("validate", str(tmp_path / "job.yaml"), "--profile", "local")
+    assert proc.returncode == 0, proc.stderr

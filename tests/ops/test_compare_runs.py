@@ -38,6 +38,28 @@ def test_runs_are_labelled_by_the_job_settings_that_differ(tmp_path):
         [(short.id, "train.steps=20", 5, None), (long.id, "train.steps=30", 5, 3.3)]
 
 
+def test_validation_between_the_logged_steps_is_drawn_and_its_last_is_reported(tmp_path):
+    """``train.log_interval: 10`` and ``train.eval_interval: 25``: validation at 25, 50 and 75
+    has a training record at 50 only. Each validation point is drawn at its own step, and
+    the table's VAL LOSS is step 75's, as a single run's report has it."""
+    root = tmp_path / "runs"
+    train = [{"kind": "train", "step": s, "loss": 4.0 - 0.01 * s, "tokens_per_s": 1000.0}
+             for s in range(10, 81, 10)]
+    validation = [{"kind": "validation", "step": s, "loss": v}
+                  for s, v in ((25, 3.5), (50, 3.25), (75, 3.125))]
+    runs = [crafted_run(root, steps=steps, metrics=train + validation[:shown])
+            for steps, shown in ((80, 3), (90, 0))]
+    fig = build_comparison(collect_series(runs))
+    val_ax = fig.axes[1]
+    (line,) = val_ax.get_lines()
+    assert line.get_gid() == f"val_loss:{runs[0].id}"
+    assert (list(line.get_xdata()), list(line.get_ydata())) == ([25, 50, 75], [3.5, 3.25, 3.125])
+    out = json.loads(cli(root, "report", runs[0].id, runs[1].id, "-o", str(tmp_path / "c.png"),
+                         "--json").stdout)
+    assert [(r["run"], r["last_step"], r["last_val_loss"]) for r in out["runs"]] == \
+        [(runs[0].id, 80, 3.125), (runs[1].id, 80, None)]
+
+
 def _sweep_with_metrics(root, spec: str):
     """A sweep prepared under ``root`` whose runs each logged a few steps (run i at loss 3 + i)."""
     points = expand(ops_job(), ops_profile(ranks_per_node=2), [spec])

@@ -253,3 +253,43 @@ def test_the_tracker_gets_what_a_checkpoint_holds_and_at_the_finish_everything(
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert any(path.endswith(".png") for path in artifacts), artifacts
     assert not [ln for ln in lines if ln.startswith("tracking:")], lines
+
+
+def _scalars(run_path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of ``tag`` as TensorBoard's own reader shows the run's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(run_path / "tensorboard"))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def _next_second() -> None:
+    """TensorBoard reads a folder's event files in name order, and a name begins with the
+    second its file was made: attempts are seconds apart, two writers in a test may not be."""
+    import time
+    now = int(time.time())
+    while int(time.time()) == now:
+        time.sleep(0.05)
+
+
+def test_a_resumed_attempt_replaces_what_the_last_one_logged_past_its_checkpoint(tmp_path):
+    """Attempt A logs steps 1-6 and an evaluation at 5, then dies; attempt B resumes from the
+    checkpoint of step 4 and logs 5-6 again (other losses). TensorBoard shows each step once,
+    B's past step 4 and A's up to it, in every tag: A's evaluation at 5 went with its steps."""
+    first = _writer(tmp_path, name="resumed")
+    ctx = first.ctx
+    for s in range(1, 7):
+        first.record(s, LOSSES[s], 1.0, 1e-3, 0.5, "loss spike", GBS * s, 0)
+    first.record_eval("validation", 3, 4.0, 4, 64, 1.0)
+    first.record_eval("validation", 5, 3.0, 4, 64, 1.0)
+    first.close()
+    _next_second()
+    second = MetricsWriter(ctx, STEPS, resume_step=4)
+    for s in (5, 6):
+        second.record(s, 10.0 + s, 1.0, 1e-3, 0.5, "loss spike", GBS * s, 0)
+    second.record_eval("validation", 6, 2.0, 4, 64, 1.0)
+    second.close()
+    # every value here is exact in TensorBoard's float32
+    assert _scalars(ctx.run.path, "train/loss") == [(s, LOSSES[s]) for s in range(1, 5)] + [
+        (5, 15.0), (6, 16.0)]
+    assert _scalars(ctx.run.path, "validation/loss") == [(3, 4.0), (6, 2.0)]
