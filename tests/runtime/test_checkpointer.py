@@ -12,7 +12,8 @@ that the next step equals the uninterrupted run's, in both formats of the distri
 optimizer and without it; a partial save set aside; a flipped byte caught by the load's CRC32C and the
 previous checkpoint loaded; the only checkpoint damaged, which stops the attempt; the older
 format's read-through, whose shares of the files every rank checks; checks that refuse a
-checkpoint before reading it (a changed data setting among them); another run's folder refused on every rank."""
+checkpoint before reading it (a changed data setting among them); another run's folder
+refused on every rank."""
 
 from __future__ import annotations
 
