@@ -30,9 +30,8 @@ import numpy as np
 
 from .. import file_door
 from ..errors import UsageError
+from .index_header import FIXED, HEADER, VERSION, parse_header
 
-HEADER = b"MMIDIDX\x00\x00"
-VERSION = 1
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
           7: np.float32, 8: np.uint16}
 CODES = {np.dtype(v): k for k, v in DTYPES.items()}
@@ -158,31 +157,19 @@ class IndexedDataset:
             if missing:
                 raise UsageError(f"dataset file {p} does not exist (data.path is the prefix of "
                                  f"PREFIX.bin + PREFIX.idx; `hpctrain data prepare` writes them)")
-        fixed = len(HEADER) + 8 + 1 + 8 + 8
         with open(ip, "rb") as f:
-            raw = f.read(fixed)
+            raw = f.read(FIXED)
         size_idx = ip.stat().st_size
-        if len(raw) < fixed or raw[:len(HEADER)] != HEADER:
-            raise UsageError(f"{ip} is not a Megatron index file (bad header); re-create it with "
-                             f"`hpctrain data prepare`")
-        (version,) = struct.unpack_from("<Q", raw, len(HEADER))
-        if version != VERSION:
-            raise UsageError(f"{ip}: index version {version} is not supported (expected {VERSION})")
-        (code,) = struct.unpack_from("<B", raw, len(HEADER) + 8)
-        if code not in DTYPES:
-            raise UsageError(f"{ip}: unknown token dtype code {code}")
-        self.dtype = np.dtype(DTYPES[code])
-        if self.dtype.kind == "f":      # token ids are integers: floats would be cut silently
-            raise UsageError(f"{ip}: token dtype {self.dtype.name} (code {code}) holds no token "
-                             f"ids; re-create the dataset with `hpctrain data prepare`")
-        seqs, docs = struct.unpack_from("<QQ", raw, len(HEADER) + 9)
-        need = fixed + seqs * 4 + seqs * 8 + docs * 8
+        head = parse_header(raw, ip)
+        self.dtype = np.dtype(DTYPES[head.dtype_code])
+        seqs, docs = head.sequences, head.document_entries
+        need = head.index_bytes()
         if size_idx < need:
             raise UsageError(f"{ip} is truncated ({size_idx} bytes, the header promises {need}); "
                              f"re-create the dataset")
         # memory-mapped, not read: at 10^9 documents the index is 20 GB, of which a run
         # touches a few pages (the split boundaries and the sequences it reads)
-        off = fixed
+        off = FIXED
         self.sequence_lengths = _mapped(ip, np.int32, seqs, off)
         off += seqs * 4
         self.sequence_pointers = _mapped(ip, np.int64, seqs, off)

@@ -22,7 +22,7 @@ from ..scheduler.choose import backend_for, backend_named, backend_of
 from ..scheduler.state import live_jobs
 from ..submission import Submitted, check_fits, submit_training
 from ..view.runview import RunView, build_view
-from .checkpoints import inspect_checkpoints
+from .checkpoints import inspect_checkpoints, read_manifest
 
 
 def _user() -> str:
@@ -106,6 +106,7 @@ def requeue_run(run: RunFolder) -> Resubmitted:
                            profile.world_size)
     profile = run.resolved_profile()
     resolved = _resolve_for(run, profile)
+    check_data_position(run, resolved.job)
     return _resubmit(run, resolved, "requeue", force=False)
 
 
@@ -125,6 +126,8 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
                          f"preempted job resumes by itself. `hpctrain cancel {run.shown}` first, or "
                          "pass --force if the scheduler's view is wrong")
     new_job = _job_with(run, view, overrides or {})
+    _check_checkpoint_folder(run)   # refused before anything of the run is read or changed
+    check_data_position(run, new_job or run.resolved_job())
     extends = new_job is not None and new_job.train.steps > (view.step or 0)
     if view.finished and not force and not extends:
         _refuse_finished(view, "resume")
@@ -139,7 +142,6 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
     backend_for(new)
     resolved = _resolve_for(run, new, new_job)
     check_fits(resolved, force)
-    _check_checkpoint_folder(run)   # refused before job.yaml or run.yaml changes
     changed = to_dict(new) != to_dict(old)
     if changed:
         _archive_profile(run, old, new, resolved)
@@ -161,6 +163,28 @@ def _job_with(run: RunFolder, view: RunView, overrides: dict):
         raise UsageError(f"train.steps: run {run.shown} already reached step {reached}; give more "
                          f"than {reached} (e.g. --steps {max(2 * reached, reached + 1)})")
     return job
+
+
+def check_data_position(run: RunFolder, job) -> None:
+    """Refuse (UsageError) a job whose data settings (``--set``, or the run's job file edited)
+    would give the newest complete checkpoint's data position another meaning: the check the
+    runtime makes when it loads (:func:`hpctrain.data.fingerprint.resume_problem`), made here
+    before anything is archived or submitted. A checkpoint saved before the fingerprint was
+    recorded has none: accepted. A corpus this machine cannot read is compared by weight only
+    here; the runtime compares it whole."""
+    from ..data.fingerprint import resume_problem
+    try:
+        newest = inspect_checkpoints(run).newest_complete
+    except OSError:
+        return
+    if newest is None:
+        return
+    manifest, _ = read_manifest(Path(newest.path))
+    manifest = manifest or {}
+    problem = resume_problem(manifest.get("data"), job, Path(newest.path).name,
+                             manifest.get("consumed_samples"))
+    if problem:
+        raise UsageError(problem)
 
 
 def _keep_as_numbered(run: RunFolder, current: Path, stem: str) -> Path:

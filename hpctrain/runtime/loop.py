@@ -142,13 +142,16 @@ class Trainer:
         # the monotonic clock, which an NTP step of the wall clock does not move)
         self.fb_issued_at: float | None = None
         self.on_first_step = None       # called with the first step's start time
+        # what the data position means, recorded with every save (checked at every resume)
+        from ..data.fingerprint import data_fingerprint
+        self.data_fingerprint = data_fingerprint(job, feeder.samples.order_kind)
 
     def common_state(self) -> dict:
         return {"step": self.step, "consumed_samples": self.consumed,
                 "optimizer_updates": self.updates, "lr_schedule": self.schedule.state_dict(),
                 "guard": self.guard.state_dict(), "job": self.ctx.job.name,
                 "evaluated_step": self.evaluated_step, "tested_step": self.tested_step,
-                "sample_order": self.feeder.samples.order_kind}
+                "sample_order": self.feeder.samples.order_kind, "data": self.data_fingerprint}
 
     # --------------------------------------------------------------------- one step
     def train_step(self) -> dict:

@@ -117,17 +117,20 @@ def crafted_run(root: Path, *, ledger=(), metrics=(), events=(), checkpoints=(),
     return run
 
 
-def write_checkpoint(root: Path, step: int, attempt: int, run_id: str | None = None) -> Path:
+def write_checkpoint(root: Path, step: int, attempt: int, run_id: str | None = None,
+                     **info) -> Path:
     """A published ``step-N`` folder (one small file, checksummed manifest naming ``run_id``)
     made with the runtime's own store functions: what listings and status read, without a
-    model."""
+    model. ``info``: more manifest fields (``data``, ``consumed_samples``: what a training
+    save records of its data position)."""
     import json
     from hpctrain.record import checkpoint_store as store
     partial = store.partial_dir(root, step, attempt)
     partial.mkdir(parents=True, exist_ok=True)
     (partial / "state.json").write_text(json.dumps({"step": step}))
     files = store.checksum_files(partial, store.list_files(partial))
-    return store.publish(partial, root, step, store.build_manifest(step, files, run=run_id))
+    return store.publish(partial, root, step, store.build_manifest(step, files, run=run_id,
+                                                                   **info))
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -16,7 +16,8 @@ Attempt 2: a partial folder from a save that never finished is lying there; ``re
 it aside and loads step 4 into the fresh model: weights, Adam's moments and step, the RNG
 streams and the common state as saved; one more step gives what attempt 1's step 5 gave. It
 saves step 5 (final). Checks before loading refuse a manifest of weights only, one saved
-without the distributed optimizer, and a dp_reshardable one on another TP size.
+without the distributed optimizer, a dp_reshardable one on another TP size, and one whose data
+fingerprint is not the job's (another seed); the job's own fingerprint is accepted.
 
 Attempt 3: a byte of step 5 flipped: the load's CRC32C catches it, step 5 is set aside, step 4
 loads. Attempt 4: step 4 damaged too, the only one left: the attempt stops (CheckpointError);
@@ -365,7 +366,18 @@ class Probe:
             "dp_reshardable_other_tp": {**manifest, "optimizer_format": "dp_reshardable",
                                         "layout": {**layout, "tp": 2, "describe": "TP2"}},
         }
+        # the data fingerprint of a save made under another seed (7), and the job's own
+        import dataclasses
+        from hpctrain.data.fingerprint import data_fingerprint
+        here = data_fingerprint(self.job, "feistel-v1")
+        seed = dataclasses.replace(self.job, train=dataclasses.replace(self.job.train, seed=7))
+        cases["data_changed"] = {**manifest, "data": data_fingerprint(seed, "feistel-v1")}
         out = {}
+        try:
+            ckpt.check_data_position(folder, {**manifest, "data": here})
+            out["data_same"] = "accepted"
+        except CheckpointError as e:
+            out["data_same"] = str(e)
         for name, m in cases.items():
             try:
                 ckpt.load(folder, m)

@@ -12,7 +12,8 @@ that the next step equals the uninterrupted run's, in both formats of the distri
 optimizer and without it; a partial save set aside; a flipped byte caught by the load's CRC32C and the
 previous checkpoint loaded; the only checkpoint damaged, which stops the attempt; the older
 format's read-through, whose shares of the files every rank checks; checks that refuse a
-checkpoint before reading it; another run's folder refused on every rank."""
+checkpoint before reading it (a changed data setting among them); another run's folder
+refused on every rank."""
 
 from __future__ import annotations
 
@@ -265,6 +266,11 @@ def test_checks_refuse_a_checkpoint_before_reading_it(probed):
     assert refused["dp_reshardable_other_tp"].startswith(
         f"checkpoint {CK}/step-00000004 stores the distributed optimizer as dp_reshardable, "
         f"which resumes only on the same TP×PP×VPP (saved TP2, now TP1×PP2×VPP2×DP2;")
+    assert refused["data_changed"] == (
+        "train.seed: changed since checkpoint step-00000004 (seed 7 -> 1234): position 64 would "
+        "skip or repeat samples; resume with the saved data settings, or start a new run from "
+        "its weights with train.init_from")
+    assert refused["data_same"] == "accepted"
     assert refused["without_digest"] == {"loaded": 4, "digest_checked": False}
 
 

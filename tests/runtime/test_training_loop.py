@@ -116,6 +116,15 @@ def test_each_attempt_resumes_from_what_the_last_one_published(probed):
         published = ranks[0]["published"]
         assert {s["published"] for s in ranks} == {published}
     assert seen[("whole", 1)][0]["loaded"] is None
+    # what the position means is saved with it, in the common state and the manifest
+    from hpctrain.data.fingerprint import data_fingerprint
+    from hpctrain.data.order import FEISTEL
+    from hpctrain.record import checkpoint_store as store
+    run = probed["runs"]["stopped"]
+    recorded = data_fingerprint(run.resolved_job(), FEISTEL)
+    assert {json.dumps(s["common"]["data"]) for s in seen[("stopped", 6)]} == \
+        {json.dumps(recorded)}
+    assert store.read_manifest(run.checkpoint_dir() / "step-00000006")["data"] == recorded
 
 
 def test_the_interrupted_run_trains_bit_for_bit_as_the_uninterrupted_one(probed):

@@ -114,6 +114,12 @@ def own_staging_and_writer(request, arena, owner: str, folder: str, rank: int, k
                                    progress, delay))
 
 
+def _data_record(common: dict) -> dict:
+    """The data fingerprint for the manifest, where the CLI reads it without torch (a caller
+    whose common state has none, e.g. a test of the save alone, records none)."""
+    return {"data": common["data"]} if common.get("data") is not None else {}
+
+
 def _load_strategy(folder: Path):
     """Fully parallel load (Megatron-LM's --ckpt-fully-parallel-load): the DP replicas of a
     shard each read a different part of it from storage and exchange the rest, instead of
@@ -366,7 +372,7 @@ class Checkpointer:
                     run=self.ctx.run.id, attempt=self.ctx.attempt, job=self.ctx.job.name,
                     save_seconds=round(time.monotonic() - info["started"], 3),
                     background=not info["sync"], checksum=writer.CHECKSUM,
-                    weights_digest=info["digest"])
+                    weights_digest=info["digest"], **_data_record(common))
                 final = store.publish(partial, self.root, step, manifest)
                 info["bytes"] = manifest["total_bytes"]
                 return str(final)
@@ -507,6 +513,17 @@ class Checkpointer:
         logger.debug(f"no checkpoint to resume ({time.monotonic() - started:.2f}s)")
         return None
 
+    def check_data_position(self, folder: Path, manifest: dict) -> None:
+        """Refuse a checkpoint whose data position the job's data settings would give another
+        meaning (:func:`hpctrain.data.fingerprint.resume_problem`, the check ``hpctrain resume``
+        makes too): a CheckpointError, before anything is read. A checkpoint saved before
+        fingerprints were recorded has none and loads."""
+        from ...data.fingerprint import resume_problem
+        problem = resume_problem(manifest.get("data"), self.ctx.job, folder.name,
+                                 manifest.get("consumed_samples"))
+        if problem:
+            raise CheckpointError(problem)
+
     def load(self, folder: Path, manifest: dict) -> Loaded:
         import torch
         from megatron.core import dist_checkpointing
@@ -533,6 +550,7 @@ class Checkpointer:
                 f"resumes only on the same TP×PP×VPP (saved {saved.get('describe')}, now "
                 f"{here['describe']}; the DP size may change); resume on the saved TP/PP/VPP, "
                 f"or save with checkpoint.optimizer_format: fully_reshardable")
+        self.check_data_position(folder, manifest)
         impl = (layers_record(self.mo) or {}).get("transformer_impl", "local")
         cross_device.check_resume(folder, manifest, impl, want_distopt, fmt)
         phases = {"checks_s": time.monotonic() - started}   # where a resume's time goes
