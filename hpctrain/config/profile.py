@@ -135,7 +135,7 @@ class StorageSection:
     write_bandwidth_gbs: float | None = doc("Write bandwidth one node reaches to the checkpoint "
                                             "folder with all its ranks writing, GB/s: the "
                                             "planner's save time (null: 2 GB/s assumed).",
-                                            default=None, above=0, at_most=1e5)
+                                            default=None, at_least=0.001, at_most=1e5)
 
 
 @dataclass(kw_only=True)
@@ -144,8 +144,8 @@ class ReliabilitySection:
                                  "this / nodes. Sets checkpoint.interval_minutes: auto (Young/"
                                  "Daly). Default: Llama 3's pre-training, 419 unexpected "
                                  "interruptions in 54 days on 2,048 nodes (about 6,300 h), "
-                                 "rounded down.", default=DEFAULT_NODE_MTBF_HOURS, above=0,
-                                 at_most=1e7)
+                                 "rounded down.", default=DEFAULT_NODE_MTBF_HOURS,
+                                 at_least=0.1, at_most=1e7)
 
 
 @dataclass(kw_only=True)

@@ -76,12 +76,35 @@ def cached_row(run: RunFolder, print_: list) -> dict | None:
     return None if row is None else {**row, "run": run.id, "run_dir": str(run.path)}
 
 
+# what each field of a row may hold (RunView.summary builds them): a kept row whose field holds
+# anything else was not written by hpctrain, and is built again from the run's files
+_COUNTS = ("step", "total_steps", "attempts")
+_NUMBERS = ("loss", "val_loss", "gpu_hours")
+NOT_FINITE = ("nan", "inf", "-inf")
+_TEXTS = ("name", "profile", "job_id", "detail", "created", "last_event", "last_event_time",
+          "gpu_hours_source")
+
+
+def _typed(row: dict) -> bool:
+    def count(v):
+        return v is None or (type(v) is int and v >= 0)
+
+    def number(v):     # the metrics write a loss that is not finite as its text
+        return v is None or v in NOT_FINITE or \
+            (type(v) in (int, float) and v == v and abs(v) != float("inf"))
+
+    return (all(count(row.get(k)) for k in _COUNTS) and all(number(row.get(k)) for k in _NUMBERS)
+            and all(row.get(k) is None or type(row.get(k)) is str for k in _TEXTS)
+            and (row.get("sweep") is None or isinstance(row.get("sweep"), dict)))
+
+
 def valid_row(kept_print, row, print_: list) -> dict | None:
     """``row`` (as kept, without the folder's own fields) when it was kept for the fingerprint
-    ``print_`` and holds a state the run's files alone decide; None otherwise."""
+    ``print_``, holds a state the run's files alone decide and every field of its kind; None
+    otherwise."""
     if kept_print != print_ or not isinstance(row, dict) or row.get("state") not in SETTLED:
         return None
-    return row
+    return row if _typed(row) else None
 
 
 def keepable(row: dict, accounted: bool) -> bool:

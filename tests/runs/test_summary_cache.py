@@ -79,6 +79,25 @@ def test_a_damaged_kept_file_is_ignored_and_rebuilt(runs):
         assert json.loads(cache.read_text())["row"]["loss"] == expected[0]["loss"]
 
 
+@pytest.mark.parametrize("field, value", [
+    ("step", -5), ("step", "60"), ("attempts", [1, 2]), ("total_steps", True),
+    ("loss", {"a": 1}), ("loss", "0.5"), ("val_loss", True), ("gpu_hours", [1]),
+    ("name", ["x"]), ("detail", 5), ("sweep", [1])])
+def test_a_kept_row_whose_field_holds_another_kind_is_built_again(runs, field, value):
+    """A kept row with the current fingerprint but a field no row holds (edited by hand, or
+    written by something else): the listing builds the row from the run's files instead of
+    showing it (and copying it into the runs index)."""
+    run = runs[0]
+    expected = _uncached([run])
+    summaries([run])
+    cache = run.path / CACHE_FILE
+    kept = json.loads(cache.read_text())
+    kept["row"][field] = value
+    cache.write_text(json.dumps(kept))
+    assert summaries([run]) == expected
+    assert json.loads(cache.read_text())["row"][field] == expected[0][field]
+
+
 def test_a_running_runs_state_comes_from_its_backend(runs):
     """A live local job (the process the local backend looks for) shows RUNNING and is not
     kept; once it is gone the ended state shows, though no file of the run changed."""
