@@ -285,6 +285,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # rank 0's metrics: each interval's mean step time, throughput and MFU, what a record,
     # TensorBoard and the progress line hold, and nothing written by the other ranks
     "metrics": ("hpctrain/runtime/metrics.py", ["tests/runtime/test_metrics_records.py"]),
+    # what a checkpoint's data position means, and the one comparison that refuses a resume
+    # changing it (at the CLI and in the ranks)
+    "fingerprint": ("hpctrain/data/fingerprint.py", [
+        "tests/data/test_data_fingerprint.py", "tests/ops/test_resume_data_position.py"]),
+    # prepared data accepted only for the tokenizer and sources the job names
+    "prepared": ("hpctrain/data/prepared.py", ["tests/data/test_indexed_and_prepare.py"]),
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),

@@ -98,7 +98,7 @@ class Trainer:
         self.consumed = 0
         self.updates = 0
         self.evaluated_step = self.tested_step = None   # the last step evaluated (or tested)
-        previous_save = None
+        previous_save = previous_step = None
         if loaded is not None:
             common = loaded.common
             self.step, self.consumed = int(common["step"]), int(common["consumed_samples"])
@@ -107,6 +107,7 @@ class Trainer:
             self.evaluated_step = common.get("evaluated_step")
             self.tested_step = common.get("tested_step")
             previous_save = loaded.manifest.get("save_seconds")
+            previous_step = common.get("step_time_s")
         self.start_step = self.step
         self.estimate = SaveEstimate(previous_s=previous_save,
                                      load_s=loaded.seconds if loaded else None,
@@ -135,7 +136,11 @@ class Trainer:
             ps.get_tensor_model_parallel_rank() == 0
         self.param_gather = ParamGatherHooks(mo.model, mo.config)
         self.gc = ManualGC.from_train(job.train)
-        self.step_time = None
+        # the smoothed step time the deadline reserves after each step; an attempt that resumes
+        # starts from its checkpoint's, so its first step (the slowest: communicators, caches)
+        # is not followed by a step the reserve leaves out
+        self.step_time = previous_step if isinstance(previous_step, float) and \
+            math.isfinite(previous_step) and previous_step > 0 else None
         self.last_loss: float | None = None
         self.first_step_started: float | None = None
         # when the last step had issued fwd+bwd (time.perf_counter: durations are measured on
@@ -151,7 +156,8 @@ class Trainer:
                 "optimizer_updates": self.updates, "lr_schedule": self.schedule.state_dict(),
                 "guard": self.guard.state_dict(), "job": self.ctx.job.name,
                 "evaluated_step": self.evaluated_step, "tested_step": self.tested_step,
-                "sample_order": self.feeder.samples.order_kind, "data": self.data_fingerprint}
+                "sample_order": self.feeder.samples.order_kind, "data": self.data_fingerprint,
+                "step_time_s": self.step_time}
 
     # --------------------------------------------------------------------- one step
     def train_step(self) -> dict:
@@ -227,12 +233,15 @@ class Trainer:
             logger.info(f"profile of step {self.step}: {describe(report)}")
 
     def out_of_time(self, next_s: float | None) -> bool:
-        """Rank 0's clock: is the time left short of a save (with its safety factor and margin)
-        after work of ``next_s`` seconds, the next decision's distance? None: a training step,
-        the next decision being the next step's agreement (after an evaluation's last batch as
-        after a step)."""
+        """Rank 0's clock: is the time left short of a save (with its safety factor and margin,
+        after what a background save in flight may still take) after work of ``next_s``
+        seconds, the next decision's distance? None: a training step, the next decision being
+        the next step's agreement (after an evaluation's last batch as after a step)."""
         ahead = (self.step_time or 0.0) if next_s is None else next_s
-        return self.deadline.must_stop(self.estimate.seconds, ahead)
+        save = self.estimate.seconds
+        # a save stops training only after the background save in flight is done (one at a
+        # time): what that one may still take comes first
+        return self.deadline.must_stop(save + self.ckpt.pending_left_s(save), ahead)
 
     def _start_agreement(self, loss, number: int):
         """Start the step's one all-reduce: [loss sum, loss reporters, signal, deadline, save

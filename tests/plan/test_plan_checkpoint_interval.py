@@ -113,8 +113,8 @@ def test_auto_in_the_job_is_what_the_plan_uses():
 
 
 @pytest.mark.parametrize("value, message", [
-    (0, "must be above 0"), (-5, "must be above 0"), ("often", "expected a number"),
-    (1e9, "must be at most 10^7")])
+    (0, "must be at least 0.1"), (-5, "must be at least 0.1"), (1e-300, "must be at least 0.1"),
+    ("often", "expected a number"), (1e9, "must be at most 10^7")])
 def test_node_mtbf_hours_is_validated(value, message):
     with pytest.raises(ConfigError) as err:
         profile_from_mapping({"reliability": {"node_mtbf_hours": value}}, "p.yaml")

@@ -171,8 +171,18 @@ class Probe:
         left = trainer.deadline.reserve(trainer.estimate.seconds, 0.0) + ahead / 2
         clock, trainer.deadline.clock = trainer.deadline.clock, lambda: DEADLINE - left
         try:
-            return {"step_time": ahead, "next_batch_0": trainer.evaluator.deadline_near(0.0),
-                    "last_batch": trainer.evaluator.deadline_near(None)}
+            answers = {"step_time": ahead, "next_batch_0": trainer.evaluator.deadline_near(0.0),
+                       "last_batch": trainer.evaluator.deadline_near(None)}
+            # a save of 100 s, half of it more than the reserve: enough time, unless a
+            # background save began just now, which the stop would first wait for
+            measured, trainer.estimate.measured_s = trainer.estimate.measured_s, 100.0
+            left = trainer.deadline.reserve(100.0, 0.0) + 50.0
+            answers["no_save_in_flight"] = trainer.out_of_time(0.0)
+            trainer.ckpt.pending.append({"step": -1, "started": time.monotonic()})
+            answers["save_in_flight"] = trainer.out_of_time(0.0)
+            trainer.ckpt.pending.pop()
+            trainer.estimate.measured_s = measured
+            return answers
         finally:
             trainer.deadline.clock = clock
 
@@ -225,6 +235,7 @@ class Probe:
         parts = assemble_attempt(ctx, mo, hooks, flag, clock=clock)
         trainer, ckpt, loaded = parts.trainer, parts.checkpointer, parts.loaded
         at["trainer"] = trainer
+        step_time_at_start = trainer.step_time
         after_step = self.record_steps(ckpt, lambda: local_digest(mo.modules))
         try:
             with reported_losses() as reported:
@@ -257,7 +268,9 @@ class Probe:
                 "after_step": after_step, "final_weights": local_digest(mo.modules),
                 "saves": [{k: s.get(k) for k in ("step", "reason", "sync")} for s in ckpt.saves],
                 "published": ckpt.last_published_step,
-                "heard": heard.calls, "after_evaluation": seen_deadline}
+                "heard": heard.calls, "after_evaluation": seen_deadline,
+                "step_time_at_start": step_time_at_start,
+                "loaded_step_time": loaded.common.get("step_time_s") if loaded else None}
         name = f"{run.path.name}-attempt-{number}-rank-{rank}.json"
         (self.out / name).write_text(json.dumps(seen, indent=1, default=str))
         return seen

@@ -303,6 +303,23 @@ def test_the_last_evaluation_batch_leaves_time_for_the_next_training_step(probed
     answers = probed["seen"][("stopped", 2)][0]["after_evaluation"]
     assert answers["step_time"] > 0
     assert (answers["next_batch_0"], answers["last_batch"]) == (False, True)
+    # a stop waits for the background save in flight: what it may still take is reserved too
+    assert (answers["no_save_in_flight"], answers["save_in_flight"]) == (False, True)
+
+
+def test_a_resumed_attempt_reserves_its_checkpoints_step_time_from_its_first_step(probed):
+    """The deadline keeps one step in reserve after each step; the first attempt knows no step
+    time before its first step, a resumed one starts from the smoothed step time its
+    checkpoint recorded (its own first step, the slowest, is then not followed unreserved)."""
+    for seen in probed["seen"][("whole", 1)]:
+        assert seen["loaded_step_time"] is None and seen["step_time_at_start"] is None
+        assert seen["common"]["step_time_s"] > 0
+    resumed = [seen for key, ranks in probed["seen"].items() if key[0] == "stopped" and key[1] > 1
+               for seen in ranks]
+    assert resumed
+    for seen in resumed:
+        assert seen["loaded_step_time"] > 0
+        assert seen["step_time_at_start"] == seen["loaded_step_time"]
 
 
 def test_the_profiled_step_says_when_its_passes_were_issued(probed):

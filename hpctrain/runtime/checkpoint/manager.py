@@ -294,6 +294,13 @@ class Checkpointer:
         self.saves.append(info)
         return info
 
+    def pending_left_s(self, expected_s: float) -> float:
+        """How long the background save in flight may still take, for a save that takes
+        ``expected_s`` in all: any save waits for it first (0 when none is in flight)."""
+        if not self.pending:
+            return 0.0
+        return max(0.0, expected_s - (time.monotonic() - self.pending[-1]["started"]))
+
     def step_done(self, step: int) -> None:
         """After each training step: the first one starts page-locking the staging memory
         (:meth:`.staging.HostArena.lock_pages`, which starts once: not during the resume or
