@@ -261,10 +261,15 @@ def requeue(run_ref, wait, runs_dir, as_json):
               help="Train to step N (train.steps): extends a finished run.")
 @set_option
 @click.option("--force", is_flag=True, help="Resume even if the run looks running or finished.")
+@click.option("--accept-data-change", is_flag=True,
+              help="Resume although the data settings (blend, split, seed, seq_length) give "
+                   "the checkpoint's data position another meaning: samples are then skipped "
+                   "or read again (recorded in the run's events).")
 @wait_option
 @runs_dir_option
 @json_option
-def resume(run_ref, profile_name, nodes, steps, overrides, force, wait, runs_dir, as_json):
+def resume(run_ref, profile_name, nodes, steps, overrides, force, accept_data_change, wait,
+           runs_dir, as_json):
     """Resubmit a stopped run from its newest complete checkpoint, possibly on another profile
     or node count, or with values changed (--set, --steps: the learning-rate schedule then runs
     over the new train.steps). The old profile and job are kept as profile.N.yaml and
@@ -285,6 +290,8 @@ def resume(run_ref, profile_name, nodes, steps, overrides, force, wait, runs_dir
             raise UsageError("--steps and --set train.steps disagree; give one of them")
         changes["train.steps"] = steps
     run = find(run_ref, runs_dir)
-    res = resume_run(run, profile_name, nodes, force=force, overrides=changes)
+    res = resume_run(run, profile_name, nodes, force=force, overrides=changes,
+                     accept_data_change=accept_data_change,
+                     warn=lambda message: click.echo(f"warning: {message}", err=True))
     _after_resubmit(run, res, wait, as_json, "Resumed")
 

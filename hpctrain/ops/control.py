@@ -9,6 +9,7 @@ Nothing here deletes a checkpoint or a run folder.
 from __future__ import annotations
 
 import getpass
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,14 +112,18 @@ def requeue_run(run: RunFolder) -> Resubmitted:
 
 
 def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | None = None, *,
-               force: bool = False, overrides: dict | None = None) -> Resubmitted:
+               force: bool = False, overrides: dict | None = None,
+               accept_data_change: bool = False,
+               warn: Callable[[str], None] | None = None) -> Resubmitted:
     """Resubmit a stopped run from its newest complete checkpoint, on its profile or another
     one (``profile_name``/``nodes``). The runtime reshards the checkpoint to the new layout.
     A new layout that does not fit the GPUs' memory is refused (as at submit) unless
     ``force``, before anything changes.
 
     ``overrides`` (``--set``, ``--steps``) change the run's job before it resumes: raising
-    ``train.steps`` extends a finished run (the old job is kept as ``job.N.yaml``)."""
+    ``train.steps`` extends a finished run (the old job is kept as ``job.N.yaml``).
+    ``accept_data_change``: resume although the data settings give the checkpoint's data
+    position another meaning (recorded in the run's events, which the ranks read)."""
     view = build_view(run)
     if view.active_jobs and not force:
         job = view.current_job
@@ -127,7 +132,8 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
                          "pass --force if the scheduler's view is wrong")
     new_job = _job_with(run, view, overrides or {})
     _check_checkpoint_folder(run)   # refused before anything of the run is read or changed
-    check_data_position(run, new_job or run.resolved_job())
+    accepted = check_data_position(run, new_job or run.resolved_job(),
+                                   accept=accept_data_change, warn=warn)
     extends = new_job is not None and new_job.train.steps > (view.step or 0)
     if view.finished and not force and not extends:
         _refuse_finished(view, "resume")
@@ -147,6 +153,9 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
         _archive_profile(run, old, new, resolved)
     if new_job is not None:
         _archive_job(run, resolved.job, overrides)
+    if accepted:
+        from ..data.fingerprint import ACCEPTED_EVENT
+        run.event(ACCEPTED_EVENT, checkpoint=accepted, by=_user())
     return _resubmit(run, resolved, "resume", force=force, previous_world_size=old.world_size,
                      extended=view.finished and extends)
 
@@ -165,26 +174,37 @@ def _job_with(run: RunFolder, view: RunView, overrides: dict):
     return job
 
 
-def check_data_position(run: RunFolder, job) -> None:
+def check_data_position(run: RunFolder, job, *, accept: bool = False,
+                        warn: Callable[[str], None] | None = None) -> str | None:
     """Refuse (UsageError) a job whose data settings (``--set``, or the run's job file edited)
     would give the newest complete checkpoint's data position another meaning: the check the
     runtime makes when it loads (:func:`hpctrain.data.fingerprint.resume_problem`), made here
     before anything is archived or submitted. A checkpoint saved before the fingerprint was
     recorded has none: accepted. A corpus this machine cannot read is compared by weight only
-    here; the runtime compares it whole."""
-    from ..data.fingerprint import resume_problem
+    here; the runtime compares it whole. A change accepted before for that checkpoint passes;
+    ``accept`` (``--accept-data-change``) accepts it now: the checkpoint's name is returned,
+    for the caller to record once the resume goes ahead. Changed evaluation corpora are a
+    warning (``warn``), not a refusal."""
+    from ..data.fingerprint import change_accepted, evaluation_note, resume_problem
     try:
         newest = inspect_checkpoints(run).newest_complete
     except OSError:
-        return
+        return None
     if newest is None:
-        return
+        return None
+    name = Path(newest.path).name
     manifest, _ = read_manifest(Path(newest.path))
     manifest = manifest or {}
-    problem = resume_problem(manifest.get("data"), job, Path(newest.path).name,
-                             manifest.get("consumed_samples"))
-    if problem:
+    note = evaluation_note(manifest.get("data"), job, name)
+    if note and warn is not None:
+        warn(note)
+    problem = resume_problem(manifest.get("data"), job, name, manifest.get("consumed_samples"),
+                             run.shown)
+    if not problem or change_accepted(run.events(), name):
+        return None
+    if not accept:
         raise UsageError(problem)
+    return name
 
 
 def _keep_as_numbered(run: RunFolder, current: Path, stem: str) -> Path:

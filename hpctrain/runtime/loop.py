@@ -147,9 +147,11 @@ class Trainer:
         # the monotonic clock, which an NTP step of the wall clock does not move)
         self.fb_issued_at: float | None = None
         self.on_first_step = None       # called with the first step's start time
-        # what the data position means, recorded with every save (checked at every resume)
+        # what the data position means, recorded with every save (checked at every resume):
+        # rank 0 reads the corpora's headers, every rank records its answer
         from ..data.fingerprint import data_fingerprint
-        self.data_fingerprint = data_fingerprint(job, feeder.samples.order_kind)
+        self.data_fingerprint = collectives.broadcast_object(
+            data_fingerprint(job, feeder.samples.order_kind) if ctx.is_rank0 else None)
 
     def common_state(self) -> dict:
         return {"step": self.step, "consumed_samples": self.consumed,
@@ -317,7 +319,11 @@ class Trainer:
             if profiled is not None:
                 self._profile_end(profiled, tick)
             elapsed = time.perf_counter() - tick
-            self.step_time = elapsed if self.step_time is None else 0.8 * self.step_time + 0.2 * elapsed
+            # an attempt's first step (the slowest) is reserved whole after it, whatever the
+            # checkpoint's smoothed time was (another layout may be slower); then smoothed
+            first = self.step == self.start_step + 1
+            self.step_time = max(self.step_time or 0.0, elapsed) if first else \
+                0.8 * self.step_time + 0.2 * elapsed
             if self.watchdog is not None:
                 self.watchdog.step_done(self.step, elapsed)
             named = exclude = None

@@ -183,7 +183,7 @@ def check_init_from(job, *, warn: Callable[[str], None] | None = None) -> None:
     from ..record.checkpoint_store import CheckpointError
     from ..record.model_checkpoint import checked
     path = Path(job.train.init_from).expanduser()
-    if warn is not None and not os.path.lexists(path):
+    if warn is not None and not os.path.exists(path):     # (a link to the cluster's storage)
         warn(f"train.init_from: {path} does not exist on this machine (the job cannot start "
              f"where it is missing)")
         return

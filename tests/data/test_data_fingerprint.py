@@ -1,7 +1,9 @@
 """The data-stream fingerprint a checkpoint records (``data.fingerprint``): every setting that
 gives a saved data position another meaning is refused on resume, naming its field and the fix;
 a change that keeps the meaning (batch sizes, steps, the learning rate, the data moved to another
-folder) is accepted; a checkpoint saved before fingerprints were recorded is accepted."""
+folder) is accepted; changed evaluation corpora are a note; a checkpoint saved before
+fingerprints were recorded is accepted, and a record that is not a fingerprint is refused as
+damaged; an acceptance recorded for a checkpoint lets it load."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from hypothesis import given, settings, strategies as st
 
 from hpctrain.config import job_from_mapping
 from hpctrain.data import index_header, indexed
-from hpctrain.data.fingerprint import corpus_shape, data_changes, data_fingerprint, resume_problem
+from hpctrain.data.fingerprint import (change_accepted, corpus_shape, data_changes,
+                                       data_fingerprint, evaluation_note, resume_problem,
+                                       well_formed)
 from hpctrain.data.order import FEISTEL
 from tests.conftest import token_corpus
 
-FIX = ("resume with the saved data settings, or start a new run from its weights with "
-       "train.init_from")
+FIX = ("resume with the saved data settings, or accept the change with `hpctrain resume run-1 "
+       "--accept-data-change`")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,8 @@ def job(corpora: dict, blend=(("a", 0.5), ("b", 0.5)), **changes):
 
 
 def refusal(saved_job, now_job) -> str | None:
-    return resume_problem(data_fingerprint(saved_job, FEISTEL), now_job, "step-00000040", 10240)
+    return resume_problem(data_fingerprint(saved_job, FEISTEL), now_job, "step-00000040", 10240,
+                          "run-1")
 
 
 def test_the_shape_of_a_corpus_comes_from_its_index_header_and_the_bin_size(corpora):
@@ -106,16 +111,82 @@ def test_one_corpus_changed_for_another_and_the_split_dropped_are_named(corpora)
     assert "\n" not in problem
 
 
-def test_separate_validation_corpora_are_part_of_the_fingerprint(corpora):
-    def with_valid(valid):
-        j = job(corpora, data__split=None)
-        return job_from_mapping({**_mapping(j), "data": {**_mapping(j)["data"], "valid_blend": [
-            {"path": corpora[c], "weight": w} for c, w in valid]}}, "fp.yaml")
-    assert refusal(with_valid((("c", 1.0),)), with_valid((("c", 2.0),))) is None
-    assert refusal(with_valid((("c", 1.0),)), with_valid((("b", 1.0),))) == (
+def _with_valid(corpora, valid, test=None):
+    j = job(corpora, data__split=None)
+    data = {**_mapping(j)["data"], "valid_blend": [
+        {"path": corpora[c], "weight": w} for c, w in valid]}
+    if test:
+        data["test_blend"] = [{"path": corpora[c], "weight": w} for c, w in test]
+    return job_from_mapping({**_mapping(j), "data": data}, "fp.yaml")
+
+
+def test_changed_evaluation_corpora_are_a_note_not_a_refusal(corpora):
+    """The training position keeps its meaning; the losses measured on another set do not
+    continue the curve, as when eval_iters or the global batch size change the set."""
+    saved = data_fingerprint(_with_valid(corpora, (("c", 1.0),)), FEISTEL)
+
+    def note(now):
+        assert resume_problem(saved, now, "step-00000040", 10240, "run-1") is None
+        return evaluation_note(saved, now, "step-00000040")
+    assert note(_with_valid(corpora, (("c", 2.0),))) is None       # the same set
+    assert note(_with_valid(corpora, (("b", 1.0),))) == (
         "data.valid_blend: changed since checkpoint step-00000040 (valid corpus 0: 40 documents, "
-        "2440 tokens -> 30 documents, 1500 tokens): the evaluation losses would not continue "
-        f"the run's; {FIX}")
+        "2440 tokens -> 30 documents, 1500 tokens): the evaluation losses from here on do not "
+        "continue the run's curve")
+    assert note(_with_valid(corpora, (("c", 1.0), ("b", 1.0)))) == (
+        "data.valid_blend: changed since checkpoint step-00000040 (valid 1 -> 2 corpora): the "
+        "evaluation losses from here on do not continue the run's curve")
+    assert note(_with_valid(corpora, (("c", 1.0),), test=(("a", 1.0),))) == (
+        "data.test_blend: changed since checkpoint step-00000040 (test set from the split -> "
+        "its own corpora): the evaluation losses from here on do not continue the run's curve")
+    assert evaluation_note(None, _with_valid(corpora, (("b", 1.0),)), "step-1") is None
+    # a training change beside it: refused, the note still says what else changed
+    other_seed = _with_valid(corpora, (("b", 1.0),))
+    other_seed = job_from_mapping({**_mapping(other_seed), "train": {
+        **_mapping(other_seed)["train"], "seed": 5}}, "fp.yaml")
+    assert resume_problem(saved, other_seed, "step-00000040", 10240, "run-1").startswith(
+        "train.seed: changed since checkpoint step-00000040 (seed 1234 -> 5)")
+    assert evaluation_note(saved, other_seed, "step-00000040").startswith("data.valid_blend: ")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda r: 5, lambda r: [r], lambda r: {**r, "corpora": 5},
+    lambda r: {**r, "corpora": [5]}, lambda r: {**r, "corpora": r["corpora"][:1] + [{}]},
+    lambda r: {k: v for k, v in r.items() if k != "corpora"},
+    lambda r: {**r, "corpora": [{**r["corpora"][0], "weight": "x"}]},
+    lambda r: {**r, "corpora": [{**r["corpora"][0], "weight": float("nan")}]},
+    lambda r: {**r, "corpora": [{**r["corpora"][0], "documents": -1}]},
+    lambda r: {**r, "corpora": [{**r["corpora"][0], "tokens": 1.5}]},
+    lambda r: {**r, "split": 5}, lambda r: {**r, "split": ["a"]},
+    lambda r: {**r, "seed": "1234"}, lambda r: {**r, "seq_length": None},
+    lambda r: {**r, "order": 5}, lambda r: {**r, "valid_blend": 5},
+    lambda r: {**r, "test_blend": [{"weight": 1}]},
+])
+def test_a_record_that_is_not_a_fingerprint_is_refused_as_damaged_in_one_line(corpora, damage):
+    record = damage(data_fingerprint(job(corpora), FEISTEL))
+    assert not well_formed(record)
+    problem = resume_problem(record, job(corpora), "step-00000040", 10240, "run-1")
+    assert problem.startswith("checkpoint step-00000040: its manifest's data record is damaged "
+                              "(not a data fingerprint: ") and problem.endswith(FIX), problem
+    assert "\n" not in problem
+    assert evaluation_note(record, job(corpora), "step-00000040") is None
+
+
+def test_a_fingerprint_and_its_later_additions_are_well_formed(corpora):
+    record = data_fingerprint(_with_valid(corpora, (("c", 1.0),), test=(("a", 1.0),)), FEISTEL)
+    assert well_formed(record) and well_formed({**record, "added_later": [1]})
+    assert well_formed({**record, "split": None, "order": None})
+    gone = {**record, "corpora": [{"documents": None, "tokens": None, "weight": 1.0}]}
+    assert well_formed(gone)
+
+
+def test_an_acceptance_names_the_checkpoint_it_was_given_for():
+    events = [{"event": "resume"}, {"event": "data_change_accepted", "checkpoint": "step-00000040"}]
+    assert change_accepted(events, "step-00000040")
+    assert not change_accepted(events, "step-00000060")
+    assert not change_accepted([{"event": "resume", "checkpoint": "step-00000040"}],
+                               "step-00000040")
+    assert not change_accepted([], "step-00000040")
 
 
 def _mapping(j) -> dict:
@@ -125,13 +196,22 @@ def _mapping(j) -> dict:
 
 def test_a_checkpoint_without_a_fingerprint_is_accepted_and_a_missing_corpus_is_not_compared(
         corpora):
-    assert resume_problem(None, job(corpora, train__seed=9), "step-00000040", 10240) is None
+    assert resume_problem(None, job(corpora, train__seed=9), "step-00000040", 10240,
+                          "run-1") is None
     saved = data_fingerprint(job(corpora), FEISTEL)
     # this machine cannot read the data: shapes unknown, the weights still compared
     gone = job(corpora, blend=(("/nowhere/a", 0.5), ("/nowhere/b", 0.5)))
-    assert resume_problem(saved, gone, "step-00000040", 10240) is None
+    assert resume_problem(saved, gone, "step-00000040", 10240, "run-1") is None
     assert "weights 0.5/0.5 -> 0.25/0.75" in resume_problem(
-        saved, job(corpora, blend=(("/nowhere/a", 1), ("/nowhere/b", 3))), "step-00000040", 10240)
+        saved, job(corpora, blend=(("/nowhere/a", 1), ("/nowhere/b", 3))), "step-00000040", 10240,
+        "run-1")
+    # a corpus whose shape the checkpoint did not know (saved where it could not be read)
+    unknown = {**saved, "corpora": [{**c, "documents": None, "tokens": None}
+                                    for c in saved["corpora"]]}
+    assert resume_problem(unknown, job(corpora), "step-00000040", 10240, "run-1") is None
+    # where the position is not a count, the message does without it
+    assert "(seed 1234 -> 9): its data position would skip" in resume_problem(
+        saved, job(corpora, train__seed=9), "step-00000040", None, "run-1")
 
 
 @settings(max_examples=60, deadline=None)

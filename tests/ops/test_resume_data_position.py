@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.config import yamlio
+from hpctrain.errors import UsageError
 from hpctrain.data.fingerprint import data_fingerprint
 from hpctrain.data.order import FEISTEL
 from hpctrain.ops.control import resume_run
@@ -17,8 +18,11 @@ from tests.conftest import token_corpus
 from tests.ops.helpers import cli, crafted_run, record, write_checkpoint
 from tests.scheduler.fake_slurm import FakeSlurm
 
-FIX = ("resume with the saved data settings, or start a new run from its weights with "
-       "train.init_from")
+
+
+def fix(run) -> str:
+    return (f"resume with the saved data settings, or accept the change with `hpctrain resume "
+            f"{run.id} --accept-data-change`")
 
 
 @pytest.fixture
@@ -66,7 +70,7 @@ def test_resume_set_of_a_data_setting_is_refused_and_nothing_changes(tmp_path, s
     before = files_of(run)
     res = cli(tmp_path, "resume", run.id, "--set", option, check=False)
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [f"Error: {line}; {FIX}"]
+    assert res.stderr.strip().splitlines() == [f"Error: {line}; {fix(run)}"]
     assert files_of(run) == before and slurm.acted() == []
 
 
@@ -80,8 +84,40 @@ def test_an_edited_blend_is_refused_and_a_batch_size_change_resumes(tmp_path, sl
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         f"Error: data.blend: changed since checkpoint step-00000020 (weights 0.5/0.5 -> "
-        f"0.9/0.1): position 80 would skip or repeat samples; {FIX}"]
+        f"0.9/0.1): position 80 would skip or repeat samples; {fix(run)}"]
     assert files_of(run) == before and slurm.acted() == []
     set_blend(run, [(kjv, 2), (other, 2)])         # the same shares: the same positions
     got = resume_run(run, overrides={"batch.global_batch_size": 8})
     assert got.from_step == 20 and [a[0] for a in slurm.acted()] == ["sbatch"]
+
+
+def test_an_accepted_change_resumes_once_and_is_recorded_for_that_checkpoint(tmp_path, slurm):
+    """``--accept-data-change``: the resume goes ahead and the run's events say so, naming the
+    checkpoint (the ranks read it there); a requeue from the same checkpoint needs no second
+    acceptance; a later checkpoint records the new settings and is compared under them."""
+    run = stopped_run(tmp_path)
+    got = resume_run(run, overrides={"train.seed": 7}, accept_data_change=True)
+    assert got.from_step == 20 and [a[0] for a in slurm.acted()] == ["sbatch"]
+    accepted = [e for e in run.events() if e["event"] == "data_change_accepted"]
+    assert [e["checkpoint"] for e in accepted] == ["step-00000020"]
+    from hpctrain.ops.control import check_data_position
+    assert check_data_position(run, run.resolved_job()) is None      # accepted before
+    write_checkpoint(run.checkpoint_dir(), 30, attempt=2, run_id=run.id, consumed_samples=120,
+                     data=data_fingerprint(run.resolved_job(), FEISTEL))   # seed 7 recorded
+    assert check_data_position(run, run.resolved_job()) is None
+    with pytest.raises(UsageError, match=r"train.seed: changed since checkpoint step-00000030 "
+                                        r"\(seed 7 -> 8\)"):
+        resume_run(run, overrides={"train.seed": 8}, force=True)
+
+
+def test_changed_validation_corpora_resume_with_a_warning(tmp_path, slurm):
+    other = token_corpus(tmp_path / "other", 30, 50)
+    run = stopped_run(tmp_path)
+    job = yamlio.read_mapping(run.job_file)
+    job["data"].update(split=None, valid_blend=[{"path": other, "weight": 1}])
+    yamlio.write_atomic(run.job_file, yamlio.dump(job))
+    res = cli(tmp_path, "resume", run.id, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "warning: data.valid_blend: changed since checkpoint step-00000020 (valid set from " \
+           "the split -> its own corpora): the evaluation losses from here on do not continue " \
+           "the run's curve" in res.stderr

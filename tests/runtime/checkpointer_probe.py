@@ -384,6 +384,16 @@ class Probe:
                 out[name] = "loaded"
             except CheckpointError as e:
                 out[name] = str(e)
+        # the change accepted for this checkpoint (`hpctrain resume --accept-data-change`
+        # records it in the run's events, which rank 0 reads): it loads
+        if self.rank0:
+            self.run.event("data_change_accepted", checkpoint=folder.name)
+        self.barrier()
+        try:
+            ckpt.check_data_position(folder, cases["data_changed"])
+            out["data_accepted"] = "accepted"
+        except CheckpointError as e:
+            out["data_accepted"] = str(e)
         # a checkpoint from before the weights' digest was recorded loads, unchecked
         older = {k: v for k, v in manifest.items() if k != "weights_digest"}
         out["without_digest"] = {"loaded": ckpt.load(folder, older).step,

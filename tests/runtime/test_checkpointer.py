@@ -268,9 +268,9 @@ def test_checks_refuse_a_checkpoint_before_reading_it(probed):
         f"which resumes only on the same TP×PP×VPP (saved TP2, now TP1×PP2×VPP2×DP2;")
     assert refused["data_changed"] == (
         "train.seed: changed since checkpoint step-00000004 (seed 7 -> 1234): position 64 would "
-        "skip or repeat samples; resume with the saved data settings, or start a new run from "
-        "its weights with train.init_from")
-    assert refused["data_same"] == "accepted"
+        "skip or repeat samples; resume with the saved data settings, or accept the change "
+        "with `hpctrain resume ck --accept-data-change`")
+    assert refused["data_same"] == refused["data_accepted"] == "accepted"
     assert refused["without_digest"] == {"loaded": 4, "digest_checked": False}
 
 

@@ -183,8 +183,11 @@ class Checkpointer:
         self.arena = staging.process_arena(ctx.device, hooks.cpu_page_lock())
         self.arena.reserve(staging_estimate(mo, ctx.layout))
         self.read_stats: dict = {}
-        # items the background writers wrote (shared with the forked writer processes)
+        # items the background writers wrote (shared with the forked writer processes), and
+        # the watcher that reports them while a rank waits (:meth:`_writer_progress`)
         self._items_written = multiprocessing.RawValue("Q", 0)
+        self._writer_watch_lock = threading.Lock()
+        self._writer_watch_done: threading.Event | None = None
 
     # ------------------------------------------------------------------ saving
     def _save_strategy(self):
@@ -328,22 +331,30 @@ class Checkpointer:
         limit still is one."""
         info = self.pending[-1]
         phase = f"save: writing step {info['step']} ({info['reason']}) in the background"
-        done = threading.Event()
+        done = self._writer_watch_done = threading.Event()
 
         def watch() -> None:
             seen = self._items_written.value
             while not done.wait(self.WRITER_PROGRESS_POLL_S):
-                if self._items_written.value != seen:
-                    seen = self._items_written.value
-                    self.ctx.progress(phase)
+                with self._writer_watch_lock:     # never after the publish has begun
+                    if not done.is_set() and self._items_written.value != seen:
+                        seen = self._items_written.value
+                        self.ctx.progress(phase)
 
         watcher = threading.Thread(target=watch, name="hpctrain-writer-progress", daemon=True)
         watcher.start()
         try:
             yield
         finally:
-            done.set()
+            self._end_writer_watch()
             watcher.join()
+
+    def _end_writer_watch(self) -> None:
+        """The writer is done (its finalize has begun, or the wait ended): the watcher says
+        nothing more, so a publish's own phases are the last heard."""
+        with self._writer_watch_lock:
+            if self._writer_watch_done is not None:
+                self._writer_watch_done.set()
 
     def close(self) -> None:
         self.wait()
@@ -354,6 +365,7 @@ class Checkpointer:
     def _publish(self, info: dict, common: dict) -> None:
         """Finalize step (all ranks, after every writer finished): manifest last, then rename."""
         step, partial = info["step"], info["partial"]
+        self._end_writer_watch()
         self.ctx.progress(f"save: publishing step {step}")
 
         def on_rank0() -> str:
@@ -523,13 +535,28 @@ class Checkpointer:
     def check_data_position(self, folder: Path, manifest: dict) -> None:
         """Refuse a checkpoint whose data position the job's data settings would give another
         meaning (:func:`hpctrain.data.fingerprint.resume_problem`, the check ``hpctrain resume``
-        makes too): a CheckpointError, before anything is read. A checkpoint saved before
-        fingerprints were recorded has none and loads."""
-        from ...data.fingerprint import resume_problem
-        problem = resume_problem(manifest.get("data"), self.ctx.job, folder.name,
-                                 manifest.get("consumed_samples"))
+        makes too): a CheckpointError on every rank, before anything is read, unless the run's
+        events accept the change for this checkpoint (``resume --accept-data-change``).
+        Rank 0 alone reads the corpora's headers and decides (one verdict: ranks deciding
+        apart on a file one of them cannot read would split at the next collective). A
+        checkpoint saved before fingerprints were recorded has none and loads."""
+        from ...data import fingerprint as fp
+
+        def verdict() -> tuple[str | None, list[str]]:
+            saved, run = manifest.get("data"), self.ctx.run
+            notes = [n for n in [fp.evaluation_note(saved, self.ctx.job, folder.name)] if n]
+            problem = fp.resume_problem(saved, self.ctx.job, folder.name,
+                                        manifest.get("consumed_samples"), run.id)
+            if problem and fp.change_accepted(run.events(), folder.name):
+                notes.append(f"{problem.split('; ')[0]}; accepted by `hpctrain resume "
+                             f"{fp.ACCEPT_OPTION}`")
+                problem = None
+            return problem, notes
+        problem, notes = collectives.on_rank0(verdict, self.ctx.is_rank0)
         if problem:
             raise CheckpointError(problem)
+        for note in notes if self.ctx.is_rank0 else ():
+            logger.info(f"note: {note}")
 
     def load(self, folder: Path, manifest: dict) -> Loaded:
         import torch
