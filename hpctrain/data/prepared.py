@@ -8,6 +8,10 @@ A prefix's ``.bin``/``.idx`` say nothing of how they were made: a job that chang
 tokens without a word (byte ids read as a 32k vocabulary's). ``PREFIX.meta.json``, written by
 ``hpctrain data prepare``, records the tokenizer and the source files; where it does, they must
 be the job's. Data without that record (Megatron's own, another tool's) is taken as it is.
+The record holds absolute paths, yet a project folder copied or moved (``$HOME`` to
+``$SCRATCH``, another automount path) is the same data: a path is the same file when both
+name one (``samefile``), and a recorded path that no longer exists is matched by name (and, for
+the sources, their total size).
 Light on purpose (json and paths; no numpy, no torch): ``hpctrain validate`` runs it.
 """
 
@@ -42,7 +46,7 @@ def check_prepared(job, field: str, prefix: str, sources: list) -> None:
     than the job names, or with a vocabulary ``model.vocab_size`` cannot hold."""
     meta = read_meta(prefix)
     _check_tokenizer(job, field, prefix, sources, meta.get("tokenizer"))
-    _check_sources(field, prefix, sources, meta.get("sources"))
+    _check_sources(field, prefix, sources, meta.get("sources"), meta.get("input_bytes"))
     check_vocab(job, meta.get("vocab_size"))
 
 
@@ -66,26 +70,86 @@ def _check_tokenizer(job, field: str, prefix: str, sources: list, recorded) -> N
 
 def _same_tokenizer(recorded: str, wanted: str) -> bool:
     """Records written before the path was made absolute may hold a relative one, from a
-    folder unknown now: only ``byte`` against a file can be told apart then."""
+    folder unknown now: only ``byte`` against a file can be told apart then. A folder and the
+    ``tokenizer.json`` in it are one tokenizer (``load_tokenizer`` reads the same file); two
+    paths that both exist are the same when they name one file; a recorded path that no longer
+    exists (the project was moved) is matched by its name, the folder's or the file's."""
     if recorded == "byte" or wanted == "byte":
         return recorded == wanted
     if not Path(recorded).is_absolute():
         return True
-    return recorded_tokenizer(recorded) == wanted
+    return _same_path(_tokenizer_unit(recorded_tokenizer(recorded)), _tokenizer_unit(wanted))
 
 
-def _check_sources(field: str, prefix: str, sources: list, recorded) -> None:
+def _tokenizer_unit(path: str) -> Path:
+    """The folder of a ``tokenizer.json`` named as the file itself, else the path."""
+    p = Path(path)
+    return p.parent if p.name == "tokenizer.json" else p
+
+
+def _same_path(recorded: Path, wanted: Path) -> bool:
+    """Equal, or the same file when both exist; when the recorded one is gone, the same name."""
+    if recorded == wanted:
+        return True
+    if not os.path.exists(recorded):
+        return recorded.name == wanted.name
+    try:
+        return os.path.exists(wanted) and os.path.samefile(recorded, wanted)
+    except (OSError, ValueError):
+        return False
+
+
+def _check_sources(field: str, prefix: str, sources: list, recorded, input_bytes) -> None:
     """The files the job would prepare the corpus from, in order (the order is the documents'),
-    against those it was prepared from; only where the job names some."""
+    against those it was prepared from; only where the job names some (:func:`_same_sources`)."""
     if not (sources and isinstance(recorded, list) and all(isinstance(s, str) for s in recorded)):
         return                   # nothing to compare (another tool's record: not ours to judge)
     wanted = [recorded_source(s) for s in sources]
-    if recorded == wanted:       # prepare records them as recorded_source() gives them
+    if _same_sources(recorded, wanted, input_bytes):
         return
     name = ("data.prepare_from" if field == "data.path"
             else field.replace(".path", ".prepare_from"))
+    sizes, total = "", _total_size(wanted)
+    if _same_names(recorded, wanted) and isinstance(input_bytes, int) and total is not None:
+        sizes = f" ({total} bytes; the data was prepared from {input_bytes} bytes)"
     raise UsageError(f"{name}: {show(prefix)} was prepared from {_files(recorded)}, the job "
-                     f"names {_files(wanted)}; {_prepare_again(field, prefix)}")
+                     f"names {_files(wanted)}{sizes}; {_prepare_again(field, prefix)}")
+
+
+def _same_sources(recorded: list, wanted: list, input_bytes) -> bool:
+    """The same list (``prepare`` records them as :func:`recorded_source` gives them), or the
+    same files pair by pair: both paths name one file (``samefile``), or, where the recorded
+    one no longer exists (a project moved or copied elsewhere), the names match in order and
+    the job's files hold ``input_bytes`` in all, the size the record was prepared from. The
+    size is a proxy for the content (reading every source to hash it would cost what
+    preparing does): a file edited to another size is caught, one rewritten to the very same
+    size is not."""
+    if recorded == wanted:
+        return True
+    if len(recorded) != len(wanted):
+        return False
+    gone = False
+    for r, w in zip(recorded, wanted):
+        if os.path.exists(r):
+            if not _same_path(Path(r), Path(w)):
+                return False
+        elif Path(r).name != Path(w).name:
+            return False
+        else:
+            gone = True
+    return not gone or (isinstance(input_bytes, int) and _total_size(wanted) == input_bytes)
+
+
+def _same_names(recorded: list, wanted: list) -> bool:
+    return [Path(r).name for r in recorded] == [Path(w).name for w in wanted]
+
+
+def _total_size(paths: list) -> int | None:
+    """What ``prepare`` records as ``input_bytes``; None when a file cannot be read."""
+    try:
+        return sum(os.stat(p).st_size for p in paths)
+    except (OSError, ValueError):
+        return None
 
 
 def _files(paths: list) -> str:

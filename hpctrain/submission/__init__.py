@@ -26,7 +26,7 @@ from ..config.safety import short
 from ..errors import SubmissionError, UsageError
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for
-from .checks import (check_data, check_fits, check_offline, decided, job_source,
+from .checks import (check_data, check_fits, check_offline, check_sweep, decided, job_source,
                      launch_warnings, load_job_input, load_profile_for, load_resolved, resolve_job)
 from .folders import (SweepRun, prepare_preflight_run, prepare_run, prepare_sweep,
                       remove_refused_run, remove_refused_sweep, runs_root_for, write_sweep_file)
@@ -208,18 +208,8 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
         raise UsageError(f"--set and --sweep both give {', '.join(both)}; keep one of them")
     job, folder = load_job_input(job_file, overrides)
     points = expand(job, profile, specs, folder=folder, source=job_source(job_file))
-    for p in points:
-        check_fits(p.resolved, force)
-    checked = set()
-    for p in points:
-        d = p.resolved.job.data
-        key = repr((d.path, d.blend, d.split, d.valid_blend, d.test_blend,
-                    p.resolved.job.model.seq_length, p.resolved.job.train.eval_interval,
-                    p.resolved.job.train.eval_at_end))
-        if key not in checked:
-            checked.add(key)
-            check_data(p.resolved.job, prepare=not dry_run, warn=warn if dry_run else None,
-                       dry_run=dry_run)
+    check_sweep([p.resolved for p in points], force=force, prepare=not dry_run,
+                warn=warn if dry_run else None, dry_run=dry_run)
     sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
                                           source=job_source(job_file))
     if overrides:

@@ -3,7 +3,7 @@
 ``load_resolved`` is the one way a job file meets a profile for validate, render, plan's fit
 check, submit and sweeps alike; ``check_fits`` and ``check_data`` are the two refusals a
 submission makes before it creates a run folder, together ``check_offline`` (what ``validate``
-runs too).
+runs too); ``check_sweep`` runs the same for every point of a sweep.
 """
 
 from __future__ import annotations
@@ -171,6 +171,35 @@ def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = Tr
     check_trackers(resolved)
     check_data(resolved.job, prepare=prepare, warn=warn, dry_run=dry_run)
     check_init_from(resolved.job, warn=warn)
+
+
+def check_sweep(points: list[Resolved], *, force: bool = False, prepare: bool = True,
+                warn: Callable[[str], None] | None = None, dry_run: bool = False) -> None:
+    """:func:`check_offline` for every point of a sweep, before any run folder is created: a
+    sweep over ``data.tokenizer``, ``data.prepare_from`` or ``model.vocab_size`` is a job per
+    point, each of which a single submission would check. The data is checked once per
+    distinct :func:`data_key` and ``train.init_from`` once per path (a sweep over the learning
+    rate opens its corpora once), each point's layout and trackers every time."""
+    for resolved in points:
+        check_fits(resolved, force)
+    data_done, init_done = set(), set()
+    for resolved in points:
+        job = resolved.job
+        check_trackers(resolved)
+        if data_key(job) not in data_done:
+            check_data(job, prepare=prepare, warn=warn, dry_run=dry_run)
+            data_done.add(data_key(job))
+        if job.train.init_from not in init_done:
+            check_init_from(job, warn=warn)
+            init_done.add(job.train.init_from)
+
+
+def data_key(job) -> str:
+    """Every job field :func:`check_data` reads: the whole data section (paths, blends,
+    splits, tokenizer, prepare_from), the vocabulary and sequence length, and what picks the
+    splits and their samples. Two jobs with the same key pass or fail it alike."""
+    return repr((job.data, job.model.vocab_size, job.model.seq_length, job.train.seed,
+                 job.train.eval_interval, job.train.eval_at_end))
 
 
 def check_init_from(job, *, warn: Callable[[str], None] | None = None) -> None:

@@ -35,8 +35,11 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     """A new run folder holding the resolved job and profile (what every attempt reads).
 
     A ``checkpoint.dir`` that holds another run's checkpoints, or lies inside another run's
-    folder or holds run folders, is refused before anything is created. ``own_checkpoint_folder`` (sweeps): the run keeps its checkpoints in
-    ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder.
+    folder or holds run folders, or whose ``latest`` no save could rewrite (a FIFO, a link), is
+    refused before anything is created. ``own_checkpoint_folder`` (sweeps): the run keeps its
+    checkpoints in ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder;
+    that folder is new and empty, and no save writes the parent's ``latest``, so neither its
+    owner nor its entries are the run's to check.
     """
     from ..record import checkpoint_store as store
     job, profile = resolved.job, resolved.profile
@@ -44,6 +47,7 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
         store.check_owner(Path(job.checkpoint.dir), "")
     if job.checkpoint.dir:
         store.check_location(Path(job.checkpoint.dir), None, runs_root)
+    if job.checkpoint.dir and not own_checkpoint_folder:
         store.check_entries(Path(job.checkpoint.dir))
     run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
     if job.checkpoint.dir and own_checkpoint_folder:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 
@@ -394,6 +395,81 @@ def test_a_tokenizer_named_relative_to_another_folder_is_the_same_tokenizer(tmp_
                                                     [str(tmp_path / "a.txt")])
     check_data(_data_job(tmp_path, path=str(tmp_path / "corpus"), tokenizer=str(tmp_path / "tok"),
                          prepare_from=[str(tmp_path / "a.txt")]))
+
+
+def _project(folder, tokenizer: str = "tok"):
+    """A project as a user keeps one: corpus/, tokenizer/ and data/ side by side, the data
+    prepared from the corpus with the tokenizer (``byte`` or the folder named)."""
+    (folder / "corpus").mkdir(parents=True)
+    (folder / "corpus" / "a.txt").write_text("in the beginning god created the heaven\n\n" * 40)
+    if tokenizer != "byte":
+        _tiny_hf_tokenizer(folder / tokenizer)
+    (folder / "data").mkdir()
+    prepare([folder / "corpus" / "a.txt"], folder / "data" / "corpus",
+            tokenizer if tokenizer == "byte" else str(folder / tokenizer))
+    return folder
+
+
+def _project_job(tmp_path, folder, tokenizer: str = "tok", source: str = "corpus/a.txt"):
+    return _data_job(tmp_path, path=str(folder / "data" / "corpus"),
+                     prepare_from=[str(folder / source)],
+                     tokenizer=tokenizer if tokenizer == "byte" else str(folder / tokenizer))
+
+
+def test_a_project_moved_elsewhere_takes_its_prepared_data(tmp_path):
+    """The record holds absolute paths; a project moved from $HOME to $SCRATCH is the same
+    data: the same file names and total size, and a tokenizer of the same name (its folder or
+    the tokenizer.json in it). A source of another size, or another tokenizer, is refused."""
+    from hpctrain.submission.checks import check_data
+    home, scratch = tmp_path / "home", tmp_path / "scratch"
+    home.mkdir()
+    _project(home / "proj")
+    shutil.move(str(home / "proj"), str(scratch))
+    for tokenizer in ("tok", "tok/tokenizer.json"):
+        job = _project_job(tmp_path, scratch, tokenizer)
+        check_data(job)
+        assert not ensure_prepared(job)
+    _tiny_hf_tokenizer(scratch / "other")                       # another tokenizer, there now
+    with pytest.raises(UsageError, match=rf"^data.tokenizer: {scratch}/data/corpus was prepared "
+                                         rf"with '{home}/proj/tok', the job names "
+                                         rf"'{scratch}/other'; point data.path at a new prefix"):
+        check_data(_project_job(tmp_path, scratch, "other"))
+    with pytest.raises(UsageError, match=r"^data.tokenizer: .* was prepared with '.*/tok', the "
+                                         r"job names 'byte'"):
+        check_data(_project_job(tmp_path, scratch, "byte"))
+    size = (scratch / "corpus" / "a.txt").stat().st_size
+    with (scratch / "corpus" / "a.txt").open("a") as f:         # edited since: another size
+        f.write("and")
+    with pytest.raises(UsageError) as e:
+        check_data(_project_job(tmp_path, scratch))
+    assert str(e.value) == (
+        f"data.prepare_from: {scratch}/data/corpus was prepared from {home}/proj/corpus/a.txt, "
+        f"the job names {scratch}/corpus/a.txt ({size + 3} bytes; the data was prepared "
+        f"from {size} bytes); point data.path at a new prefix to prepare it there, or remove "
+        f"{scratch}/data/corpus.bin/.idx/.meta.json to prepare it again")
+
+
+def test_a_tokenizer_or_source_still_in_place_is_compared_as_a_file(tmp_path):
+    """Where the recorded paths still exist, the job's must be the same files: the folder or
+    the tokenizer.json in it, or a link to either, is taken; another tokenizer folder of the
+    same name, or a source of the same name elsewhere, is not."""
+    from hpctrain.submission.checks import check_data
+    proj = _project(tmp_path / "proj")
+    (tmp_path / "link").symlink_to(proj)
+    check_data(_project_job(tmp_path, proj, "tok/tokenizer.json"))
+    check_data(_project_job(tmp_path, tmp_path / "link"))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    _tiny_hf_tokenizer(copy / "tok")
+    with pytest.raises(UsageError, match=r"^data.tokenizer: .* was prepared with"):
+        check_data(_data_job(tmp_path, path=str(proj / "data" / "corpus"),
+                             prepare_from=[str(proj / "corpus" / "a.txt")],
+                             tokenizer=str(copy / "tok")))
+    shutil.copytree(proj / "corpus", copy / "corpus")
+    with pytest.raises(UsageError, match=r"^data.prepare_from: .* was prepared from"):
+        check_data(_data_job(tmp_path, path=str(proj / "data" / "corpus"),
+                             prepare_from=[str(copy / "corpus" / "a.txt")],
+                             tokenizer=str(proj / "tok")))
 
 
 def test_validate_refuses_data_prepared_with_another_tokenizer_in_one_line(tmp_path):

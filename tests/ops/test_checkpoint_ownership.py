@@ -180,3 +180,26 @@ def test_sweep_paths_are_relative_to_the_job_file_and_each_run_has_its_own_folde
     assert not (tmp_path / "jobs" / "ck").exists()    # a dry run claims and creates nothing
     assert not (elsewhere / "ck").exists()
     assert (root / "sweeps" / res["sweep"]).stat().st_mode & 0o777 == 0o700
+
+
+def test_a_sweep_does_not_check_the_latest_of_a_folder_no_save_of_it_writes(tmp_path):
+    """A sweep's runs save under ``<checkpoint.dir>/<run id>``: a ``latest`` FIFO left in
+    ``checkpoint.dir`` itself is no save's, and the sweep is taken; a single run saves there,
+    and is refused before anything is created."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    os.mkfifo(ck / store.LATEST)
+    job_file = _job_file(tmp_path / "jobs", dir=str(ck))
+    root = tmp_path / "runs"
+    single = cli(root, "submit", job_file, "-p", "dev-slurm", "--dry-run", check=False)
+    assert single.returncode == 2, single.stderr
+    assert single.stderr.splitlines() == [
+        f"Error: checkpoint folder {ck}: latest is a FIFO, not a regular file; move it away "
+        f"(every save rewrites it)"]
+    assert not root.exists()
+    res = json.loads(cli(root, "submit", job_file, "-p", "dev-slurm", "--dry-run", "--json",
+                         "--sweep", "train.lr=1e-4,3e-4").stdout)
+    assert [r["values"] for r in res["runs"]] == [{"train.lr": 1e-4}, {"train.lr": 3e-4}]
+    for r in res["runs"]:
+        job = yamlio.read_mapping(os.path.join(r["run_dir"], "job.yaml"))
+        assert job["checkpoint"]["dir"] == str(ck / r["run"])

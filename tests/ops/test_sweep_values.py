@@ -11,7 +11,7 @@ from hpctrain.config import yamlio
 from hpctrain.errors import UsageError
 from hpctrain.submission.sweep_values import combinations, expand, parse_axes, parse_axis
 from tests.conftest import REPO, hpctrain
-from tests.ops.helpers import OPS_JOB, ops_profile
+from tests.ops.helpers import OPS_JOB, ops_job, ops_profile, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +122,62 @@ def test_cli_option_mistakes_are_one_line_usage_errors(job_file, tmp_path, args,
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("Error:")]
     assert message in res.stderr and len(lines) == 1, res.stderr   # click adds its usage lines
+
+
+def _tokenizer(folder):
+    """A small Hugging Face tokenizer folder (another tokenizer than the data's ``byte``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["in the beginning god created the heaven and the earth"] * 20,
+                            trainer=trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]))
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _dry_run(root, job_file, *args):
+    return CliRunner().invoke(cli, ["submit", job_file, "-p", "dev-slurm", "--dry-run",
+                                    "--runs-dir", str(root), *args])
+
+
+def _refused(root, job_file, *args) -> str:
+    """The one error line of a sweep's dry run refused before any folder was created."""
+    res = _dry_run(root, job_file, *args)
+    assert res.exit_code == 2, (res.stdout, res.stderr)
+    (line,) = res.stderr.splitlines()
+    assert not root.exists()
+    return line
+
+
+def test_every_sweep_point_is_checked_against_the_prepared_data(job_file, tmp_path):
+    """The data is checked for each point, not once for the first: a second point naming
+    another tokenizer, or a vocabulary the data's ids do not fit, is refused as a single
+    submission of it would be, before any run folder is created."""
+    ops_job()                                              # the token data, prepared once
+    data = REPO / "examples" / "data" / "kjv_byte"
+    tok = _tokenizer(tmp_path / "tok")
+    root = tmp_path / "runs"
+    assert _refused(root, job_file, "--sweep", f"data.tokenizer=byte,{tok}") == (
+        f"Error: data.tokenizer: {data} was prepared with 'byte', the job names '{tok}'; point "
+        f"data.path at a new prefix to prepare it there, or remove {data}.bin/.idx/.meta.json "
+        f"to prepare it again")
+    assert _refused(root, job_file, "--sweep", "model.vocab_size=257,200") == (
+        "Error: model.vocab_size: 200 is smaller than the tokenizer's vocabulary (257); set it "
+        "to at least 257")
+
+
+def test_every_sweep_point_is_checked_for_its_init_from(job_file, tmp_path):
+    """``train.init_from`` is checked for every point, as ``submit`` checks a single job's."""
+    ops_job()
+    good, also = tmp_path / "ck", tmp_path / "ck2"
+    for ck in (good, also):
+        write_checkpoint(ck, 4, attempt=1, run_id="other-run")
+    (tmp_path / "empty").mkdir()
+    root = tmp_path / "runs"
+    assert _refused(root, job_file, "--sweep",
+                    f"train.init_from={good},{tmp_path / 'empty'}") == (
+        f"Error: train.init_from: {tmp_path / 'empty'} holds no complete checkpoint")
+    res = _dry_run(root, job_file, "--sweep", f"train.init_from={good},{also}")
+    assert res.exit_code == 0, res.stderr
+    assert len(list((root / "sweeps").iterdir())) == 1
