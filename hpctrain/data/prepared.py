@@ -17,6 +17,7 @@ Light on purpose (json and paths; no numpy, no torch): ``hpctrain validate`` run
 
 from __future__ import annotations
 
+import filecmp
 import os
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def _same_tokenizer(recorded: str, wanted: str) -> bool:
         return recorded == wanted
     if not Path(recorded).is_absolute():
         return True
-    return _same_path(_tokenizer_unit(recorded_tokenizer(recorded)), _tokenizer_unit(wanted))
+    mine, theirs = _tokenizer_unit(recorded_tokenizer(recorded)), _tokenizer_unit(wanted)
+    return _same_path(mine, theirs) or _same_tokenizer_copy(mine, theirs)
 
 
 def _tokenizer_unit(path: str) -> Path:
@@ -96,6 +98,32 @@ def _same_path(recorded: Path, wanted: Path) -> bool:
     try:
         return os.path.exists(wanted) and os.path.samefile(recorded, wanted)
     except (OSError, ValueError):
+        return False
+
+
+def _tokenizer_file(unit: Path) -> Path:
+    """The file a tokenizer is read from: a folder's ``tokenizer.json``, else the path."""
+    return unit / "tokenizer.json" if unit.is_dir() else unit
+
+
+def _same_tokenizer_copy(recorded: Path, wanted: Path) -> bool:
+    """A copy of the recorded tokenizer (a project copied, the original left in place): the
+    same name and the same bytes in the file it is read from (small: compared whole)."""
+    if recorded.name != wanted.name:
+        return False
+    try:
+        return filecmp.cmp(_tokenizer_file(recorded), _tokenizer_file(wanted), shallow=False)
+    except OSError:
+        return False
+
+
+def _same_source_copy(recorded: str, wanted: str) -> bool:
+    """A copy of a recorded source (a project copied, the original left in place): the same
+    name and size (the size a proxy for the content, as where the original is gone)."""
+    try:
+        return Path(recorded).name == Path(wanted).name and \
+            os.path.getsize(recorded) == os.path.getsize(wanted)
+    except OSError:
         return False
 
 
@@ -131,7 +159,7 @@ def _same_sources(recorded: list, wanted: list, input_bytes) -> bool:
     gone = False
     for r, w in zip(recorded, wanted):
         if os.path.exists(r):
-            if not _same_path(Path(r), Path(w)):
+            if not (_same_path(Path(r), Path(w)) or _same_source_copy(r, w)):
                 return False
         elif Path(r).name != Path(w).name:
             return False

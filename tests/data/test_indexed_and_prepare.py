@@ -450,26 +450,36 @@ def test_a_project_moved_elsewhere_takes_its_prepared_data(tmp_path):
 
 
 def test_a_tokenizer_or_source_still_in_place_is_compared_as_a_file(tmp_path):
-    """Where the recorded paths still exist, the job's must be the same files: the folder or
-    the tokenizer.json in it, or a link to either, is taken; another tokenizer folder of the
-    same name, or a source of the same name elsewhere, is not."""
+    """Where the recorded paths still exist, the job's must be the same files or copies of
+    them: the folder or the tokenizer.json in it, a link to either, a copy with the same
+    bytes (a tokenizer) or the same size (a source) is taken; another tokenizer folder of the
+    same name, or another source of the same name elsewhere, is not."""
     from hpctrain.submission.checks import check_data
     proj = _project(tmp_path / "proj")
     (tmp_path / "link").symlink_to(proj)
     check_data(_project_job(tmp_path, proj, "tok/tokenizer.json"))
     check_data(_project_job(tmp_path, tmp_path / "link"))
     copy = tmp_path / "copy"
-    copy.mkdir()
-    _tiny_hf_tokenizer(copy / "tok")
+    shutil.copytree(proj, copy)                   # the original left in place
+
+    def job_with(tokenizer, source):
+        return _data_job(tmp_path, path=str(proj / "data" / "corpus"),
+                         prepare_from=[str(source)], tokenizer=str(tokenizer))
+    check_data(job_with(copy / "tok", copy / "corpus" / "a.txt"))
+    check_data(job_with(copy / "tok" / "tokenizer.json", proj / "corpus" / "a.txt"))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tok").mkdir()
+    text = (proj / "tok" / "tokenizer.json").read_text()
+    (other / "tok" / "tokenizer.json").write_text(text.replace('"</s>"', '"<eos>"'))
     with pytest.raises(UsageError, match=r"^data.tokenizer: .* was prepared with"):
-        check_data(_data_job(tmp_path, path=str(proj / "data" / "corpus"),
-                             prepare_from=[str(proj / "corpus" / "a.txt")],
-                             tokenizer=str(copy / "tok")))
-    shutil.copytree(proj / "corpus", copy / "corpus")
+        check_data(job_with(other / "tok", proj / "corpus" / "a.txt"))
+    (other / "a.txt").write_text("in the beginning god created the heaven\n\n" * 41)
     with pytest.raises(UsageError, match=r"^data.prepare_from: .* was prepared from"):
-        check_data(_data_job(tmp_path, path=str(proj / "data" / "corpus"),
-                             prepare_from=[str(copy / "corpus" / "a.txt")],
-                             tokenizer=str(proj / "tok")))
+        check_data(job_with(proj / "tok", other / "a.txt"))
+    (other / "b.txt").write_bytes((proj / "corpus" / "a.txt").read_bytes())
+    with pytest.raises(UsageError, match=r"^data.prepare_from: .* was prepared from"):
+        check_data(job_with(proj / "tok", other / "b.txt"))        # another name
 
 
 def test_validate_refuses_data_prepared_with_another_tokenizer_in_one_line(tmp_path):
