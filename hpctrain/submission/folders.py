@@ -30,6 +30,19 @@ def runs_root_for(runs_dir: str | Path | None, profile: ClusterProfile) -> Path:
     return default_runs_root(profile.storage.runs_root)
 
 
+def check_checkpoint_dir(job, runs_root: Path, own_checkpoint_folder: bool) -> None:
+    """The checks of ``job``'s ``checkpoint.dir`` that :func:`prepare_run` makes before it
+    creates anything (a sweep makes them for every point before its folder exists)."""
+    from ..record import checkpoint_store as store
+    if not job.checkpoint.dir:
+        return
+    if not own_checkpoint_folder:
+        store.check_owner(Path(job.checkpoint.dir), "")
+    store.check_location(Path(job.checkpoint.dir), None, runs_root)
+    if not own_checkpoint_folder:
+        store.check_entries(Path(job.checkpoint.dir))
+
+
 def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
                 own_checkpoint_folder: bool = False) -> RunFolder:
     """A new run folder holding the resolved job and profile (what every attempt reads).
@@ -41,14 +54,8 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     that folder is new and empty, and no save writes the parent's ``latest``, so neither its
     owner nor its entries are the run's to check.
     """
-    from ..record import checkpoint_store as store
     job, profile = resolved.job, resolved.profile
-    if job.checkpoint.dir and not own_checkpoint_folder:
-        store.check_owner(Path(job.checkpoint.dir), "")
-    if job.checkpoint.dir:
-        store.check_location(Path(job.checkpoint.dir), None, runs_root)
-    if job.checkpoint.dir and not own_checkpoint_folder:
-        store.check_entries(Path(job.checkpoint.dir))
+    check_checkpoint_dir(job, runs_root, own_checkpoint_folder)
     run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
     if job.checkpoint.dir and own_checkpoint_folder:
         job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)
@@ -142,6 +149,8 @@ def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
                   source: str) -> tuple[Path, list[SweepRun]]:
     """The sweep folder and one prepared run folder per combination (nothing submitted)."""
     profile = points[0].resolved.profile
+    for p in points:            # every point's refusal before the sweep's folder exists
+        check_checkpoint_dir(p.resolved.job, runs_root, own_checkpoint_folder=True)
     sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name,
                               folder_mode(profile.storage.group_readable))
     runs = []

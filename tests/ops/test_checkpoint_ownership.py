@@ -203,3 +203,20 @@ def test_a_sweep_does_not_check_the_latest_of_a_folder_no_save_of_it_writes(tmp_
     for r in res["runs"]:
         job = yamlio.read_mapping(os.path.join(r["run_dir"], "job.yaml"))
         assert job["checkpoint"]["dir"] == str(ck / r["run"])
+
+
+def test_a_sweep_with_one_refused_checkpoint_dir_creates_nothing(tmp_path):
+    """The second point's checkpoint.dir lies inside a run's folder: refused in one line before
+    the sweep's folder or any run folder exists (it had left an empty sweep folder)."""
+    root = tmp_path / "runs"
+    job_file = _job_file(tmp_path / "jobs", dir=str(tmp_path / "ck"))
+    first = json.loads(cli(root, "submit", job_file, "-p", "dev-slurm", "--dry-run",
+                           "--json").stdout)
+    before = sorted(p.name for p in root.rglob("*"))
+    inside = os.path.join(first["run_dir"], "ck")
+    refused = cli(root, "submit", job_file, "-p", "dev-slurm", "--dry-run", "--sweep",
+                  f"checkpoint.dir={tmp_path / 'ok'},{inside}", check=False)
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith("Error: checkpoint.dir: ") and "another run's folder" in line, line
+    assert sorted(p.name for p in root.rglob("*")) == before
