@@ -1084,6 +1084,63 @@ EQUIVALENT.update({
     (_MW, "core/NumberReplacer", '"time": round(time.time(), 3)}'): _EPOCH,
 })
 
+_FP = "hpctrain/data/fingerprint.py"
+_FP_READ = "raw = file_door.read_fd(fd, FIXED - 1)"
+_FP_BOUND = ("the read's bound: `read_fd` reads up to it plus one byte and the header parser "
+             "takes the first FIXED; any bound from FIXED - 1 up reads the header whole")
+_FP_NUMBER = "return type(v) in (int, float) and v == v and abs(v) != float(\"inf\")"
+_FP_SPLIT = "return len(a) == len(b) and all(abs(x - y) <= CLOSE for x, y in zip(a, b))"
+_FP_THREE = ("`data.split` is always read as three shares (`config.split.parse_split`), so "
+             "both lists have three")
+_FP_CLOSE = "two floats exactly CLOSE apart, the only difference, are not a real blend's"
+_FP_ROUND = ("the shares are recorded to 12 digits and compared to CLOSE (1e-9): 11 or 13 "
+             "digits compare the same")
+_FP_SHOWN = "how much of a value a message shows before it is cut: the words are the same"
+EQUIVALENT.update({
+    (_FP, "core/ReplaceBinaryOperator_Sub_Add", _FP_READ): _FP_BOUND,
+    (_FP, "core/ReplaceBinaryOperator_Sub_Mul", _FP_READ): _FP_BOUND,
+    (_FP, "core/ReplaceBinaryOperator_Sub_FloorDiv", _FP_READ): _FP_BOUND,
+    (_FP, "core/NumberReplacer", _FP_READ): _FP_BOUND + " (FIXED - 2 is killed)",
+    (_FP, "core/ReplaceComparisonOperator_Eq_LtE", _FP_NUMBER):
+        "`v <= v` is `v == v` for every number, NaN included (False either way)",
+    (_FP, "core/ReplaceComparisonOperator_Eq_GtE", _FP_NUMBER):
+        "`v >= v` is `v == v` for every number, NaN included (False either way)",
+    (_FP, "core/ReplaceComparisonOperator_Eq_LtE", _FP_SPLIT): _FP_THREE,
+    (_FP, "core/ReplaceComparisonOperator_Eq_GtE", _FP_SPLIT): _FP_THREE,
+    (_FP, "core/ReplaceComparisonOperator_Eq_Is", _FP_SPLIT): _FP_THREE +
+        " (and CPython keeps one object per small integer)",
+    (_FP, "core/ReplaceComparisonOperator_LtE_Lt", _FP_SPLIT): _FP_CLOSE,
+    (_FP, "core/ReplaceComparisonOperator_Gt_GtE",
+     "if any(abs(a - b) > CLOSE for a, b in zip(ws, wn)):"): _FP_CLOSE,
+    (_FP, "core/ReplaceComparisonOperator_NotEq_IsNot",
+     "if (saved[key] is None) != (now[key] is None):"):
+        "both sides are bools, of which Python has one object each",
+    (_FP, "core/ReplaceComparisonOperator_Is_Eq",
+     "return v is None or (type(v) is int and v >= 0)"):
+        "`type(v) == int` is `type(v) is int` (one class object)",
+    (_FP, "core/ReplaceComparisonOperator_Is_Eq", "return a is b"):
+        "one side is None here: `None == x` holds exactly when `None is x`",
+    (_FP, "core/NumberReplacer", "return v is None or (type(v) is int and v >= 0)"):
+        "`>= 1`: a count the fingerprint records is of a corpus that holds samples, never 0 "
+        "(`-1` is killed)",
+    (_FP, "core/NumberReplacer", "FORMAT = 1"):
+        "the format number is recorded for later readers; nothing compares it yet",
+    (_FP, "core/NumberReplacer", '"weight": round(c.weight, 12)} for c in entries]'): _FP_ROUND,
+    (_FP, "core/NumberReplacer",
+     "split = None if data.split is None else [round(s, 12) for s in parse_split(data.split)]"):
+        _FP_ROUND,
+    (_FP, "core/NumberReplacer", 'and type(record.get("seed", 0)) is int'):
+        "the default stands for a key a later format may leave out: any integer passes alike",
+    (_FP, "core/NumberReplacer", 'and type(record.get("seq_length", 1)) is int'):
+        "the default stands for a key a later format may leave out: any integer passes alike",
+    (_FP, "core/NumberReplacer",
+     "out.append((field, f\"{key.replace('_', ' ')} {show(str(saved[key]), 40)} -> \""):
+        _FP_SHOWN,
+    (_FP, "core/NumberReplacer", 'f"{show(str(now[key]), 40)}"))'): _FP_SHOWN,
+    (_FP, "core/NumberReplacer",
+     'raise ValueError(f"not a data fingerprint: {show(repr(saved), 60)}")'): _FP_SHOWN,
+})
+
 EQUIVALENT[("hpctrain/runtime/assembly.py", "core/ReplaceComparisonOperator_Eq_GtE",
             'before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"')] = (
     "the only attempts whose records name nodes left out are `exit_codes.EXCLUDING_REASONS` "

@@ -56,6 +56,18 @@ def test_the_shape_of_a_corpus_comes_from_its_index_header_and_the_bin_size(corp
     ds = indexed.IndexedDataset(corpora["a"])
     assert corpus_shape(corpora["a"]) == {"documents": ds.num_documents, "tokens": ds.num_tokens}
     assert corpus_shape(corpora["folder"] / "missing") is None    # not on this machine
+    # a link to a corpus (a shared data folder) is read through
+    for suffix in (".bin", ".idx"):
+        link = corpora["folder"] / f"linked{suffix}"
+        if not link.exists():
+            link.symlink_to(corpora["a"] + suffix)
+    assert corpus_shape(corpora["folder"] / "linked") == corpus_shape(corpora["a"])
+    # what cannot be read is unknown, never an error: a header that is not one, a lost .bin
+    (corpora["folder"] / "garbage.idx").write_bytes(b"not an index at all, no" * 3)
+    (corpora["folder"] / "garbage.bin").write_bytes(b"")
+    assert corpus_shape(corpora["folder"] / "garbage") is None
+    shutil.copy(corpora["a"] + ".idx", corpora["folder"] / "lonely.idx")
+    assert corpus_shape(corpora["folder"] / "lonely") is None
     # the header's dtype codes are the reader's
     assert {k: np.dtype(v).itemsize for k, v in indexed.DTYPES.items()} == \
         index_header.ITEMSIZES
@@ -155,6 +167,8 @@ def test_changed_evaluation_corpora_are_a_note_not_a_refusal(corpora):
     lambda r: {k: v for k, v in r.items() if k != "corpora"},
     lambda r: {**r, "corpora": [{**r["corpora"][0], "weight": "x"}]},
     lambda r: {**r, "corpora": [{**r["corpora"][0], "weight": float("nan")}]},
+    lambda r: {**r, "corpora": [{**r["corpora"][0], "weight": float("inf")}]},
+    lambda r: {**r, "corpora": [{**r["corpora"][0], "weight": True}]},
     lambda r: {**r, "corpora": [{**r["corpora"][0], "documents": -1}]},
     lambda r: {**r, "corpora": [{**r["corpora"][0], "tokens": 1.5}]},
     lambda r: {**r, "split": 5}, lambda r: {**r, "split": ["a"]},
@@ -184,8 +198,11 @@ def test_an_acceptance_names_the_checkpoint_it_was_given_for():
     events = [{"event": "resume"}, {"event": "data_change_accepted", "checkpoint": "step-00000040"}]
     assert change_accepted(events, "step-00000040")
     assert not change_accepted(events, "step-00000060")
-    assert not change_accepted([{"event": "resume", "checkpoint": "step-00000040"}],
-                               "step-00000040")
+    assert not change_accepted([{"event": "data_change_accepted", "checkpoint": "step-00000060"}],
+                               "step-00000040")                   # another checkpoint's
+    for other in ("resume", "cancel", "data_change"):      # an event of another name
+        assert not change_accepted([{"event": other, "checkpoint": "step-00000040"}],
+                                   "step-00000040")
     assert not change_accepted([], "step-00000040")
 
 
@@ -240,3 +257,29 @@ def test_every_changed_field_is_named_and_no_other(corpora, chosen):
     problem = refusal(job(corpora), job(corpora, **changes))
     named = problem.split(": changed since")[0].split(", ")
     assert set(named) == {FIELDS[name][2] for name in chosen}
+
+
+def test_a_single_corpus_is_named_by_its_own_field(corpora):
+    def single(path):
+        return job_from_mapping(
+            {**_mapping(job(corpora)), "data": {"path": corpora[path], "split": "90,5,5"}},
+            "fp.yaml")
+    saved = data_fingerprint(single("a"), FEISTEL)
+    assert saved["corpora_field"] == "data.path"
+    problem = resume_problem(saved, single("c"), "step-00000040", 10240, "run-1")
+    assert problem.startswith("data.path: changed since checkpoint step-00000040 (corpus 0: "), \
+        problem
+
+
+def test_keys_one_side_lacks_are_not_compared_and_each_evaluation_set_is_named(corpora):
+    """An older record without the evaluation sets compares what it has; a record whose
+    validation and test sets both changed names both."""
+    saved = data_fingerprint(_with_valid(corpora, (("c", 1.0),)), FEISTEL)
+    older = {k: v for k, v in saved.items() if k not in ("valid_blend", "test_blend", "split")}
+    assert data_changes(older, saved) == [] and data_changes(saved, older) == []
+    now = {**saved, "valid_blend": None,
+           "test_blend": [{"documents": 1, "tokens": 9, "weight": 1.0}]}
+    assert [f for f, _ in data_changes(saved, now)] == ["data.valid_blend", "data.test_blend"]
+    both = {**saved, "valid_blend": [{"documents": 1, "tokens": 9, "weight": 1.0}],
+            "test_blend": [{"documents": 1, "tokens": 9, "weight": 1.0}]}
+    assert [f for f, _ in data_changes(saved, both)] == ["data.valid_blend", "data.test_blend"]
