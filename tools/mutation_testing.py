@@ -1123,6 +1123,14 @@ EQUIVALENT.update({
     (_FP, "core/NumberReplacer", "return v is None or (type(v) is int and v >= 0)"):
         "`>= 1`: a count the fingerprint records is of a corpus that holds samples, never 0 "
         "(`-1` is killed)",
+    (_FP, "core/ReplaceComparisonOperator_GtE_Gt",
+     "return v is None or (type(v) is int and v >= 0)"):
+        "`> 0`: a count the fingerprint records is of a corpus that holds samples, never 0",
+    (_FP, "core/ReplaceComparisonOperator_Is_Eq", 'and type(record.get("seed", 0)) is int'):
+        "`type(x) == int` is `type(x) is int` (one class object)",
+    (_FP, "core/ReplaceComparisonOperator_Is_Eq",
+     'and type(record.get("seq_length", 1)) is int'):
+        "`type(x) == int` is `type(x) is int` (one class object)",
     (_FP, "core/NumberReplacer", "FORMAT = 1"):
         "the format number is recorded for later readers; nothing compares it yet",
     (_FP, "core/NumberReplacer", '"weight": round(c.weight, 12)} for c in entries]'): _FP_ROUND,

@@ -11,6 +11,7 @@ import click
 
 from ..config import DEFAULT_PROFILE, safety
 from ..config.profile import MAX_NODES
+from ..errors import HpcTrainError
 
 
 class CheckedPath(click.Path):
@@ -60,7 +61,11 @@ def complete_profiles(ctx, param, incomplete: str):
     from ..config.loader import list_profiles
     if incomplete.startswith((".", "/", "~")) or "/" in incomplete:
         return [CompletionItem(incomplete, type="file")]
-    return [CompletionItem(name) for name in sorted(list_profiles()) if name.startswith(incomplete)]
+    try:   # a bad $HPCTRAIN_PROFILE_PATH completes nothing rather than print a traceback
+        names = sorted(list_profiles())
+    except (HpcTrainError, OSError):
+        return []
+    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
 
 
 profile_option = click.option(
@@ -109,8 +114,11 @@ def complete_runs(ctx, param, incomplete: str):
     from click.shell_completion import CompletionItem
 
     from ..record.folder import iter_runs
-    root = runs_root(ctx.params.get("runs_dir"))
-    runs = sorted(iter_runs(root), key=lambda r: r.path.stat().st_mtime, reverse=True)
+    try:   # a TAB never prints a traceback: a bad runs root completes nothing
+        root = runs_root(ctx.params.get("runs_dir"))
+        runs = sorted(iter_runs(root), key=lambda r: r.path.stat().st_mtime, reverse=True)
+    except (HpcTrainError, OSError):
+        return []
     return [CompletionItem(r.id) for r in runs if r.id.startswith(incomplete)]
 
 

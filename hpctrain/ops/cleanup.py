@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..record.files import remove_run_folder
-from ..record.folder import RunFolder, is_run_folder, iter_runs
+from ..record.folder import RunFolder, expanded, is_run_folder, iter_runs
 
 
 @dataclass
@@ -38,7 +38,7 @@ def exact_runs(refs: list[str], root: Path) -> list[RunFolder]:
     """The runs named by exact id (under ``root``) or folder path, each once."""
     out: dict[Path, RunFolder] = {}
     for ref in refs:
-        p = Path(ref).expanduser()
+        p = expanded(ref)
         if is_run_folder(p):
             run = RunFolder(p.resolve())
         elif is_run_folder(root / ref) and "/" not in ref and ref not in (".", ".."):

@@ -117,6 +117,15 @@ def usable_root(text: str | Path, what: str) -> Path:
         return path
 
 
+def expanded(text: str | Path) -> Path:
+    """``text`` with ``~``/``~user`` expanded; as given when it names no user's home folder
+    (``Path.expanduser`` raises RuntimeError then), so a lookup says "no run ..."."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)
+
+
 def runs_root(runs_dir: str | Path | None = None) -> Path:
     """The folder a command looks for runs in: ``runs_dir`` (``--runs-dir``), else
     ``$HPCTRAIN_RUNS_DIR``, the default profile's ``storage.runs_root``, or ``./runs``. A
@@ -148,7 +157,7 @@ class RunFolder:
     path: Path
 
     def __post_init__(self) -> None:
-        self.path = Path(self.path).expanduser()
+        self.path = expanded(self.path)
 
     # ---- files -------------------------------------------------------------------------
     @property
@@ -477,7 +486,7 @@ def find_run(ref: str, root: Path, note: Callable[[str], None] | None = None) ->
     if not isinstance(ref, str) or not ref.strip():
         raise UsageError(f"RUN: expected a run folder, run name or job id, got {ref!r}"
                          + (" (empty: is a shell variable unset?)" if isinstance(ref, str) else ""))
-    p = Path(ref).expanduser()
+    p = expanded(ref)
     if is_run_folder(p):
         return RunFolder(p.resolve())
     runs = list(iter_runs(root))

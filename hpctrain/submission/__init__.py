@@ -24,6 +24,7 @@ from typing import Callable
 from ..config import DEFAULT_PROFILE, ClusterProfile, JobConfig, Resolved
 from ..config.safety import short
 from ..errors import SubmissionError, UsageError
+from ..limits import MAX_SWEEP_POINTS
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for
 from .checks import (check_data, check_fits, check_offline, check_sweep, decided, job_source,
@@ -95,7 +96,10 @@ def sweep_specs(sweep: Mapping | list[str] | tuple[str, ...] | None) -> list[str
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
             values = [values]
         texts = []
-        for v in values:
+        for n, v in enumerate(values):
+            if n == MAX_SWEEP_POINTS:   # range(10**9) or itertools.count(): refuse, do not list
+                raise UsageError(f"sweep {key}: more than {MAX_SWEEP_POINTS:,} values; a sweep "
+                                 f"may have at most {MAX_SWEEP_POINTS:,} runs")
             # YAML reads JSON scalars
             text = v if isinstance(v, str) else json.dumps(sweep_scalar(key, v))
             if "," in text or not text.strip():

@@ -130,6 +130,10 @@ def override_mapping(overrides: Mapping | list[str] | tuple[str, ...] | None) ->
     if isinstance(overrides, str):
         overrides = [overrides]
     if not isinstance(overrides, Mapping):
+        if not isinstance(overrides, (list, tuple)) or \
+                not all(isinstance(s, str) for s in overrides):
+            raise UsageError(f"overrides: expected a mapping {{'train.lr': 3e-4}} or a list of "
+                             f"'KEY=VALUE' strings, got {safety.short(overrides)}")
         return parse_overrides(list(overrides))
     for key in overrides:
         if not isinstance(key, str) or not KEY_RE.match(key):

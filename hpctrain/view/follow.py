@@ -208,12 +208,12 @@ def follow_run(run: RunFolder, echo: Callable[[str], None] | None = None, *,
     start = time.monotonic()
 
     def active() -> bool:
-        if timeout_s is not None and time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"run {run.shown} still has a pending or running job after "
-                               f"{timeout_s:g} s")
         running = bool(live_jobs(run))
         if on_poll is not None:
             on_poll(run.latest_metrics())
+        if running and timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"run {run.shown} still has a pending or running job after "
+                               f"{timeout_s:g} s")
         return running
     if echo is None:   # nothing to show: only the scheduler's view, no log reading
         while active():

@@ -4,6 +4,8 @@ and nothing is created on disk."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -26,6 +28,16 @@ JOB = str(REPO / "examples" / "tiny.yaml")
     (lambda d: hpctrain.plan(JOB, tp=2.0), "tp"),
     (lambda d: hpctrain.plan(JOB, recompute="all"), "recompute"),
     (lambda d: hpctrain.runs(d, limit=-1), "limit"),
+    (lambda d: hpctrain.submit(JOB, overrides=5, dry_run=True, runs_dir=d), "overrides"),
+    (lambda d: hpctrain.submit(JOB, overrides=[5], dry_run=True, runs_dir=d), "overrides"),
+    (lambda d: hpctrain.submit(JOB, overrides=b"train.steps=3", dry_run=True, runs_dir=d),
+     "overrides"),
+    (lambda d: hpctrain.submit(JOB, overrides=[None], dry_run=True, runs_dir=d), "overrides"),
+    # an endless or huge value list is refused at the cap, not listed first
+    (lambda d: hpctrain.submit(JOB, sweep={"train.lr": itertools.count(1)}, dry_run=True,
+                               runs_dir=d), "sweep train.lr: more than 1,000 values"),
+    (lambda d: hpctrain.submit(JOB, sweep={"train.lr": range(10 ** 9)}, dry_run=True,
+                               runs_dir=d), "sweep train.lr: more than 1,000 values"),
 ])
 def test_bad_arguments_are_usage_errors_naming_the_argument(tmp_path, call, named):
     with pytest.raises(UsageError) as err:
@@ -54,3 +66,30 @@ def test_sweep_product_is_capped_before_anything_is_built(tmp_path):
     with pytest.raises(UsageError, match=r"1000 × 2 = 2,000 combinations; a sweep may have at most 1,000"):
         hpctrain.submit(JOB, sweep=sweep, dry_run=True, runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_named_under_a_home_folder_no_user_has_is_not_found(tmp_path):
+    """``~nouser/x`` names no folder (Python's expanduser raises for it): one 'no run' line on
+    every command that takes a RUN, and from the API, never an internal error."""
+    from tests.conftest import hpctrain as cli_run
+    root = tmp_path / "runs"
+    root.mkdir()
+    for command in (["status"], ["logs"], ["cancel"], ["runs", "rm", "--dry-run"]):
+        proc = cli_run(*command, "~nouser-hpctrain-test/x", "--runs-dir", str(root), timeout=60)
+        assert proc.returncode == 2, (command, proc.stderr)
+        (line,) = proc.stderr.splitlines()
+        assert "no run" in line and "internal error" not in line, (command, line)
+    with pytest.raises(UsageError):
+        hpctrain.Run("~nouser-hpctrain-test/x").status()
+
+
+def test_waiting_no_time_for_a_finished_run_gives_its_state(tmp_path, monkeypatch):
+    """``Run.wait(timeout_s=0)``: a run with no job left is answered, not timed out (the
+    deadline is only a question while a job is pending or running)."""
+    from tests.ops.helpers import crafted_run, record
+    from tests.scheduler.fake_slurm import FakeSlurm
+    FakeSlurm(tmp_path, monkeypatch)
+    run = crafted_run(tmp_path / "runs", ledger=[record(1, 0, 30, "finished", False, saved=30)],
+                      steps=30)
+    for timeout in (0, 1e-9):
+        assert hpctrain.Run(str(run.path)).wait(timeout_s=timeout) == "FINISHED"

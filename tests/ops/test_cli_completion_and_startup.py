@@ -32,6 +32,20 @@ def test_commands_and_run_ids_complete(tmp_path):
     assert one.stdout.split() == [f"plain,{run.id}"]
 
 
+def test_a_tab_with_a_bad_runs_folder_or_profile_path_completes_nothing_quietly(tmp_path):
+    """Completion runs outside the commands' error door: a runs folder or profile path that is
+    a FIFO completes nothing (exit 0, no traceback) instead of printing Python's stack."""
+    import os
+    os.mkfifo(tmp_path / "fifo")
+    for env in ({"HPCTRAIN_RUNS_DIR": str(tmp_path / "fifo"),
+                 "COMP_WORDS": "hpctrain status x", "COMP_CWORD": "2"},
+                {"HPCTRAIN_PROFILE_PATH": str(tmp_path / "fifo"),
+                 "COMP_WORDS": "hpctrain submit --profile l", "COMP_CWORD": "3"}):
+        proc = hpctrain(env={"_HPCTRAIN_COMPLETE": "bash_complete", **env}, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.split() == [], (env, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
 def test_looking_at_runs_imports_no_heavy_module(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     run = crafted_run(root, ledger=[record(1, 0, 30, "finished", False)],
