@@ -438,7 +438,11 @@ class Trainer:
 
     def _save(self, reason: str, sync: bool) -> str | None:
         self.param_gather.sync()    # overlap_param_gather: the parameters must be current
-        self.ckpt.save(self.step, self.common_state(), reason, sync=sync)
+        common = self.common_state()
+        # every rank's common state must be the same (megatron-core compares them at a save);
+        # the step time each rank measured is its own: rank 0's, whose clock decides, is kept
+        common["step_time_s"] = collectives.broadcast_object(self.step_time)
+        self.ckpt.save(self.step, common, reason, sync=sync)
         if sync:
             self.ckpt.wait()
             return self.ckpt.last_published_path

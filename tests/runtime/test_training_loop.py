@@ -322,6 +322,14 @@ def test_a_resumed_attempt_reserves_its_checkpoints_step_time_from_its_first_ste
         assert seen["step_time_at_start"] == seen["loaded_step_time"]
 
 
+def test_every_rank_saves_the_same_common_state(probed):
+    """megatron-core compares the ranks' common states at a save and warns of every key that
+    differs (a rank's own step time did); the trainer saves rank 0's on every rank."""
+    for log in probed["log"]:
+        assert not [line for line in log if "Mismatched keys" in line or
+                    "Keys only on rank" in line], log
+
+
 def test_the_profiled_step_says_when_its_passes_were_issued(probed):
     """train.profile_step 2 (the unclipped run): every rank's summary of step 2, the host
     having issued its forward and backward passes within the step's time, which is within
