@@ -10,6 +10,8 @@ the CLI's: :class:`hpctrain.errors.UsageError` (bad input, with the field and th
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,7 +33,7 @@ class Run(RunFolder):
     def __post_init__(self) -> None:
         # the API's door for a run's path: ``Run(None)`` or ``Run(5)`` would be a TypeError
         # from pathlib, and ``Run("")`` would be the current folder
-        _path_or_text("path", self.path)
+        self.path = _path_or_text("path", self.path)
         super().__post_init__()
 
     def _require(self) -> None:
@@ -107,13 +109,14 @@ def submit(job: str | Path | Mapping | JobConfig,
     if sweep is not None and not isinstance(sweep, (Mapping, list, tuple)):
         raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
                          f"'KEY=V1,V2' strings, got {limits.shown(sweep)}")
-    _path_or_text("job", job)
+    job = _path_or_text("job", job)
     profile = _profile_argument(profile)
     if runs_dir is not None:
-        _path_or_text("runs_dir", runs_dir)
-    done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain, sweep=sweep,
-                      max_parallel=max_parallel, dry_run=dry_run, force=force,
-                      overrides=overrides)
+        runs_dir = _path_or_text("runs_dir", runs_dir)
+    with _os_errors_worded():
+        done = submit_job(job, profile, nodes=nodes, runs_dir=runs_dir, chain=chain,
+                          sweep=sweep, max_parallel=max_parallel, dry_run=dry_run, force=force,
+                          overrides=overrides)
     if done.sweep_dir is not None:
         return [Run(r.path) for r in done.runs]
     return Run(done.run.path)
@@ -139,14 +142,15 @@ def plan(job: str | Path | Mapping | JobConfig,
     limits.boolean("sequence_parallel", sequence_parallel)
     limits.choice("recompute", recompute, ("none", "selective", "full"))
     from .submission.checks import load_job_input
-    _path_or_text("job", job)
+    job = _path_or_text("job", job)
     if profile is not None:
         profile = _profile_argument(profile)
-    # a mapping or a JobConfig is checked as its file would be (a JobConfig changed in Python
-    # with num_layers=10**6 would keep the planner busy for hours): submit's door for a job
-    job, _ = load_job_input(job)
-    return plan_data(job, profile, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
-                     mbs=micro_batch_size, sp=sequence_parallel, recompute=recompute)
+    with _os_errors_worded():
+        # a mapping or a JobConfig is checked as its file would be (a JobConfig changed in
+        # Python with num_layers=10**6 would keep the planner busy for hours): submit's door
+        job, _ = load_job_input(job)
+        return plan_data(job, profile, nodes=nodes, gpus=gpus, tp=tp, pp=pp, vpp=vpp,
+                         mbs=micro_batch_size, sp=sequence_parallel, recompute=recompute)
 
 
 def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> list[Run]:
@@ -154,8 +158,9 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
     from .ops.listing import newest_runs
     from .record.folder import runs_root
-    _check_runs_arguments(runs_dir, limit)
-    return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
+    runs_dir = _check_runs_arguments(runs_dir, limit)
+    with _os_errors_worded():
+        return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
 
 
 def runs_table(runs_dir: str | Path | None = None, *, limit: int | None = None) -> list[dict]:
@@ -168,16 +173,28 @@ def runs_table(runs_dir: str | Path | None = None, *, limit: int | None = None) 
 
     from .ops.runs_index import listing_rows
     from .record.folder import runs_root
-    _check_runs_arguments(runs_dir, limit)
-    return listing_rows(runs_root(runs_dir), limit,
-                        warn=lambda line: warnings.warn(line, stacklevel=3))
+    runs_dir = _check_runs_arguments(runs_dir, limit)
+    with _os_errors_worded():
+        return listing_rows(runs_root(runs_dir), limit,
+                            warn=lambda line: warnings.warn(line, stacklevel=3))
 
 
-def _check_runs_arguments(runs_dir, limit) -> None:
-    if runs_dir is not None:
-        _path_or_text("runs_dir", runs_dir)
+def _check_runs_arguments(runs_dir, limit):
+    """``runs_dir`` as plain text (None: the default), after checking both arguments."""
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise UsageError(f"limit: expected an integer of at least 0, got {limit!r}")
+    return None if runs_dir is None else _path_or_text("runs_dir", runs_dir)
+
+
+@contextlib.contextmanager
+def _os_errors_worded():
+    """A filesystem error inside an API call is the one line the CLI gives for it (an
+    :class:`HpcTrainError`, as every other error of the API), not a raw ``OSError``."""
+    from .errors import from_os_error
+    try:
+        yield
+    except OSError as e:
+        raise from_os_error(e) from None
 
 
 def _profile_argument(profile):
@@ -188,26 +205,33 @@ def _profile_argument(profile):
     if isinstance(profile, ClusterProfile):
         return load_profile(profile)
     _path_or_text("profile", profile)
-    return profile
+    return profile                      # a name or a file, as load_profile tells them apart
 
 
-def _path_or_text(name: str, value) -> None:
+def _path_or_text(name: str, value):
     """The API's door for an argument naming a file or folder: a str or a ``pathlib.Path``,
     not blank, of at most the file system's lengths and without a NUL byte (``os.stat``
     raises ValueError on one); a job may also be a mapping or a loaded JobConfig. Anything
     else is one UsageError naming the argument (the value quoted by ``limits``' words: an
-    object whose repr raises is named by its type)."""
+    object whose repr raises is named by its type). Returns the value to use: the path as a
+    plain ``str`` (a subclass's own ``__str__`` or ``__fspath__`` is asked once, here), or the
+    mapping or job as given."""
     from . import limits
     from .config import safety
     if name == "job" and isinstance(value, (Mapping, JobConfig)):
-        return                                  # a job given as a mapping or a loaded job
-    if not isinstance(value, (str, Path)) or not str(value).strip():
-        what = ("a job file, a mapping or a JobConfig" if name == "job"
-                else "a path (a str or pathlib.Path)")
+        return value                            # a job given as a mapping or a loaded job
+    what = ("a job file, a mapping or a JobConfig" if name == "job"
+            else "a path (a str or pathlib.Path)")
+    try:
+        text = os.fspath(value)[:] if isinstance(value, (str, Path)) else None
+    except Exception:  # noqa: BLE001 - a subclass whose __fspath__/__str__ raises
+        text = None
+    if not isinstance(text, str) or not text.strip():
         raise UsageError(f"{name}: expected {what}, got {limits.shown(value)}")
-    why = safety.path_problem(str(value))
+    why = safety.path_problem(text)
     if why:
-        raise UsageError(f"{name}: the path {safety.short(str(value))} {why}")
+        raise UsageError(f"{name}: the path {safety.short(text)} {why}")
+    return text
 
 
 __all__ = ["Run", "plan", "runs", "runs_table", "submit"]

@@ -220,3 +220,42 @@ def test_a_quoted_value_says_what_it_is():
     assert short(list(range(10**6))) == "[0, 1, 2, 3, 4, 5, ...]"
     assert short(10**40) == "a number of about 41 digits"
     assert math.isnan(float(short(float("nan"))))
+
+
+class _StrRaises(str):
+    def __str__(self):
+        raise RuntimeError("__str__ on purpose")
+
+
+class _PathRaises(type(__import__("pathlib").Path())):
+    def __fspath__(self):
+        raise RuntimeError("__fspath__ on purpose")
+
+
+def test_path_arguments_whose_own_conversion_raises_are_usage_errors(tmp_path):
+    """A str or Path subclass is read once, at the door, as the text it holds: a ``__str__``
+    that raises is never called; a ``__fspath__`` that raises is one UsageError naming the
+    argument."""
+    import hpctrain
+    from hpctrain.errors import UsageError
+    run = hpctrain.Run(_StrRaises(str(tmp_path / "nowhere")))
+    assert type(run.path).__name__ != "_StrRaises"
+    for call, named in ((lambda: hpctrain.Run(_PathRaises(tmp_path)), "path"),
+                        (lambda: hpctrain.submit(_PathRaises(tmp_path / "j.yaml"), dry_run=True,
+                                                 runs_dir=tmp_path / "runs"), "job"),
+                        (lambda: hpctrain.runs(_PathRaises(tmp_path)), "runs_dir")):
+        with pytest.raises(UsageError) as err:
+            call()
+        assert str(err.value).startswith(f"{named}: expected ")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_filesystem_error_inside_an_api_call_is_worded_as_the_cli_words_it(tmp_path):
+    import hpctrain
+    from hpctrain.errors import HpcTrainError
+    from tests.conftest import REPO
+    with pytest.raises(HpcTrainError) as err:
+        hpctrain.submit(str(REPO / "examples" / "tiny.yaml"), dry_run=True,
+                        runs_dir="/proc/self/hpctrain-no-such-folder")
+    assert not isinstance(err.value, OSError)
+    assert "/proc/" in str(err.value) and "\n" not in str(err.value)
