@@ -107,15 +107,15 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
     """The job's corpora (``data.path`` or the blends' paths): there, or preparable (the example
     corpora are prepared on first use), prepared with the job's tokenizer from its
     ``prepare_from`` where their record says (:mod:`hpctrain.data.prepared`), tokenized with a
-    vocabulary the model holds, and split so
-    that the training, validation or test data the job uses is not empty (each error names its
-    field).
+    vocabulary the model holds, and split so that the training, validation or test data the
+    job uses is not empty (each error names its field).
 
     ``prepare=False`` writes nothing (validate, dry runs); the splits are then checked only when
     every corpus is there. With ``warn``, what this machine cannot see (data, or a tokenizer
     folder, that lives on the cluster's file system) is a warning instead of a refusal; a
-    vocabulary too small for the tokenizer, or data prepared otherwise, is always refused. A ``dry_run`` with ``warn`` only
-    warns about corpora whose splits it cannot read (placeholders of the cluster's data).
+    vocabulary too small for the tokenizer, or data prepared otherwise, is always refused. A
+    ``dry_run`` with ``warn`` only warns about corpora whose splits it cannot read
+    (placeholders of the cluster's data).
     """
     from ..data.blend import check_splits
     from ..data.splits import all_prefixes
