@@ -24,7 +24,11 @@ def lines():
     handler.emit = lambda record: said.append(record.getMessage())
     log = logging.getLogger("hpctrain")
     log.addHandler(handler)
-    level, log.level = log.level, logging.INFO
+    # setLevel, not an assignment to ``level``: setLevel clears the loggers' cached answers
+    # to isEnabledFor, so an INFO call made earlier in this process (at the default level,
+    # cached as disabled) cannot drop what this test's code logs.
+    level = log.level
+    log.setLevel(logging.INFO)
     yield said
     log.removeHandler(handler)
     log.setLevel(level)
