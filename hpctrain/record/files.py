@@ -195,6 +195,9 @@ def append_jsonl(path: Path, record: dict) -> None:
         os.close(fd)   # releases the lock
 
 
+METRIC_KINDS = ("train", "validation", "test")    # a metrics record's "kind"
+
+
 def record_kind(record: dict) -> str:
     """A metrics record's kind: "train" (also the records written before kinds existed),
     "validation" or "test"."""

@@ -45,8 +45,19 @@ from .attempt_records import AttemptRecord
 from .. import limits
 from ..file_door import kind_of, show
 from . import reader
-from .files import (REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl, folder_lock,
-                    is_run_folder, now_iso, record_kind)
+from .files import (METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl,
+                    folder_lock, is_run_folder, now_iso, record_kind)
+
+
+def checked_metric_kind(kind, *, allow_all: bool) -> str | None:
+    """``kind`` as a caller asked for records by it (``Run.metrics``, ``latest_metrics``):
+    one of :data:`METRIC_KINDS` (or None for all, where ``allow_all``). A typo such as "val"
+    would otherwise select nothing and read as a run without evaluations."""
+    if (kind is None and allow_all) or (type(kind) is str and kind in METRIC_KINDS):
+        return kind
+    choices = ", ".join(repr(k) for k in METRIC_KINDS) + (" or None" if allow_all else "")
+    raise UsageError(f"kind: expected {choices}, got {safety.short(kind)}")
+
 
 LOCK_FILE = ".lock"
 PRIVATE_MODE = 0o700
@@ -305,6 +316,9 @@ class RunFolder:
         test loss) or None for all of them; a list of dicts, or with ``as_frame=True`` a pandas
         DataFrame with one row per record (pandas is not a dependency: it is imported only
         then)."""
+        kind = checked_metric_kind(kind, allow_all=True)
+        if type(as_frame) is not bool:
+            raise UsageError(f"as_frame: expected True or False, got {safety.short(as_frame)}")
         records = [r for r in reader.read_jsonl(self.metrics_file, limits.RUN_METRICS_BYTES,
                                                   check=reader.metric_problem)
                    if kind is None or record_kind(r) == kind]
@@ -319,6 +333,7 @@ class RunFolder:
 
     def latest_metrics(self, kind: str = "train") -> dict | None:
         """The newest metrics record of ``kind``, reading only the end of the file."""
+        kind = checked_metric_kind(kind, allow_all=False)
         return reader.read_last_jsonl(self.metrics_file, accept=lambda r: record_kind(r) == kind,
                                       check=reader.metric_problem)
 

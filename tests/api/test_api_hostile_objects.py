@@ -100,6 +100,28 @@ def test_wait_refuses_seconds_that_would_spin_overflow_or_never_end(dry_run, kwa
     assert dry_run.wait(poll_s=0.05, timeout_s=60) == "NOT SUBMITTED"
 
 
+@pytest.mark.parametrize("call, named", [
+    (lambda r: r.metrics(kind="val"), "kind: expected 'train', 'validation', 'test' or None"),
+    (lambda r: r.metrics(kind=ReprRaises()), "kind: expected"),
+    (lambda r: r.metrics(kind=["train"]), "kind: expected"),
+    (lambda r: r.metrics(as_frame="yes"), "as_frame: expected True or False"),
+    (lambda r: r.latest_metrics("eval"), "kind: expected 'train', 'validation', 'test', got"),
+    (lambda r: r.latest_metrics(None), "kind: expected"),
+])
+def test_a_metrics_kind_that_names_no_records_is_an_error_not_an_empty_list(dry_run, call,
+                                                                            named):
+    """A typo such as ``kind="val"`` selected nothing, and read as a run that never
+    evaluated; ``latest_metrics(None)`` matched no record either."""
+    dry_run.metrics_file.write_text('{"step": 1, "loss": 2.0}\n'
+                                        '{"kind": "validation", "step": 1, "loss": 2.5}\n')
+    with pytest.raises(UsageError) as err:
+        call(dry_run)
+    assert str(err.value).startswith(named) and str(err.value).isprintable()
+    assert [r["step"] for r in dry_run.metrics(kind="validation")] == [1]
+    assert len(dry_run.metrics(kind=None)) == 2
+    assert dry_run.latest_metrics("validation")["loss"] == 2.5
+
+
 def test_numpy_and_fraction_numbers_are_the_numbers_they_stand_for(tmp_path):
     """``np.arange`` and ``np.linspace`` give numpy numbers: a job mapping or a sweep built
     from them is the job written with plain numbers (np.int64 was "expected an integer, got
