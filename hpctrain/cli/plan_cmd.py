@@ -36,8 +36,8 @@ def _pinned(job, target, tp, pp, vpp, mbs, sp, recompute) -> None:
     pinned = plan_pinned(job, target, tp=tp, pp=pp, vpp=vpp, mbs=mbs, sp=sp, recompute=recompute)
     plan = pinned.plan
     if plan is None:
-        raise UsageError(f"{pinned.name} is not a valid layout on {target.world_size} GPUs:\n"
-                         + "\n".join(f"  - {r}" for r in pinned.reasons))
+        raise UsageError(f"{pinned.name} is not a valid layout on {target.world_size} GPUs: "
+                         + "; ".join(pinned.reasons))
     for line in explain(plan, target, job):
         click.echo(line)
     for line in cost_lines([(1, plan)], job, target.world_size)[:-1]:

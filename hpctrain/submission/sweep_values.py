@@ -214,9 +214,14 @@ def expand(job: str | JobConfig, profile: ClusterProfile, specs: list[str], *,
         except ConfigError as e:
             problems.append(str(e))
     if problems:
+        shown = problems[:SHOWN_PROBLEMS]
+        more = f"; and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
         raise UsageError(f"{len(problems)} of {len(points) + len(problems)} sweep combinations are "
-                         "invalid; nothing was submitted:\n" + "\n".join(problems))
+                         "invalid; nothing was submitted: " + "; ".join(shown) + more)
     return points
+
+
+SHOWN_PROBLEMS = 5    # a sweep's error stays one line: its first invalid combinations, then a count
 
 
 def new_sweep_dir(runs_root: Path, name: str, mode: int = 0o700) -> Path:

@@ -74,6 +74,13 @@ def test_every_invalid_combination_is_reported_at_once(job_file):
     assert "[sweep batch.global_batch_size=6]" in text and "[sweep batch.global_batch_size=7]" in text
     assert "batch.global_batch_size: 6 is not divisible by micro_batch_size (2) × DP (2) = 4" in text
     assert "=8]" not in text
+    assert "\n" not in text                                  # one line, as every usage error
+    with pytest.raises(UsageError) as err:                  # many: the first five, then a count
+        expand(job_file, ops_profile(ranks_per_node=2),
+               ["batch.global_batch_size=" + ",".join(str(n) for n in range(1, 22))])
+    text = str(err.value)
+    assert text.startswith("16 of 21 sweep combinations are invalid; nothing was submitted: ")
+    assert text.count("[sweep ") == 5 and text.endswith("; and 11 more") and "\n" not in text
 
 
 def test_labels_of_values_from_the_api_stay_on_one_line(job_file):

@@ -112,6 +112,7 @@ def test_pinned_invalid_layout_lists_every_reason():
                    "ffn_hidden_size (11008) is not divisible by TP (3)",
                    "TP (3) does not divide the GPUs per node (8)"):
         assert reason in res.output
+    assert res.output.count("\n") == 1                      # one line
     res = run("plan", LLAMA, "--profile", "h100-ib-pyxis", "--tp", "3", "--json")
     assert res.exit_code == 2
     data = json.loads(res.output)
