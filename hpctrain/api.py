@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from .caller_data import plain
 from .config import DEFAULT_PROFILE, ClusterProfile, JobConfig
 from .errors import RunNotFoundError, UsageError
 from .record.folder import RUN_FILE, RunFolder, is_run_folder
@@ -110,6 +111,8 @@ def submit(job: str | Path | Mapping | JobConfig,
         raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
                          f"'KEY=V1,V2' strings, got {limits.shown(sweep)}")
     job = _path_or_text("job", job)
+    sweep = plain("sweep", sweep, sweep=True)
+    overrides = plain("overrides", overrides)
     profile = _profile_argument(profile)
     if runs_dir is not None:
         runs_dir = _path_or_text("runs_dir", runs_dir)
@@ -214,12 +217,14 @@ def _path_or_text(name: str, value):
     raises ValueError on one); a job may also be a mapping or a loaded JobConfig. Anything
     else is one UsageError naming the argument (the value quoted by ``limits``' words: an
     object whose repr raises is named by its type). Returns the value to use: the path as a
-    plain ``str`` (a subclass's own ``__str__`` or ``__fspath__`` is asked once, here), or the
-    mapping or job as given."""
+    plain ``str`` (a subclass's own ``__str__`` or ``__fspath__`` is asked once, here), the
+    mapping read once as plain data (:mod:`.caller_data`), or the loaded job as given."""
     from . import limits
     from .config import safety
-    if name == "job" and isinstance(value, (Mapping, JobConfig)):
-        return value                            # a job given as a mapping or a loaded job
+    if name == "job" and isinstance(value, JobConfig):
+        return value                            # a loaded job (checked again by the loader)
+    if name == "job" and isinstance(value, Mapping):
+        return plain("job", value)              # what a job file holds, read once
     what = ("a job file, a mapping or a JobConfig" if name == "job"
             else "a path (a str or pathlib.Path)")
     try:

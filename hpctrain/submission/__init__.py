@@ -151,10 +151,11 @@ def submit(job_file: str | Path | Mapping | JobConfig,
     """
     if not isinstance(chain, int) or isinstance(chain, bool) or chain < 1:
         raise UsageError(f"--chain: expected a number of jobs, at least 1, got {chain!r}")
-    from .sweep_values import override_mapping
+    from .sweep_values import override_mapping, typed_overrides
     warn = warn or _python_warning
     overrides = override_mapping(overrides)
     resolved = load_resolved(job_file, profile, nodes, overrides)
+    overrides = typed_overrides(resolved.job, overrides)
     for message in launch_warnings(resolved):
         warn(message)
     specs = sweep_specs(sweep)

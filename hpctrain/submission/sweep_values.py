@@ -142,6 +142,14 @@ def override_mapping(overrides: Mapping | list[str] | tuple[str, ...] | None) ->
     return dict(overrides)
 
 
+def typed_overrides(job: JobConfig, overrides: Mapping) -> dict:
+    """``overrides`` as ``job`` (the job they were applied to) holds them: "1e-4" as 0.0001, a
+    numpy number as the plain number, a relative path as the absolute one. What ``run.yaml``
+    records, as YAML can write it."""
+    data = to_dict(job)
+    return {key: get_path(data, key) for key in overrides}
+
+
 def with_overrides(job: JobConfig, overrides: Mapping, folder: Path, source: str) -> JobConfig:
     """``job`` with ``overrides`` applied and checked as the same values in the job file would
     be (a relative path is relative to ``folder``, the job file's)."""

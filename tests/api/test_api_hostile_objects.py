@@ -281,3 +281,95 @@ def test_a_filesystem_error_inside_an_api_call_is_worded_as_the_cli_words_it(tmp
                         runs_dir="/proc/self/hpctrain-no-such-folder")
     assert not isinstance(err.value, OSError)
     assert "/proc/" in str(err.value) and "\n" not in str(err.value)
+
+
+class _ItemsRaise(dict):
+    """A mapping whose every way of being read raises (a dict subclass a caller wrote)."""
+
+    def items(self):
+        raise RuntimeError("items on purpose")
+
+    def keys(self):
+        raise RuntimeError("keys on purpose")
+
+    def __iter__(self):
+        raise RuntimeError("__iter__ on purpose")
+
+
+def _raises_half_way(*first):
+    yield from first
+    raise RuntimeError("a generator that fails on purpose")
+
+
+def _holds_itself():
+    d = {"train": {}}
+    d["train"]["again"] = d
+    return d
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"sweep": _ItemsRaise({"train.lr": [1e-4, 3e-4]})}, "sweep: reading it raised RuntimeError"),
+    ({"sweep": {"train.lr": _raises_half_way(1e-4)}}, "sweep: reading it raised RuntimeError"),
+    ({"overrides": _ItemsRaise({"train.lr": 1e-4})}, "overrides: reading it raised RuntimeError"),
+    ({"job": _ItemsRaise(_TINY)}, "job: reading it raised RuntimeError"),
+    ({"job": {**_TINY, "train": _ItemsRaise(_TINY["train"])}}, "job: reading it raised"),
+    ({"job": {**_TINY, "data": {**_TINY["data"], "blend": _raises_half_way()}}},
+     "job mapping: data.blend"),
+    ({"job": _holds_itself()}, "job: nested more than 32 levels deep"),
+])
+def test_a_caller_s_container_that_raises_while_read_is_one_error_naming_the_argument(
+        tmp_path, kwargs, named):
+    """A job mapping, ``overrides`` or a ``sweep`` is read once, at the API's door, into plain
+    data: whatever a caller's mapping or generator raises while being read is one UsageError
+    naming the argument (a dict subclass whose ``items()`` raised was a raw RuntimeError from
+    deep inside the sweep's expansion), and nothing is created."""
+    job = kwargs.pop("job", JOB)
+    with pytest.raises(HpcTrainError) as err:
+        hpctrain.submit(job, dry_run=True, runs_dir=tmp_path / "runs", **kwargs)
+    assert str(err.value).startswith(named) or named in str(err.value), str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).isprintable()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plain_subclasses_and_iterables_are_read_as_the_data_they_hold(tmp_path):
+    """What is read at the door is the same job: a ``str`` subclass is its text, a tuple a
+    list, a sweep's values any iterable (a range, a generator, a numpy array) of at most the
+    sweep's bound."""
+    from collections import OrderedDict
+
+    class Text(str):
+        def strip(self, *a):
+            raise RuntimeError("not asked again")
+
+    job = OrderedDict(_TINY, name=Text("tiny-subclass"))
+    runs = hpctrain.submit(job, dry_run=True, runs_dir=tmp_path / "runs",
+                           sweep={"train.lr": (x for x in np.array([1e-3, 3e-3]))},
+                           overrides=OrderedDict({"train.steps": np.int64(6)}))
+    assert [r.resolved_job().train.lr for r in runs] == [1e-3, 3e-3]
+    assert {r.resolved_job().train.steps for r in runs} == {6}
+    assert runs[0].meta()["overrides"] == {"train.steps": 6}       # as YAML writes it
+    assert runs[0].resolved_job().name == "tiny-subclass"
+    with pytest.raises(UsageError, match=r"sweep train.lr: more than 1,000 values"):
+        hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path / "more",
+                        sweep={"train.lr": (1e-4 * i for i in __import__("itertools").count(1))})
+
+
+_CONTAINERS = st.sampled_from(["dict", "items-raise", "tuple", "generator"])
+
+
+@given(st.sampled_from(["model", "train", "batch", "data", "parallel"]), _CONTAINERS)
+def test_any_section_of_a_job_mapping_in_any_container_is_read_or_refused_in_one_line(section,
+                                                                                    container):
+    """Property: a section of a job mapping given as any container a caller might build is
+    either the job (a plain copy of it) or one printable HpcTrainError line naming ``job``."""
+    value = _TINY.get(section, {})
+    wrapped = {"dict": lambda v: dict(v), "items-raise": _ItemsRaise,
+               "tuple": lambda v: tuple(v.items()),
+               "generator": lambda v: (kv for kv in v.items())}[container](value)
+    try:
+        data = hpctrain.plan({**_TINY, section: wrapped})
+    except HpcTrainError as e:
+        assert str(e).isprintable() and container != "dict", str(e)
+        assert str(e).startswith("job") or section in str(e), str(e)
+    else:
+        assert container == "dict" and data["world_size"] >= 1
