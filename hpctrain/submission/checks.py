@@ -166,16 +166,15 @@ def check_offline(resolved: Resolved, *, force: bool = False, prepare: bool = Tr
     """Every check ``submit`` makes before it creates a run folder that needs no cluster: the
     layout fits the GPUs' memory (:func:`check_fits`) and the data fits the model
     (:func:`check_data`). ``validate`` and ``submit --dry-run`` run this same function with
-    ``prepare=False`` and a ``warn``, so a job ``validate`` calls ok is one ``submit`` takes."""
-    check_fits(resolved, force)
-    check_trackers(resolved)
-    check_data(resolved.job, prepare=prepare, warn=warn, dry_run=dry_run)
-    check_init_from(resolved.job, warn=warn)
+    ``prepare=False`` and a ``warn``, so a job ``validate`` calls ok is one ``submit`` takes.
+    A sweep of one point: :func:`check_sweep` holds the order of the checks."""
+    check_sweep([resolved], force=force, prepare=prepare, warn=warn, dry_run=dry_run)
 
 
 def check_sweep(points: list[Resolved], *, force: bool = False, prepare: bool = True,
                 warn: Callable[[str], None] | None = None, dry_run: bool = False) -> None:
-    """:func:`check_offline` for every point of a sweep, before any run folder is created: a
+    """:func:`check_offline` for every point of a sweep, before any run folder is created (the
+    layout's fit, the trackers, the data, ``train.init_from``, in that order): a
     sweep over ``data.tokenizer``, ``data.prepare_from`` or ``model.vocab_size`` is a job per
     point, each of which a single submission would check. The data is checked once per
     distinct :func:`data_key` and ``train.init_from`` once per path (a sweep over the learning
