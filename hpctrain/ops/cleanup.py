@@ -10,11 +10,14 @@ anything outside the run folder: checkpoints kept elsewhere (``checkpoint.dir``,
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..record.files import remove_run_folder
+from ..file_door import show
+from ..record.files import RUN_FILE, RunFileError, remove_run_folder
 from ..record.folder import RunFolder, expanded, is_run_folder, iter_runs
 
 
@@ -24,10 +27,41 @@ class Removal:
     checkpoints_kept: Path | None    # a checkpoint folder outside the run folder, left as it is
 
 
+def not_removable(path: Path) -> str | None:
+    """Why ``path`` is not a folder ``runs rm``/``prune`` may delete; None when it is. The
+    one door of both commands: a listing takes any folder holding a ``run.yaml`` for a run (a
+    damaged run is still listed), but removing one deletes everything under it, so it must be
+    a run hpctrain made, itself, not through a link: a real folder (a link in the runs folder
+    would have its target deleted, wherever that is), whose ``run.yaml`` is a regular file
+    that records the run's id (another tool's folder with a ``run.yaml`` of its own is not a
+    run)."""
+    if os.path.islink(path):
+        return (f"is a symbolic link (to {show(os.readlink(path))}); hpctrain removes run "
+                "folders, never what a link points at: remove the link itself with rm")
+    try:
+        st = os.lstat(path / RUN_FILE)
+    except OSError as e:
+        return f"has no readable {RUN_FILE} ({e.strerror}); it is not a run folder"
+    if not stat.S_ISREG(st.st_mode):
+        return f"holds a {RUN_FILE} that is not a regular file; it is not a run folder"
+    try:
+        run_id = RunFolder(path).meta().get("run_id")
+    except RunFileError as e:
+        return f"has a {RUN_FILE} that cannot be read ({e}); remove it by hand if it is a run"
+    if not isinstance(run_id, str) or not run_id:
+        return (f"has a {RUN_FILE} that records no run_id: it is not a folder hpctrain made; "
+                "remove it by hand if it is one")
+    return None
+
+
 def dry_run_folders(root: Path) -> list[RunFolder]:
-    """Run folders a dry run prepared: no job was ever submitted from them."""
+    """Run folders a dry run prepared: no job was ever submitted from them. A folder that is
+    not removable (:func:`not_removable`: a link, another tool's folder, a damaged run) is
+    left alone, whatever its record says."""
     found = []
     for run in iter_runs(root):
+        if not_removable(run.path):
+            continue
         meta = run.meta()
         if meta.get("dry_run") and not meta.get("jobs"):
             found.append(run)
@@ -35,18 +69,24 @@ def dry_run_folders(root: Path) -> list[RunFolder]:
 
 
 def exact_runs(refs: list[str], root: Path) -> list[RunFolder]:
-    """The runs named by exact id (under ``root``) or folder path, each once."""
+    """The runs named by exact id (under ``root``) or folder path, each once; a folder that
+    is not removable (:func:`not_removable`) is refused, and nothing is removed."""
     out: dict[Path, RunFolder] = {}
     for ref in refs:
         p = expanded(ref)
         if is_run_folder(p):
-            run = RunFolder(p.resolve())
+            path = p
         elif is_run_folder(root / ref) and "/" not in ref and ref not in (".", ".."):
-            run = RunFolder((root / ref).resolve())
+            path = root / ref
         else:
             raise UsageError(f"runs rm: no run {ref!r} under {root}: give a run's full id or "
                              "folder (`hpctrain runs` lists them; a job name or prefix is not "
                              "enough to remove a run)")
+        path = Path(os.path.abspath(path))
+        why = not_removable(path)
+        if why:
+            raise UsageError(f"runs rm: {show(path)} {why}; nothing was removed")
+        run = RunFolder(path.parent.resolve() / path.name)
         out.setdefault(run.path, run)
     return list(out.values())
 

@@ -48,6 +48,8 @@ def remove_run_folder(path: Path) -> None:
     takes for a run (``REMOVING_PREFIX``; one atomic step: a row being written then fails
     quietly), then deleted."""
     path = Path(path)
+    if os.path.islink(path):       # renamed, the link would be kept and rmtree refuse it
+        raise RunFileError(f"{path} is a symbolic link, not a run folder; nothing was removed")
     doomed = path.with_name(_removing_name(path.name))
     os.rename(path, doomed)
     for tries_left in range(20, -1, -1):

@@ -135,6 +135,41 @@ def test_runs_rm_needs_the_full_id_and_keeps_checkpoints_outside_the_run(tmp_pat
     assert not run.path.exists() and outside.exists() and other.path.exists()
 
 
+def test_runs_rm_and_prune_delete_only_real_run_folders_hpctrain_made(tmp_path):
+    """``runs rm`` deleted any folder holding a file called ``run.yaml`` (another tool's
+    project folder), and through a link in the runs folder it deleted the link's target;
+    ``prune`` renamed a linked dry run and then failed half way. A link, a folder whose
+    ``run.yaml`` records no run id, and one whose ``run.yaml`` is not a regular file are each
+    refused in one line, exit 2, before anything is removed; ``prune`` leaves them alone."""
+    root = tmp_path / "runs"
+    real = crafted_run(root)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "run.yaml").write_text("epochs: 3\n")
+    (project / "notes.txt").write_text("kept")
+    elsewhere = crafted_run(tmp_path / "other-runs")
+    elsewhere.update_meta(dry_run=True)
+    (root / "linked").symlink_to(elsewhere.path)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "run.yaml").mkdir()
+    for ref, said in ((str(project), "records no run_id: it is not a folder hpctrain made"),
+                      ("linked", "is a symbolic link (to "),
+                      (str(root / "linked"), "is a symbolic link (to "),
+                      (str(odd), "holds a run.yaml that is not a regular file")):
+        refused = cli(root, "runs", "rm", real.id, ref, check=False)
+        assert refused.returncode == 2, (ref, refused)
+        assert said in refused.stderr and "nothing was removed" in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+    assert (project / "notes.txt").read_text() == "kept" and real.path.exists()
+    assert elsewhere.path.exists() and (root / "linked").is_symlink()
+    real.update_meta(dry_run=True)
+    pruned = cli(root, "runs", "prune").stdout.splitlines()
+    assert pruned == [f"removed {real.path}"]
+    assert sorted(p.name for p in root.iterdir()) == ["linked"]
+    assert elsewhere.path.exists() and (root / "linked").is_symlink()
+
+
 def test_a_run_folder_renamed_to_hold_control_characters_is_printed_escaped_and_cut(tmp_path):
     """A run folder's name is whatever is on disk: one renamed to hold a terminal's title
     escape, a bell and a line feed, and long, is printed by ``runs``, ``status`` and ``runs rm``
