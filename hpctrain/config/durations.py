@@ -30,11 +30,17 @@ def format_duration(seconds: float | int | None) -> str:
 
 
 def parse_iso(text: str | None) -> _dt.datetime | None:
-    """ISO times from run folders (with offset) or Slurm (local, no offset); None if unreadable."""
+    """ISO times from run folders (with offset) or Slurm (local, no offset); None if unreadable.
+    The one reader of a recorded time: a time at the edge of what ``datetime`` holds (year 1,
+    or year 9999 with an offset) is read, but moving it to local time or UTC, as every caller
+    does, overflows; such a time is unreadable too, not an error in the middle of a listing."""
     if not text:
         return None
     try:
         t = _dt.datetime.fromisoformat(str(text))
-    except ValueError:
+        t = t if t.tzinfo else t.astimezone()
+        t.astimezone(_dt.timezone.utc)
+        t.astimezone()
+    except (ValueError, OverflowError, OSError):
         return None
-    return t if t.tzinfo else t.astimezone()
+    return t

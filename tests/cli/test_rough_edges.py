@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, strategies as st
 
 from hpctrain.config import yamlio
 from hpctrain.record.folder import RunFolder as Run
@@ -168,6 +169,34 @@ def test_runs_rm_and_prune_delete_only_real_run_folders_hpctrain_made(tmp_path):
     assert pruned == [f"removed {real.path}"]
     assert sorted(p.name for p in root.iterdir()) == ["linked"]
     assert elsewhere.path.exists() and (root / "linked").is_symlink()
+
+
+@pytest.mark.parametrize("created", ["0001-01-01T00:00:00", "0001-01-01T00:00:00+23:59",
+                                     "9999-12-31T23:59:59-23:59", "9999-12-31T23:59:59"])
+def test_a_run_created_at_the_edge_of_time_is_listed_with_the_others(tmp_path, created):
+    """A ``created`` time that ``datetime`` reads but cannot move to local time or UTC (year 1
+    or year 9999 with an offset) made ``hpctrain runs`` an internal error, listing no run,
+    once the folder was renamed (a name without the time makes the listing read it)."""
+    root = tmp_path / "runs"
+    made, other = crafted_run(root), crafted_run(root)
+    made.update_meta(created=created)
+    odd = Run(made.path.rename(root / "my-run"))
+    for args in (("runs",), ("runs", "--json")):
+        listed = cli(root, *args)
+        assert "my-run" in listed.stdout and other.id in listed.stdout, listed
+    assert cli(root, "status", str(odd.path)).returncode == 0
+
+
+@given(st.datetimes(min_value=__import__("datetime").datetime(1, 1, 1),
+                    timezones=st.one_of(st.none(), st.timezones())) | st.text(max_size=40))
+def test_a_recorded_time_is_read_whole_or_not_at_all(value):
+    """Property: ``parse_iso``, the one reader of a recorded time, gives None or a time that
+    moves to local time and UTC, whatever the text."""
+    from hpctrain.config.durations import parse_iso
+    t = parse_iso(value.isoformat() if hasattr(value, "isoformat") else value)
+    if t is not None:
+        assert t.tzinfo is not None
+        t.astimezone(__import__("datetime").timezone.utc), t.astimezone()
 
 
 def test_a_run_folder_renamed_to_hold_control_characters_is_printed_escaped_and_cut(tmp_path):
