@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exit_codes import REQUEUE_REASONS, ExitReason
+from ..file_door import printable, show
 from ..record.folder import RunFolder
 from .checkpoints import checkpoint_step, inspect_checkpoints
 from .fmt import format_duration, format_gpu_hours, format_number
@@ -75,7 +76,7 @@ def collect(run: RunFolder) -> ReportData:
                       attempts=max([len(ledger)] + run.attempts_started()))
     data.validation = evaluation_points(run, "validation")
     data.test = evaluation_points(run, "test")
-    data.stragglers = [(m["step"], n.get("node")) for m in records
+    data.stragglers = [(m["step"], node_name(n.get("node"))) for m in records
                        for n in (m.get("stragglers") or []) if isinstance(n, dict)]
     for i, rec in enumerate(ledger):
         end, reason = rec.get("end_step"), rec.get("exit_reason")
@@ -276,7 +277,7 @@ def format_summary(s: dict) -> str:
         total = f" of {s['total_steps']}" if s.get("total_steps") else ""
         lines.append(f"Steps       {s['first_step']}→{s['last_step']}{total}")
     restarted = (f", {s['in_job_restarts']} restarted in the job"
-                 + (f" (left out {', '.join(s['excluded_in_job'])})" if s['excluded_in_job']
+                 + (f" (left out {', '.join(_names(s['excluded_in_job']))})" if s['excluded_in_job']
                     else "") if s.get("in_job_restarts") else "")
     lines.append(f"Attempts    {s['attempts']} ({s['preemptions']} preempted, {s['requeues']} requeued"
                  f"{restarted})"
@@ -299,28 +300,49 @@ def format_summary(s: dict) -> str:
     if s["mean_mfu"] is not None:
         lines.append(f"MFU         {100 * s['mean_mfu']:.1f}% (mean)")
     for r in s.get("in_job_restart_details") or []:
-        lines.append(f"Restart     attempt {r.get('attempt')} after {r.get('after_attempt')}: "
+        lines.append(f"Restart     attempt {r.get('attempt')}{after_attempt(r, ' after ')}: "
                      + restart_text(r))
     if s.get("stragglers"):
         lines.append("Stragglers  " + ", ".join(f"{node} (named at step {step})"
                                                 for node, step in s["stragglers"].items()))
-    return "\n".join(lines)
+    # every value above from a record is in show()'s form; a field added later without it
+    # still cannot act on the terminal
+    return printable("\n".join(lines))
+
+
+def node_name(value) -> str:
+    """A node name as a record holds it (metrics' stragglers, a restart's nodes), printed: in
+    the one printable form of what is found on disk (``file_door.show``), whatever its type,
+    so a name holding an escape code cannot retitle or clear the terminal."""
+    return show(value if isinstance(value, str) else str(value))
+
+
+def _names(value) -> list[str]:
+    return [node_name(v) for v in value] if isinstance(value, list) else []
+
+
+def after_attempt(r: dict, words: str) -> str:
+    """``words`` and N, the attempt a restart came after; nothing when its record does not say
+    which (never "after None")."""
+    n = r.get("after_attempt")
+    return f"{words}{n}" if isinstance(n, int) and not isinstance(n, bool) else ""
 
 
 def restart_text(r: dict) -> str:
     """One in-job restart in words: which node was left out and why, which spare took its
     place (or in place on which nodes), what the recovery cost; ``status`` says it too."""
     if r.get("in_place"):
-        how = f"in place on {', '.join(r.get('nodes') or []) or 'the same nodes'}"
+        how = f"in place on {', '.join(_names(r.get('nodes'))) or 'the same nodes'}"
     else:
-        how = ", ".join(f"{a} -> {b}" for a, b in zip(r.get("excluded") or [],
-                                                     r.get("spares") or [])) or "new nodes"
+        how = ", ".join(f"{a} -> {b}" for a, b in zip(_names(r.get("excluded")),
+                                                     _names(r.get("spares")))) or "new nodes"
     cost = []
     if isinstance(r.get("recovery_s"), (int, float)):
         cost.append(f"{format_duration(r['recovery_s'])} from the failure to the first step")
     if isinstance(r.get("steps_lost"), int):
         cost.append(f"{r['steps_lost']} step{'' if r['steps_lost'] == 1 else 's'} redone")
-    return f"{how} ({r.get('why') or 'failure'})" + (f"; {', '.join(cost)}" if cost else "")
+    why = show(str(r.get("why") or "failure"))
+    return f"{how} ({why})" + (f"; {', '.join(cost)}" if cost else "")
 
 
 def in_job_restarts(ledger: list[dict], events: list[dict]) -> list[tuple[int, dict]]:

@@ -142,12 +142,12 @@ def _decision(row: dict) -> str:
 
 def restart_line(row: dict) -> str | None:
     """How an attempt restarted inside its job's allocation, for the lines under the table."""
-    from .report import restart_text
+    from .report import after_attempt, restart_text
     r = row.get("in_job_restart")
     if not isinstance(r, dict):
         return None
-    return (f"  attempt {row.get('attempt')}: restarted inside the job after attempt "
-            f"{r.get('after_attempt')}: {restart_text(r)}")
+    after = after_attempt(r, " after attempt ")
+    return f"  attempt {row.get('attempt')}: restarted inside the job{after}: {restart_text(r)}"
 
 
 def attempts_table(rows: list[dict]) -> str:

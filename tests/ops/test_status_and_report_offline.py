@@ -169,3 +169,29 @@ def test_report_and_trackers_show_each_in_job_restart(tmp_path):
     shown = [(label, e) for label, e in shown_events(run.events())]
     assert [label for label, _ in shown] == ["in-place-restart"]
     assert '"steps_lost": 6' in describe_event(shown[0][1])
+
+
+def test_node_names_and_restart_fields_from_the_records_are_printed_escaped(tmp_path):
+    """A straggler's node name in ``metrics.jsonl`` went to the report's text raw: an escape
+    code there retitled and cleared the terminal (``status`` escaped the same kind of value).
+    Each node name and restart field from a record is printed in the one printable form
+    (``file_door.show``), whatever its type, and a restart without ``after_attempt`` does not
+    say "after None"."""
+    from hpctrain.ops.report import format_summary
+    from hpctrain.ops.status import restart_line
+    hostile = "n1\x1b]0;PWNED\x07\x1b[2J"
+    restarted = {**record(1, 0, 4, "failed", True),
+                 "in_job_restart": {"excluded": [hostile, "n7"], "spares": ["n3\u202e", "n4"],
+                                    "why": "a\x1b[31mb", "in_place": False}}
+    run = crafted_run(tmp_path, ledger=[restarted],
+                      metrics=[{"step": 1, "loss": 2.0, "stragglers": [{"node": hostile}]}])
+    data = collect(run)
+    text = format_summary(summarize(data))
+    line = restart_line({"attempt": 1, **restarted})
+    for out in (text, line):
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out, out
+        assert "None" not in out.replace("'None'", ""), out
+    assert "n1\\x1b]0;PWNED\\x07\\x1b[2J' (named at step 1)" in text, text
+    assert "Restart     attempt 1: " in text and "'n3\\u202e', n7 -> n4" in text, text
+    assert line.startswith("  attempt 1: restarted inside the job: "), line
+    build_figure(data)                                  # the figure's labels are the same names
