@@ -290,7 +290,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "fingerprint": ("hpctrain/data/fingerprint.py", [
         "tests/data/test_data_fingerprint.py", "tests/ops/test_resume_data_position.py"]),
     # prepared data accepted only for the tokenizer and sources the job names
-    "prepared": ("hpctrain/data/prepared.py", ["tests/data/test_indexed_and_prepare.py"]),
+    "prepared": ("hpctrain/data/prepared.py", ["tests/data/test_prepared_door.py",
+                                                "tests/data/test_indexed_and_prepare.py"]),
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),
