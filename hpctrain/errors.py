@@ -29,7 +29,7 @@ class ConfigError(UsageError):
     ``("slurm.gpus_per_node", "expected an integer, got 'four'")``.
     """
 
-    SHOWN = 50   # a file of a thousand mistakes gets a readable message, not a thousand lines
+    SHOWN = 5    # a file of a thousand mistakes gets one readable line: the first, then a count
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):
         self.source = source
@@ -40,11 +40,11 @@ class ConfigError(UsageError):
         if len(self.problems) == 1:
             path, msg = self.problems[0]
             return f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}"
-        lines = [f"{self.source} has {len(self.problems)} problems:"]
-        lines += [f"  - {p}: {m}" if p else f"  - {m}" for p, m in self.problems[:self.SHOWN]]
+        # one line, as every usage error: each problem names its field, "; " between them
+        shown = [f"{p}: {m}" if p else m for p, m in self.problems[:self.SHOWN]]
         if len(self.problems) > self.SHOWN:
-            lines.append(f"  - ... and {len(self.problems) - self.SHOWN} more")
-        return "\n".join(lines)
+            shown.append(f"and {len(self.problems) - self.SHOWN} more")
+        return f"{self.source} has {len(self.problems)} problems: " + "; ".join(shown)
 
 
 class SubmissionError(HpcTrainError):

@@ -262,7 +262,8 @@ def test_a_key_yaml_reads_as_null_a_boolean_or_a_number_is_named_as_written(tmp_
     proc = hpctrain("validate", str(job))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     fix = f"unknown key: {named} is not a field name; remove it or write the field's name"
-    assert f"  - {fix}\n" in proc.stderr and f"  - train: {fix}\n" in proc.stderr, proc.stderr
+    assert f"problems: {fix}; " in proc.stderr and f"; train: {fix}" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr                 # one line
     assert "None" not in proc.stderr and "True" not in proc.stderr
     profile = tmp_path / "p.yaml"
     profile.write_text((REPO / "cluster_profiles" / "local.yaml").read_text()
