@@ -165,7 +165,7 @@ def plan_sizes(job: JobConfig, profile: ClusterProfile, nodes: list[int], *, ste
             problems.append(str(e))
     if problems:
         raise UsageError(f"{len(problems)} of {len(nodes)} sizes cannot run this job; nothing was "
-                         "submitted:\n" + "\n".join(problems))
+                         "submitted: " + "; ".join(problems))
     return sizes
 
 

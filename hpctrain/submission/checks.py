@@ -98,8 +98,8 @@ def check_fits(resolved: Resolved, force: bool = False) -> None:
     from ..planner import check_fits as plan_check_fits
     fit = plan_check_fits(resolved.job, resolved.profile)
     if fit.fits is False and not force:
-        raise UsageError(f"{fit.message}\nRefusing to submit a layout that does not fit; "
-                         "pass --force to submit anyway.")
+        raise UsageError(f"{fit.message.rstrip('.')}; refusing to submit a layout that does not "
+                         "fit: change it as said, or pass --force to submit anyway")
 
 
 def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None = None,

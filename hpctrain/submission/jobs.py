@@ -101,7 +101,7 @@ def submit_chain(resolved: Resolved, run: RunFolder, count: int) -> list[Submitt
         except HpcTrainError as e:
             if not subs:
                 raise
-            raise HpcTrainError(f"{e}\nchain of run {run.id} stopped at job {i + 1} of {count}; jobs "
+            raise HpcTrainError(f"{e}; chain of run {run.id} stopped at job {i + 1} of {count}; jobs "
                                 f"{', '.join(s.job_id for s in subs)} are submitted "
                                 f"(`hpctrain cancel {run.id}` cancels them)") from None
     if count > 1:

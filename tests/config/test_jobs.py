@@ -180,3 +180,4 @@ def test_a_job_whose_save_cannot_fit_the_cpu_profiles_host_memory_is_refused_in_
                     "--set", "model.ffn_hidden_size=65536")
     assert proc.returncode == 2 and "internal error" not in proc.stderr, proc.stderr
     assert "the checkpoint save does NOT fit" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "or pass --force to submit anyway" in proc.stderr
