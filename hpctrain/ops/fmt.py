@@ -66,9 +66,13 @@ def format_number(x: float | int | None) -> str:
 
 
 def format_gpu_hours(hours: float | None) -> str:
-    """``0.0042``, ``3.21``, ``1,234`` GPU-hours: small rehearsal runs still show a figure."""
-    if hours is None:
+    """``0.0042``, ``3.21``, ``1,234`` GPU-hours: small rehearsal runs still show a figure.
+    Past what any cluster has run (a duration edited into a ledger by hand), ``>1e12``: one
+    short cell, as ``format_duration`` caps a duration, not a number of a hundred digits."""
+    if hours is None or hours != hours:
         return "-"
+    if not abs(hours) < 1e12:
+        return ("-" if hours < 0 else "") + ">1e12"
     if hours >= 100:
         return f"{hours:,.0f}"
     return f"{hours:.3g}" if hours < 1 else f"{hours:.2f}"

@@ -66,6 +66,17 @@ def test_durations_numbers_and_sizes_read_naturally():
     assert [format_bytes(n) for n in (12, 2048, 3 * 2**30)] == ["12 B", "2.0 KiB", "3.0 GiB"]
 
 
+def test_gpu_hours_read_naturally_and_stay_one_short_cell():
+    """A duration edited into a ledger (1e100 s) made a GPU-hours figure of 120 digits, while
+    the duration beside it was capped at ``>1e15s``."""
+    from hpctrain.ops.fmt import format_gpu_hours
+    assert [format_gpu_hours(h) for h in (None, 0.0042, 3.214, 1234.4)] == \
+        ["-", "0.0042", "3.21", "1,234"]
+    assert [format_gpu_hours(h) for h in (1e100 / 3600 * 8, float("inf"), -1e30, float("nan"))] \
+        == [">1e12", ">1e12", "->1e12", "-"]
+    assert format_gpu_hours(9.9e11) == "990,000,000,000"
+
+
 def test_progress_bar_text_and_silence_off_a_terminal(capsys):
     assert render_bar(30, 120, "loss 2.5") == "[#######.....................]  30/120   25%  loss 2.5"
     assert render_bar(None, 120).startswith("[" + "." * 28 + "]  waiting")
