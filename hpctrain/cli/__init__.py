@@ -61,13 +61,13 @@ class LazyGroup(click.Group):
         except BrokenPipeError:
             end_on_closed_pipe()
         except HpcTrainError as e:
-            click.echo(f"Error: {e}", err=True)
+            error_line(e)
             ctx.exit(e.exit_code)
         except OSError as e:   # the one place a filesystem error becomes a message
             if debugging():
                 raise
             err = from_os_error(e)
-            click.echo(f"Error: {err}", err=True)
+            error_line(err)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
@@ -80,6 +80,14 @@ class LazyGroup(click.Group):
             click.echo(f"Error: internal error: {type(e).__name__}: {e} "
                        "(set HPCTRAIN_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+def error_line(error: Exception) -> None:
+    """``Error: <message>`` on stderr, always one printable line: a message quotes values with
+    ``file_door.show`` where it is built, and this door escapes whatever one still holds (a
+    line feed, an escape code from a file or the environment) instead of printing it."""
+    from ..file_door import printable
+    click.echo(f"Error: {printable(str(error), keep='')}", err=True)
 
 
 def debugging() -> bool:

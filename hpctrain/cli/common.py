@@ -169,3 +169,10 @@ def echo_json(data) -> None:
 def interactive() -> bool:
     """Progress bars and live output only when a person is watching."""
     return sys.stderr.isatty()
+
+
+def warning_line(message: str) -> None:
+    """``warning: <message>`` on stderr, one printable line (as ``Error:`` lines are): a path
+    from ``$HOME`` or a file may hold an escape code or a line feed; it is shown escaped."""
+    from ..file_door import printable
+    click.echo(f"warning: {printable(str(message), keep='')}", err=True)

@@ -8,7 +8,7 @@ import click
 
 from ..errors import UsageError
 from .common import CheckedPath, echo_json, job_options, json_option, parsed_overrides, \
-    runs_dir_option
+    runs_dir_option, warning_line
 
 
 def load_resolved(job_file: str, profile_name: str, nodes: int | None, overrides=()):
@@ -18,7 +18,7 @@ def load_resolved(job_file: str, profile_name: str, nodes: int | None, overrides
     from ..submission import load_resolved as load
     resolved = load(job_file, profile_name, nodes, parsed_overrides(overrides))
     for warning in launch_warnings(resolved):
-        click.echo(f"warning: {warning}", err=True)
+        warning_line(warning)
     return resolved
 
 
@@ -37,7 +37,7 @@ def validate(job_file, profile_name, nodes, overrides, as_json):
     """
     from ..submission import check_offline
     r = load_resolved(job_file, profile_name, nodes, overrides)
-    check_offline(r, prepare=False, warn=lambda message: click.echo(f"warning: {message}", err=True))
+    check_offline(r, prepare=False, warn=warning_line)
     if as_json:
         lay = r.layout
         echo_json({"valid": True, "profile": r.profile.name, "world_size": r.profile.world_size,

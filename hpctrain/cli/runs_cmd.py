@@ -12,7 +12,7 @@ from .. import limits
 from ..file_door import show
 from .common import (complete_profiles, complete_runs, echo_json, find, follow_in_terminal,
                      json_option, parsed_overrides, run_argument, runs_dir_option, runs_root,
-                     set_option)
+                     set_option, warning_line)
 
 
 # ---- runs ------------------------------------------------------------------------------------
@@ -292,6 +292,6 @@ def resume(run_ref, profile_name, nodes, steps, overrides, force, accept_data_ch
     run = find(run_ref, runs_dir)
     res = resume_run(run, profile_name, nodes, force=force, overrides=changes,
                      accept_data_change=accept_data_change,
-                     warn=lambda message: click.echo(f"warning: {message}", err=True))
+                     warn=warning_line)
     _after_resubmit(run, res, wait, as_json, "Resumed")
 

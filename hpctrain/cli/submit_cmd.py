@@ -9,7 +9,7 @@ from .. import limits
 
 from ..errors import HpcTrainError
 from .common import (echo_json, follow_in_terminal, job_options, json_option, parsed_overrides,
-                     runs_dir_option)
+                     runs_dir_option, warning_line)
 
 
 @click.command()
@@ -64,7 +64,7 @@ def submit(job_file, profile_name, nodes, overrides, runs_dir, dry_run, wait, fo
                       sweep=list(sweeps), max_parallel=max_parallel, dry_run=dry_run, force=force,
                       overrides=parsed_overrides(overrides),
                       follow_local_run=follow_local_run,
-                      warn=lambda message: click.echo(f"warning: {message}", err=True))
+                      warn=warning_line)
     if done.sweep_dir is not None:
         _report_sweep(done, as_json)
         if done.array_job_id and wait:

@@ -199,6 +199,28 @@ def test_a_recorded_time_is_read_whole_or_not_at_all(value):
         t.astimezone(__import__("datetime").timezone.utc), t.astimezone()
 
 
+def test_warning_and_error_lines_are_one_printable_line_whatever_home_holds(tmp_path):
+    """``~`` in a path is ``$HOME``, which may hold an escape code or a line feed: the warning
+    a dry run prints and the error a refusal prints show it escaped, each on one line (the
+    CLI's two doors, ``warning_line`` and ``error_line``)."""
+    from tests.conftest import hpctrain as run_cli
+    home = tmp_path / "h\x1b]0;T\x07\nFAKE"
+    home.mkdir()
+    env = {"HOME": str(home), "HPCTRAIN_RUNS_DIR": str(tmp_path / "runs")}
+    warned = run_cli("submit", "examples/tiny.yaml", "--dry-run", "--set",
+                     "train.init_from=~/ck", env=env)
+    assert warned.returncode == 0, warned.stderr
+    (line,) = [ln for ln in warned.stderr.splitlines() if ln.startswith("warning:")]
+    assert "\\x1b]0;T\\x07\\nFAKE/ck does not exist" in line, warned.stderr
+    assert all(ln.isprintable() for ln in warned.stderr.splitlines()), warned.stderr
+    assert not any(ln.startswith("FAKE") for ln in warned.stderr.splitlines())
+    (home / "tok").write_text("not a tokenizer")
+    refused = run_cli("validate", "examples/tiny.yaml", "--set", "data.tokenizer=~/tok",
+                      env=env)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.rstrip("\n").isprintable(), refused.stderr
+
+
 def test_a_run_folder_renamed_to_hold_control_characters_is_printed_escaped_and_cut(tmp_path):
     """A run folder's name is whatever is on disk: one renamed to hold a terminal's title
     escape, a bell and a line feed, and long, is printed by ``runs``, ``status`` and ``runs rm``
