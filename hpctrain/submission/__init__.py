@@ -102,9 +102,11 @@ def sweep_specs(sweep: Mapping | list[str] | tuple[str, ...] | None) -> list[str
                                  f"may have at most {MAX_SWEEP_POINTS:,} runs")
             # YAML reads JSON scalars
             text = v if isinstance(v, str) else json.dumps(sweep_scalar(key, v))
-            if "," in text or not text.strip():
+            if "," in text and isinstance(v, str) and not any(c in v for c in "\"\\"):
+                text = f'"{v}"'         # quoted: a comma inside is the value's (data.split)
+            elif "," in text or not text.strip():
                 raise UsageError(f"sweep {key}: {short(v)} cannot be a sweep value (empty, or "
-                                 "holds a comma)")
+                                 "holds a comma beside a quote or a backslash)")
             texts.append(text)
         specs.append(f"{key}=" + ",".join(texts))
     return specs

@@ -59,7 +59,10 @@ def label(values: Mapping) -> str:
 
 
 def _shown(value) -> str:
-    """One key or value in the printable form of :func:`hpctrain.file_door.show`."""
+    """One key or value in the printable form of :func:`hpctrain.file_door.show`; null, true
+    and false as a job file spells them (not Python's None, True, False)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
         return safety.short(value)      # str() of a number of thousands of digits raises
     if not isinstance(value, (str, int, float)):   # an API caller's object: its str() may raise
@@ -91,7 +94,7 @@ def parse_axis(spec: str, option: str = "--sweep") -> SweepAxis:
         raise UsageError(f"{option} {_quoted(spec)}: {_quoted(key)} is not a dotted job-file key "
                          "(e.g. train.lr, batch.global_batch_size)")
     values = []
-    for raw in rest.split(","):
+    for raw in _split_values(rest, f"{option} {_quoted(spec)}"):
         raw = raw.strip()
         if not raw:
             raise UsageError(f"{option} {_quoted(spec)}: empty value in the list")
@@ -105,6 +108,28 @@ def parse_axis(spec: str, option: str = "--sweep") -> SweepAxis:
     if len(set(map(repr, values))) != len(values):
         raise UsageError(f"{option} {_quoted(spec)}: a value is listed twice")
     return SweepAxis(key, tuple(values))
+
+
+def _split_values(text: str, where: str) -> list[str]:
+    """The values of ``KEY=V1,V2``: split at the commas outside quotes and brackets, so that a
+    quoted value may hold commas (``data.split="969,30,1"``) and a bracketed list stays one
+    value (refused as "not a single value", not read as ``'[1'`` and ``'2]'``)."""
+    parts, start, quote, depth = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if quote:
+        raise UsageError(f"{where}: a quote ({quote}) is not closed")
+    return parts + [text[start:]]
 
 
 def parse_overrides(specs: list[str] | tuple[str, ...]) -> dict:

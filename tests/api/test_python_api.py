@@ -119,8 +119,8 @@ def test_bad_requests_are_usage_errors_and_create_nothing(tmp_path, one_rank):
     with pytest.raises(UsageError, match=r"--chain with --sweep"):
         hpctrain.submit(JOB, profile="dev-slurm", nodes=1, chain=2, sweep={"train.lr": [1e-3]},
                         runs_dir=root)
-    with pytest.raises(UsageError, match=r"sweep train.data: 'a,b' cannot be a sweep value"):
-        hpctrain.submit(JOB, one_rank, sweep={"train.data": ["a,b"]}, runs_dir=root)
+    with pytest.raises(UsageError, match=r"sweep train.data: 'a,\"b' cannot be a sweep value"):
+        hpctrain.submit(JOB, one_rank, sweep={"train.data": ['a,"b']}, runs_dir=root)
     with pytest.raises(UsageError, match=r"--nodes: a local profile runs on this machine only"):
         hpctrain.submit(JOB, one_rank, nodes=2, runs_dir=root)
     with pytest.raises(UsageError, match=r"chain \(--chain\): expected an integer from 1 to 1,000, got 0"):

@@ -188,3 +188,38 @@ def test_every_sweep_point_is_checked_for_its_init_from(job_file, tmp_path):
     res = _dry_run(root, job_file, "--sweep", f"train.init_from={good},{also}")
     assert res.exit_code == 0, res.stderr
     assert len(list((root / "sweeps").iterdir())) == 1
+
+
+def test_a_quoted_value_may_hold_commas_and_a_bracketed_list_is_one_value():
+    """``data.split`` is text with commas: quoted, it is one value for ``--set`` and each of a
+    ``--sweep``'s values; ``[1,2]`` is one value (a list, refused as one) instead of ``'[1'``
+    and ``'2]'``; a quote left open is said."""
+    from hpctrain.submission.sweep_values import parse_axis, parse_overrides
+    assert parse_overrides(['data.split="969,30,1"']) == {"data.split": "969,30,1"}
+    assert parse_axis("data.split='98,1,1', \"90,5,5\"").values == ("98,1,1", "90,5,5")
+    assert parse_axis("train.lr=1e-4,3e-4").values == (1e-4, 3e-4)
+    with pytest.raises(UsageError, match=r"'\[1,2\]' is not a single value"):
+        parse_axis("train.lr=[1,2]")
+    with pytest.raises(UsageError, match=r"a quote \('\) is not closed"):
+        parse_axis("train.lr='1e-4,3e-4")
+
+
+def test_null_and_booleans_are_echoed_as_a_job_file_spells_them(job_file):
+    from hpctrain.config import load_job
+    from hpctrain.submission.sweep_values import label, with_overrides
+    assert label({"train.steps": None, "a.b": True, "c.d": False}) == \
+        "train.steps=null, a.b=true, c.d=false"
+    with pytest.raises(UsageError) as err:
+        with_overrides(load_job(job_file), {"train.steps": None}, REPO, job_file)
+    assert "[--set train.steps=null]" in str(err.value) and "None" not in str(err.value)
+
+
+def test_an_api_sweep_value_with_commas_is_passed_quoted(job_file, tmp_path):
+    import hpctrain
+    runs = hpctrain.submit(job_file, profile=ops_profile(ranks_per_node=2), dry_run=True,
+                           runs_dir=tmp_path / "runs", sweep={"data.split": ["98,1,1", "90,5,5"]})
+    assert [r.resolved_job().data.split for r in runs] == ["98,1,1", "90,5,5"]
+    with pytest.raises(UsageError, match=r"cannot be a sweep value"):
+        hpctrain.submit(job_file, dry_run=True, runs_dir=tmp_path / "more",
+                        sweep={"data.split": ['98,1,"1']})
+
