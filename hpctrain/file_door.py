@@ -111,6 +111,31 @@ _LINK_ERRNOS = frozenset({errno.ELOOP})
 _NO_FILE_ERRNOS = frozenset({errno.ENXIO})
 
 
+def resolve(path: Path | str) -> Path:
+    """``path`` made absolute with its symbolic links followed (``Path.resolve``, not strict:
+    a tail that does not exist yet stays as named); :class:`Refused` when it cannot be. Python
+    3.11 raises RuntimeError on a symlink loop (an "internal error" wherever it was not
+    caught) and later Pythons leave the loop in place for the first open to trip on: both are
+    "is behind a symlink loop" here, the words :func:`open_regular` uses. The one way hpctrain
+    resolves a path a user gave (a job's paths, a runs root, a run folder)."""
+    try:
+        resolved = Path(path).resolve()
+    except RuntimeError:
+        raise Refused("is behind a symlink loop") from None
+    except OSError as e:
+        if e.errno in _LINK_ERRNOS:
+            raise Refused("is behind a symlink loop") from None
+        raise Refused(f"cannot be resolved ({e.strerror})") from None
+    try:
+        os.stat(resolved)
+    except OSError as e:
+        if e.errno in _LINK_ERRNOS:
+            raise Refused("is behind a symlink loop") from None
+    except ValueError:        # a NUL byte: the callers' text checks name it
+        pass
+    return resolved
+
+
 @contextlib.contextmanager
 def open_regular(path: Path | str, *, follow_links: bool) -> Iterator[int | None]:
     """The descriptor of ``path`` opened for reading (blocking again once it is known to be a

@@ -4,11 +4,13 @@ imports): the only module a command module imports from ``hpctrain.cli``."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
+from .. import file_door
 from ..config import DEFAULT_PROFILE, safety
 from ..config.profile import MAX_NODES
 from ..errors import HpcTrainError
@@ -22,7 +24,20 @@ class CheckedPath(click.Path):
     def convert(self, value, param, ctx):
         if isinstance(value, str):
             self.check_text(value, param, ctx)
+            self.check_path(value, param, ctx)
         return super().convert(value, param, ctx)
+
+    def check_path(self, value: str, param, ctx) -> None:
+        """A blank value (click reads "" as ``.``, the current folder) and one behind a symlink
+        loop (``file_door.resolve``; it read as "does not exist") are refused here, naming the
+        option the user typed."""
+        if not value.strip():
+            self.fail(f"{safety.short(value)} is blank; give a path", param, ctx)
+        try:
+            file_door.resolve(os.path.expanduser(value))
+        except file_door.Refused as e:
+            self.fail(f"{file_door.show(value)} {e.why}; remove the loop or give another path",
+                      param, ctx)
 
     def check_text(self, value: str, param, ctx) -> None:
         why = safety.text_problem(value, safety.PATH_MAX) or safety.path_problem(value)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from .. import limits
+from ..errors import UsageError
 from ..file_door import printable, show
 from .common import CheckedPath, echo_json, interactive, json_option
 
@@ -45,6 +48,19 @@ def prepare_cmd(files, output, tokenizer, json_key, workers, as_json):
       hpctrain data prepare corpus/*.jsonl.gz --output data/corpus --tokenizer ./tokenizer
       hpctrain data prepare big.jsonl --output data/big -t ./tokenizer.model --workers 8
     """
+    with _tokenizer_named_as_typed():
+        stats = _prepare(files, output, tokenizer, json_key, workers, as_json)
+    if as_json:
+        echo_json(stats.__dict__)
+        return
+    docs = "document" if stats.documents == 1 else "documents"
+    click.echo(f"Wrote {show(stats.output)}.bin/.idx: {stats.documents:,} {docs}, "
+               f"{stats.tokens:,} tokens ({stats.dtype}, vocabulary {stats.vocab_size}) "
+               f"in {stats.seconds:.1f}s")
+
+
+def _prepare(files, output, tokenizer, json_key, workers, as_json):
+    """``data.prepare.prepare``, with a progress bar when a person watches."""
     from ..data.prepare import prepare
 
     if interactive() and not as_json:
@@ -58,16 +74,25 @@ def prepare_cmd(files, output, tokenizer, json_key, workers, as_json):
                     bar.update(done - state["done"])
                     state["done"] = done
 
-            stats = prepare(files, output, tokenizer, json_key, progress, workers)
-    else:
-        stats = prepare(files, output, tokenizer, json_key, workers=workers)
-    if as_json:
-        echo_json(stats.__dict__)
-        return
-    docs = "document" if stats.documents == 1 else "documents"
-    click.echo(f"Wrote {show(stats.output)}.bin/.idx: {stats.documents:,} {docs}, "
-               f"{stats.tokens:,} tokens ({stats.dtype}, vocabulary {stats.vocab_size}) "
-               f"in {stats.seconds:.1f}s")
+            return prepare(files, output, tokenizer, json_key, progress, workers)
+    return prepare(files, output, tokenizer, json_key, workers=workers)
+
+
+@contextlib.contextmanager
+def _tokenizer_named_as_typed():
+    """The tokenizer's errors name the job field ``data.tokenizer`` (the data layer reads a
+    job's tokenizer the same way); here the user typed ``--tokenizer``, and the error names
+    that. The one place this command's tokenizer errors pass."""
+    try:
+        yield
+    except UsageError as e:
+        message = str(e)
+        if not message.startswith(_FIELD):
+            raise
+        raise UsageError("--tokenizer" + message[len(_FIELD) - 1:]) from None
+
+
+_FIELD = "data.tokenizer:"
 
 
 @data.command("info")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from .. import file_door
 from ..errors import UsageError
 from .common import CheckedPath, echo_json, job_options, json_option, parsed_overrides, \
     runs_dir_option, warning_line
@@ -79,5 +80,9 @@ def render(job_file, profile_name, nodes, overrides, runs_dir, run_dir):
                          f"{r.profile.scheduler}); render a Slurm profile, e.g. --profile dev-slurm")
     if run_dir is None:
         run_dir = runs_root_for(runs_dir, r.profile) / new_run_id(r.job.name)  # as submit names it
-    run = RunFolder(Path(run_dir).resolve())
+    try:
+        run = RunFolder(file_door.resolve(run_dir))
+    except file_door.Refused as e:   # a symlink loop: one line, not Python's RuntimeError
+        raise UsageError(f"--run-dir {file_door.show(run_dir)} {e.why}; name another folder") \
+            from None
     click.echo(render_script(script_inputs(run, r.profile), resolved=r), nl=False)

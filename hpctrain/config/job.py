@@ -371,10 +371,11 @@ def _check_data(j: JobConfig, problems: Problems) -> None:
                 safety.check_path(f, f"data.{name}[{i}].prepare_from[{k}]", problems)
     if d.path and d.blend:
         problems.add("data.blend", "give either data.path (one corpus) or data.blend, not both")
-    elif not d.path and not d.blend and d.blend is not None:
+    # a blank data.path ("") is not missing: the path door (config.loader) names it blank
+    elif d.path is None and not d.blend and d.blend is not None:
         problems.add("data.path", "missing: give data.path (one corpus) or data.blend (a list "
                                   "of {path, weight})")
-    if d.prepare_from and not d.path:
+    if d.prepare_from and d.path is None:
         problems.add("data.prepare_from", "prepares data.path; with data.blend give each "
                                           "corpus its own prepare_from")
     separate = bool(d.valid_blend or d.test_blend)

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import resources
+from .. import file_door, resources
 from ..errors import ConfigError, UsageError
 from ..gpu_table import TableError
 from .kernel_table import builtin_table, load_table
@@ -198,65 +198,95 @@ def job_from_mapping(data: dict, source: str) -> JobConfig:
 
 
 def load_job(path: str | os.PathLike) -> JobConfig:
-    """Load a job file. ``data.path``, ``data.prepare_from`` and ``train.init_from`` are made
-    absolute relative to the job file, so the resolved job works from any folder."""
+    """Load a job file. Its paths (``data.path``, ``data.prepare_from``, ``train.init_from``,
+    ...) are made absolute relative to the job file, so the resolved job works from any
+    folder."""
     p = Path(path)
     job = job_from_mapping(yamlio.read_mapping(p, "job file"), str(p))
-    return resolve_job_paths(job, p.resolve().parent)
+    return resolve_job_paths(job, p.resolve().parent, str(p))
 
 
-def resolve_job_paths(job: JobConfig, base: Path) -> JobConfig:
-    """Make the job's paths absolute, relative ones against ``base`` (the job file's folder;
-    absolute ones stay as they are): the same for a job file and for a sweep's values."""
-    def resolved(f: str) -> str:
-        return str((base / os.path.expanduser(f)).resolve())
+# how each kind of path field is left unset, for the fix of a blank one
+_UNSET = "leave it unset (null)"
 
-    if job.data.path:
-        job.data.path = resolved(job.data.path)
-    job.data.prepare_from = [resolved(f) for f in job.data.prepare_from]
-    for entry in [*job.data.blend, *job.data.valid_blend, *job.data.test_blend]:
-        entry.path = resolved(entry.path)
-        entry.prepare_from = [resolved(f) for f in entry.prepare_from]
-    if job.data.tokenizer != "byte":
-        job.data.tokenizer = str((base / os.path.expanduser(job.data.tokenizer)).resolve())
-    if job.train.init_from:
-        job.train.init_from = str((base / os.path.expanduser(job.train.init_from)).resolve())
-    if job.checkpoint.dir:
-        job.checkpoint.dir = str((base / os.path.expanduser(job.checkpoint.dir)).resolve())
+
+def _path_fields(job: JobConfig) -> list:
+    """``(field, value, put, unset)`` for every path a job names: the one list the path door
+    (:func:`resolve_job_paths`) walks, so a path field is never resolved or checked apart."""
+    d = job.data
+
+    def attr(obj, name):
+        return lambda value: setattr(obj, name, value)
+
+    def item(items, i):
+        return lambda value: items.__setitem__(i, value)
+
+    fields = []
+    if d.path is not None:
+        fields.append(("data.path", d.path, attr(d, "path"), _UNSET))
+    fields += [(f"data.prepare_from[{i}]", f, item(d.prepare_from, i), "remove the item")
+               for i, f in enumerate(d.prepare_from)]
+    for name in ("blend", "valid_blend", "test_blend"):
+        for i, e in enumerate(getattr(d, name)):
+            fields.append((f"data.{name}[{i}].path", e.path, attr(e, "path"),
+                           "remove the entry"))
+            fields += [(f"data.{name}[{i}].prepare_from[{k}]", f, item(e.prepare_from, k),
+                        "remove the item") for k, f in enumerate(e.prepare_from)]
+    if d.tokenizer != "byte":
+        fields.append(("data.tokenizer", d.tokenizer, attr(d, "tokenizer"),
+                       "`byte` (the built-in tokenizer)"))
+    if job.train.init_from is not None:
+        fields.append(("train.init_from", job.train.init_from, attr(job.train, "init_from"),
+                       _UNSET))
+    if job.checkpoint.dir is not None:
+        fields.append(("checkpoint.dir", job.checkpoint.dir, attr(job.checkpoint, "dir"),
+                       _UNSET))
     wandb = job.tracking.wandb if job.tracking is not None else None
-    if wandb is not None and wandb.dir:
-        wandb.dir = resolved(wandb.dir)
-    _check_resolved_paths(job)
+    if wandb is not None and wandb.dir is not None:
+        fields.append(("tracking.wandb.dir", wandb.dir, attr(wandb, "dir"), _UNSET))
+    return fields
+
+
+def resolve_job_paths(job: JobConfig, base: Path, source: str = "job") -> JobConfig:
+    """Make the job's paths absolute, relative ones against ``base`` (the job file's folder;
+    absolute ones stay as they are): the same for a job file, ``--set`` values and a sweep's
+    values. The door of a job's paths: every path field is resolved and checked here, once,
+    and what cannot be a path is one ConfigError naming the field (``source`` names the job):
+    a blank one (it would silently mean ``base`` itself), one behind a symlink loop, one that
+    becomes too long or not UTF-8 once made absolute."""
+    problems = Problems()
+    for field, value, put, unset in _path_fields(job):
+        why = _path_door(value, base, put, unset)
+        if why:
+            problems.add(field, why)
+    if problems:
+        raise ConfigError(source, problems.items)
     return job
 
 
-def _check_resolved_paths(job: JobConfig) -> None:
-    """A path that became too long once made absolute is refused here, by field, rather than
-    as ENAMETOOLONG from whatever first touches it."""
-    problems = Problems()
-    d = job.data
-    fields = [("data.path", d.path), ("train.init_from", job.train.init_from),
-              ("checkpoint.dir", job.checkpoint.dir)]
-    fields += [(f"data.prepare_from[{i}]", f) for i, f in enumerate(d.prepare_from)]
-    for name in ("blend", "valid_blend", "test_blend"):
-        for i, e in enumerate(getattr(d, name)):
-            fields.append((f"data.{name}[{i}].path", e.path))
-            fields += [(f"data.{name}[{i}].prepare_from[{k}]", f)
-                       for k, f in enumerate(e.prepare_from)]
-    if d.tokenizer != "byte":
-        fields.append(("data.tokenizer", d.tokenizer))
-    for path, value in fields:
-        if value and not_utf8(value):
-            problems.add(path, f"resolved against the job file's folder, the path {safety.short(value)} "
-                               "holds bytes that are not UTF-8 text (a folder name in another "
-                               "encoding?); the run's job.yaml could not hold it: rename the "
-                               "folder to UTF-8 or give an absolute UTF-8 path")
-            continue
-        why = value and safety.path_problem(value)
-        if why:
-            problems.add(path, f"resolved against the job file's folder, the path {why}")
-    if problems:
-        raise ConfigError("job", problems.items)
+def _path_door(value: str, base: Path, put, unset: str) -> str | None:
+    """Resolve one path field's ``value`` against ``base`` and ``put`` it back; or say why it
+    cannot be a path."""
+    if not value.strip():
+        return f"{safety.short(value)} is blank; give a path or {unset}"
+    joined = base / os.path.expanduser(value)
+    try:
+        resolved = str(file_door.resolve(joined))
+    except file_door.Refused as e:
+        named = file_door.show(value) if str(joined) == value else \
+            f"{file_door.show(value)} ({file_door.show(joined)})"
+        return f"{named} {e.why}; remove the loop or give another path"
+    if not_utf8(resolved):
+        return (f"resolved against the job file's folder, the path {safety.short(resolved)} "
+                "holds bytes that are not UTF-8 text (a folder name in another encoding?); "
+                "the run's job.yaml could not hold it: rename the folder to UTF-8 or give an "
+                "absolute UTF-8 path")
+    why = safety.path_problem(resolved)
+    if why:
+        # too long once made absolute: refused here rather than as ENAMETOOLONG later
+        return f"resolved against the job file's folder, the path {why}"
+    put(resolved)
+    return None
 
 
 def not_utf8(text: str) -> bool:

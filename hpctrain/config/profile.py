@@ -246,7 +246,7 @@ def host_memory_bytes(profile: ClusterProfile) -> int | None:
     when none is given), else ``node.host_memory_gb`` (also what ``mem: 0``, all of a node's
     memory, means); None when neither says."""
     import re
-    m = re.fullmatch(r"(\d+)([KMGT]?)", profile.slurm.mem or "")
+    m = re.fullmatch(r"(\d+)([KMGT]?)", profile.slurm.mem or "", re.ASCII)
     if m and int(m.group(1)) > 0:
         return int(m.group(1)) * _MEM_UNITS[m.group(2) or "M"]
     gb = profile.node.host_memory_gb

@@ -27,10 +27,12 @@ import unicodedata
 from .problems import Problems
 
 
-def _whole(pattern: str) -> re.Pattern:
+def _whole(pattern: str, flags: int = 0) -> re.Pattern:
     """A pattern anchored at both ends with \\A and \\Z (``$`` also matches before a final
-    newline), so ``match`` and ``fullmatch`` alike accept only the whole value."""
-    return re.compile(rf"\A(?:{pattern})\Z")
+    newline), so ``match`` and ``fullmatch`` alike accept only the whole value; ASCII only
+    (``re.ASCII``: ``\\d`` would match any Unicode digit, so ``time_limit: "٣٠"`` rendered
+    ``#SBATCH --time="٣٠"``). Every validation pattern is made here."""
+    return re.compile(rf"\A(?:{pattern})\Z", re.ASCII | flags)
 
 
 SLURM_NAME = _whole(r"[A-Za-z0-9_.+-]+")
@@ -57,6 +59,19 @@ HCA = _whole(r"[A-Za-z0-9_]+(:\d+)?")
 IFNAME = _whole(r"[\^=]?[A-Za-z0-9_.,-]+")
 SCRIPT_WORD = _whole(r"[a-z][a-z0-9_-]*")        # kind names the template prints bare
 DEPENDENCY = _whole(r"[a-z]+(:[0-9_+]+)+([,?][a-z]+(:[0-9_+]+)+)*|singleton")
+
+# a number written as text (YAML reads 3e-4, without a dot, as a string): ASCII decimal or
+# scientific notation only, or inf/nan (refused as not finite by whoever reads it). float()
+# alone also takes "٣", "１", "1_0" and " 1e-3 ".
+NUMBER_TEXT = _whole(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                     r"|[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+
+
+def number_from_text(text: str) -> float | None:
+    """The number ``text`` writes (NUMBER_TEXT), or None: the one way text becomes a number
+    for a job or profile field (``--set``/``--sweep`` values included)."""
+    return float(text) if NUMBER_TEXT.fullmatch(text) else None
+
 
 MAX_TEXT = 4096          # characters in any string of a profile or job
 PATH_MAX = 4096          # bytes in a path (Linux PATH_MAX)
@@ -320,7 +335,7 @@ def sbatch_quote(value: str) -> str:
     """``value`` as one argument for sbatch's #SBATCH parser (not a shell: it knows double and
     single quotes and backslash escapes, and an unquoted # ends the line). Plain values stay
     bare, so the script reads as people write it."""
-    if re.fullmatch(r"[A-Za-z0-9_.,:=@%/+*\[\]-]+", value):
+    if re.fullmatch(r"[A-Za-z0-9_.,:=@%/+*\[\]-]+", value, re.ASCII):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -194,10 +194,7 @@ def _convert(tp, value: Any, path: str, problems: Problems, choices=None, bounds
         elif isinstance(value, float):
             number = float(value)   # a plain float, not the loader's TextFloat
         elif isinstance(value, str) and len(value) <= 64:  # YAML reads 3e-4 (no dot) as a string
-            try:
-                number = float(value)
-            except ValueError:
-                pass
+            number = safety.number_from_text(value)    # ASCII notation only, not float()'s
         if number is None:
             problems.add(path, f"expected a number, got {_describe(value)}")
             return None

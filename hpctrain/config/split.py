@@ -3,6 +3,8 @@ checks need (``config.job``) and the data layer cuts documents by (``data.splits
 
 from __future__ import annotations
 
+from .safety import number_from_text
+
 
 def parse_split(text: str) -> tuple[float, float, float]:
     """``"969,30,1"`` -> the normalised shares (a ValueError saying what is wrong)."""
@@ -10,10 +12,9 @@ def parse_split(text: str) -> tuple[float, float, float]:
     if not 1 <= len(parts) <= 3:
         raise ValueError(f"{text!r}: expected up to three numbers train,valid,test such as "
                          f"\"969,30,1\"")
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"{text!r}: expected numbers such as \"969,30,1\"") from None
+    numbers = [number_from_text(p) for p in parts]   # ASCII notation only, not float()'s
+    if None in numbers:
+        raise ValueError(f"{text!r}: expected numbers such as \"969,30,1\"")
     numbers += [0.0] * (3 - len(numbers))
     if any(not (n >= 0) or n == float("inf") for n in numbers):
         raise ValueError(f"{text!r}: the shares must be finite and not negative")

@@ -17,8 +17,8 @@ from .schema import doc
 
 # W&B refuses these in project, entity and group names (its own check, run at init, would
 # otherwise fail on the compute node after the job waited in the queue).
-_WANDB_FORBIDDEN = re.compile(r"[/\\#?%:]")
-_URI = re.compile(r"(https?|file|sqlite|postgresql|mysql|databricks)(\+\w+)?:.+")
+_WANDB_FORBIDDEN = re.compile(r"[/\\#?%:]", re.ASCII)
+_URI = re.compile(r"(https?|file|sqlite|postgresql|mysql|databricks)(\+\w+)?:.+", re.ASCII)
 
 
 @dataclass(kw_only=True)

@@ -42,7 +42,7 @@ from ..config import safety, yamlio
 from ..errors import HpcTrainError, RunNotFoundError, UsageError
 from ..exit_codes import ExitReason
 from .attempt_records import AttemptRecord
-from .. import limits
+from .. import file_door, limits
 from ..file_door import kind_of, show
 from . import reader
 from .files import (METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl,
@@ -100,12 +100,9 @@ def usable_root(text: str | Path, what: str) -> Path:
         raise UsageError(f"{what} {show(raw)}: {raw.split('/')[0]} is no user's home folder "
                          f"here; {fix}") from None
     try:
-        path = expanded.resolve()
-    except RuntimeError:   # Path.resolve on a symlink loop (Python 3.11)
-        raise UsageError(f"{what} {show(raw)}: too many levels of symbolic links (a symlink "
-                         f"loop?); {fix}") from None
-    except OSError as e:
-        raise UsageError(f"{what} {show(raw)}: {e.strerror}; {fix}") from None
+        path = file_door.resolve(expanded)
+    except file_door.Refused as e:   # a symlink loop
+        raise UsageError(f"{what} {show(raw)} {e.why}; {fix}") from None
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:   # bytes that are not UTF-8 reach Python as lone surrogates

@@ -67,10 +67,12 @@ def load_job_input(job: JobInput, overrides: Mapping | None = None) -> tuple[Job
     if isinstance(job, JobConfig):    # checked again as a file would be: it may have been edited
         from ..config.schema import to_dict
         folder = Path.cwd()
-        loaded = resolve_job_paths(job_from_mapping(to_dict(job), job_source(job)), folder)
+        loaded = resolve_job_paths(job_from_mapping(to_dict(job), job_source(job)), folder,
+                                   job_source(job))
     elif isinstance(job, Mapping):
         folder = Path.cwd()
-        loaded = resolve_job_paths(job_from_mapping(dict(job), job_source(job)), folder)
+        loaded = resolve_job_paths(job_from_mapping(dict(job), job_source(job)), folder,
+                                   job_source(job))
     elif isinstance(job, (str, Path)):
         loaded, folder = load_job(str(job)), Path(job).resolve().parent
     else:

@@ -183,8 +183,8 @@ def with_overrides(job: JobConfig, overrides: Mapping, folder: Path, source: str
     data = to_dict(job)
     for key, value in overrides.items():
         set_path(data, key, value, option="--set")
-    return resolve_job_paths(job_from_mapping(data, f"{source} [--set {label(overrides)}]"),
-                             folder)
+    where = f"{source} [--set {label(overrides)}]"
+    return resolve_job_paths(job_from_mapping(data, where), folder, where)
 
 
 def parse_axes(specs: list[str]) -> list[SweepAxis]:
@@ -241,7 +241,7 @@ def expand(job: str | JobConfig, profile: ClusterProfile, specs: list[str], *,
             set_path(data, k, v)
         where = f"{job_file} [sweep {label(values)}]"
         try:
-            point_job = resolve_job_paths(job_from_mapping(data, where), job_folder)
+            point_job = resolve_job_paths(job_from_mapping(data, where), job_folder, where)
             typed = {k: get_path(to_dict(point_job), k) for k in values}  # "1e-4" -> 0.0001
             points.append(SweepPoint(i, typed, resolve(point_job, profile, source=where)))
         except ConfigError as e:

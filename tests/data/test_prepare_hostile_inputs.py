@@ -75,7 +75,7 @@ def test_a_tokenizer_that_loads_but_cannot_encode_is_one_line(tmp_path):
     for workers in ("1", "2"):
         proc = hpctrain("data", "prepare", str(corpus), "-o", str(tmp_path / "out"), "-t",
                         str(folder), "-j", workers)
-        one_error_line(proc, "data.tokenizer:", "cannot encode the text", "Missing [UNK]")
+        one_error_line(proc, "--tokenizer:", "cannot encode the text", "Missing [UNK]")
     assert not list(tmp_path.glob("out*"))
 
 
@@ -110,3 +110,41 @@ def test_an_output_that_cannot_be_created_is_named_not_its_temporary_file(tmp_pa
     proc = hpctrain("data", "prepare", str(corpus), "-o", "/proc/hpctrain-x")
     one_error_line(proc, "/proc/hpctrain-x.bin")
     assert ".tmp" not in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["FILE", "--output", "--tokenizer"])
+@pytest.mark.parametrize("value, said", [("", "'' is blank; give a path"),
+                                         (" ", "' ' is blank; give a path"),
+                                         ("{loop}/x", "is behind a symlink loop")])
+def test_a_blank_path_or_one_behind_a_symlink_loop_is_refused_naming_the_option(
+        tmp_path, where, value, said):
+    """click read "" as ``.`` (``--output .`` is a folder, ``-t .`` has no tokenizer.json), and
+    a path behind a loop "does not exist"; the command's path door (``cli.common.CheckedPath``)
+    says what it is, naming the option."""
+    (tmp_path / "l1").symlink_to("l2")
+    (tmp_path / "l2").symlink_to("l1")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n")
+    value = value.format(loop=tmp_path / "l1")
+    args = {"FILE": str(corpus), "--output": str(tmp_path / "out"), "--tokenizer": "byte"}
+    args[where] = value
+    proc = hpctrain("data", "prepare", args["FILE"], "--output", args["--output"],
+                    "--tokenizer", args["--tokenizer"])
+    one_error_line(proc, "FILES" if where == "FILE" else where, said)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "l1", "l2"]
+
+
+@pytest.mark.parametrize("tokenizer", ["/dev/zero", "fifo"])
+def test_a_tokenizer_error_names_the_option_typed(tmp_path, tokenizer):
+    """The tokenizer's errors named the job field ``data.tokenizer``, which this command has
+    not: the user typed ``--tokenizer``."""
+    import os
+    if tokenizer == "fifo":
+        tokenizer = str(tmp_path / "fifo")
+        os.mkfifo(tokenizer)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n")
+    proc = hpctrain("data", "prepare", str(corpus), "-o", str(tmp_path / "out"), "-t", tokenizer,
+                    timeout=60)
+    one_error_line(proc, f"--tokenizer: {tokenizer} is ", "not a regular file")
+    assert "data.tokenizer" not in proc.stderr

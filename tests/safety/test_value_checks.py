@@ -306,3 +306,85 @@ def test_render_refuses_a_container_image_read_as_an_option_in_one_line(tmp_path
     assert proc.stderr == (f"Error: {profile}: container.image: '--help' starts with '-', which a "
                            "command would read as an option; a container image may not start "
                            "with '-'\n")
+
+
+# ---- digits are ASCII digits ------------------------------------------------------------------
+
+# a digit of another script (Arabic-Indic ٣, fullwidth １, Devanagari ३, ...): `\d` and float()
+# both took them, so `time_limit: "٣٠"` rendered `#SBATCH --time="٣٠"` and `--set train.lr=٣`
+# ran at 3.0
+_OTHER_DIGITS = st.characters(whitelist_categories=["Nd"]).filter(lambda c: not c.isascii())
+# fields whose #SBATCH (or NCCL) pattern takes digits, with a valid value to put one in
+PATTERN_FIELDS = {"slurm.time_limit": "30", "slurm.mem": "4G",
+                  "interconnect.hcas": "mlx5_0:1"}
+# number fields of a job, with where in a valid value a digit may go
+NUMBER_FIELDS = {"train.lr": "3e-4", "train.clip_grad": "1.0", "train.weight_decay": "0.01"}
+
+
+def _job_problems(field: str, value) -> list[str]:
+    import copy
+
+    import yaml
+
+    from hpctrain.config import job_from_mapping
+    from hpctrain.errors import ConfigError
+    from tests.conftest import REPO
+    data = copy.deepcopy(yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text()))
+    section, name = field.split(".")
+    data[section][name] = value
+    try:
+        job_from_mapping(data, "job.yaml")
+    except ConfigError as e:
+        return [f"{p}: {m}" for p, m in e.problems]
+    return []
+
+
+@pytest.mark.parametrize("field, value", [("slurm.time_limit", "٣٠"), ("slurm.mem", "٤G"),
+                                          ("slurm.mem", "４G"), ("interconnect.hcas", "mlx5_0:١")])
+def test_a_digit_of_another_script_is_not_a_digit_in_a_pattern(field, value):
+    where = f"{field}[0]" if field in LISTS else field
+    found = [p for p in _pyxis_with(field, value) if p.startswith(f"{where}: ")]
+    assert len(found) == 1 and " is not a " in found[0], found
+
+
+@pytest.mark.parametrize("text", ["٣", "１", "1_0", " 1e-3 ", "1e-3\u3000", "３e-4", "0x10"])
+def test_a_number_from_text_is_ascii_notation_only(text):
+    assert safety.number_from_text(text) is None
+    [found] = _job_problems("train.lr", text)
+    assert found.startswith("train.lr: expected a number, got "), found
+
+
+@pytest.mark.parametrize("text, number", [("1e-4", 1e-4), ("3e-4", 3e-4), (".5", 0.5),
+                                          ("-1", -1.0), ("+2.5E3", 2500.0), ("1.", 1.0)])
+def test_ascii_notation_still_reads_as_the_number(text, number):
+    assert safety.number_from_text(text) == number
+
+
+def test_inf_and_nan_are_still_read_and_refused_as_not_finite():
+    for text in ("inf", "-Infinity", "nan"):
+        [found] = _job_problems("train.lr", text)
+        assert "expected a finite number" in found, found
+
+
+@given(st.sampled_from(sorted(PATTERN_FIELDS) + sorted(NUMBER_FIELDS)), st.data())
+def test_any_value_holding_a_digit_of_another_script_is_refused_in_one_line(field, data):
+    """Property: a non-ASCII digit anywhere in a valid value of a number field or a field an
+    #SBATCH (or NCCL) pattern checks makes it one problem on that field, one line."""
+    valid = {**PATTERN_FIELDS, **NUMBER_FIELDS}[field]
+    at = data.draw(st.integers(0, len(valid)))
+    digit = data.draw(_OTHER_DIGITS)
+    replace = data.draw(st.booleans())
+    value = valid[:at] + digit + valid[at + (1 if replace else 0):]
+    if field in NUMBER_FIELDS:
+        found = [p for p in _job_problems(field, value) if p.startswith(f"{field}: ")]
+    else:
+        where = f"{field}[0]" if field in LISTS else field
+        found = [p for p in _pyxis_with(field, value) if p.startswith(f"{where}: ")]
+    assert len(found) == 1 and "\n" not in found[0], (field, value, found)
+
+
+def test_a_split_is_read_in_ascii_notation():
+    from hpctrain.config.split import parse_split
+    with pytest.raises(ValueError, match="expected numbers"):
+        parse_split("٩٦٩,30,1")
+    assert parse_split("969,30,1")[0] == pytest.approx(0.969)
