@@ -208,24 +208,35 @@ def load_job(path: str | os.PathLike) -> JobConfig:
 def resolve_job_paths(job: JobConfig, base: Path) -> JobConfig:
     """Make the job's paths absolute, relative ones against ``base`` (the job file's folder;
     absolute ones stay as they are): the same for a job file and for a sweep's values."""
-    def resolved(f: str) -> str:
-        return str((base / os.path.expanduser(f)).resolve())
+    def resolved(f: str, field: str) -> str:
+        try:
+            return str((base / os.path.expanduser(f)).resolve())
+        except RuntimeError:        # Path.resolve on a symlink loop (Python 3.11)
+            raise ConfigError("job", [(field, f"{safety.short(f)}: too many levels of symbolic "
+                                              "links (a symlink loop?); give a path that leads "
+                                              "somewhere")]) from None
+        except OSError as e:
+            raise ConfigError("job", [(field, f"{safety.short(f)}: {e.strerror}; give a path "
+                                              "this machine can resolve")]) from None
 
-    if job.data.path:
-        job.data.path = resolved(job.data.path)
-    job.data.prepare_from = [resolved(f) for f in job.data.prepare_from]
-    for entry in [*job.data.blend, *job.data.valid_blend, *job.data.test_blend]:
-        entry.path = resolved(entry.path)
-        entry.prepare_from = [resolved(f) for f in entry.prepare_from]
-    if job.data.tokenizer != "byte":
-        job.data.tokenizer = str((base / os.path.expanduser(job.data.tokenizer)).resolve())
+    d = job.data
+    if d.path:
+        d.path = resolved(d.path, "data.path")
+    d.prepare_from = [resolved(f, f"data.prepare_from[{i}]") for i, f in enumerate(d.prepare_from)]
+    for name in ("blend", "valid_blend", "test_blend"):
+        for i, entry in enumerate(getattr(d, name)):
+            entry.path = resolved(entry.path, f"data.{name}[{i}].path")
+            entry.prepare_from = [resolved(f, f"data.{name}[{i}].prepare_from[{k}]")
+                                  for k, f in enumerate(entry.prepare_from)]
+    if d.tokenizer != "byte":
+        d.tokenizer = resolved(d.tokenizer, "data.tokenizer")
     if job.train.init_from:
-        job.train.init_from = str((base / os.path.expanduser(job.train.init_from)).resolve())
+        job.train.init_from = resolved(job.train.init_from, "train.init_from")
     if job.checkpoint.dir:
-        job.checkpoint.dir = str((base / os.path.expanduser(job.checkpoint.dir)).resolve())
+        job.checkpoint.dir = resolved(job.checkpoint.dir, "checkpoint.dir")
     wandb = job.tracking.wandb if job.tracking is not None else None
     if wandb is not None and wandb.dir:
-        wandb.dir = resolved(wandb.dir)
+        wandb.dir = resolved(wandb.dir, "tracking.wandb.dir")
     _check_resolved_paths(job)
     return job
 
