@@ -238,7 +238,8 @@ def ensure_prepared(job) -> bool:
 
     Returns True when it prepared data, False when all of it was already there. Raises a
     UsageError naming the field when a corpus is missing and cannot be prepared (no
-    ``prepare_from``, or a file of it missing: ``data.prepare_from[0]: input file ...``), when one that
+    ``prepare_from``, or a file of it missing: ``data.prepare_from[0]: input file ...``),
+    when one that
     is there was prepared with another tokenizer or from other files (:mod:`.prepared`), or
     when the tokenizer's vocabulary does not fit ``model.vocab_size``.
     """

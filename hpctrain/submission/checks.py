@@ -113,11 +113,11 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
     A missing corpus's ``prepare_from`` files must be there too (each error names its field,
     ``data.prepare_from[0]`` or ``data.blend[1].prepare_from[0]``): submit prepares the corpus
     from them on this machine. ``prepare=False`` writes nothing (validate, dry runs); the
-    splits are then checked only when every corpus is there. With ``warn``, what this machine cannot see (data, or a tokenizer
-    folder, that lives on the cluster's file system) is a warning instead of a refusal; a
-    vocabulary too small for the tokenizer, or data prepared otherwise, is always refused. A
-    ``dry_run`` with ``warn`` only warns about corpora whose splits it cannot read
-    (placeholders of the cluster's data).
+    splits are then checked only when every corpus is there. With ``warn``, what this
+    machine cannot see (data, or a tokenizer folder, that lives on the cluster's file system)
+    is a warning instead of a refusal; a vocabulary too small for the tokenizer, or data
+    prepared otherwise, is always refused. A ``dry_run`` with ``warn`` only warns about
+    corpora whose splits it cannot read (placeholders of the cluster's data).
     """
     from ..data.blend import check_splits
     from ..data.splits import all_prefixes

@@ -71,7 +71,8 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
     A ``checkpoint.dir`` that holds another run's checkpoints, or lies inside another run's
     folder or holds run folders, or whose ``latest`` no save could rewrite (a FIFO, a link), is
     refused before anything is created; so is a profile's ``storage.checkpoint_root`` (when no
-    ``checkpoint.dir`` is set) in such a place. ``own_checkpoint_folder`` (sweeps): the run keeps its
+    ``checkpoint.dir`` is set) in such a place. ``own_checkpoint_folder`` (sweeps): the run
+    keeps its
     checkpoints in ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder;
     that folder is new and empty, and no save writes the parent's ``latest``, so neither its
     owner nor its entries are the run's to check.
