@@ -37,8 +37,12 @@ def validate(job_file, profile_name, nodes, overrides, as_json):
       hpctrain validate examples/tiny.yaml --set train.steps=500
     """
     from ..submission import check_offline
+    from ..submission.folders import check_checkpoint_dir
     r = load_resolved(job_file, profile_name, nodes, overrides)
     check_offline(r, prepare=False, warn=warning_line)
+    # where the checkpoints go (checkpoint.dir, or the profile's storage.checkpoint_root),
+    # checked as submit checks it against the runs root it would use without --runs-dir
+    check_checkpoint_dir(r.job, _default_runs_root(r.profile), False, r.profile)
     if as_json:
         lay = r.layout
         echo_json({"valid": True, "profile": r.profile.name, "world_size": r.profile.world_size,
@@ -52,6 +56,16 @@ def validate(job_file, profile_name, nodes, overrides, as_json):
     click.echo(f"{job_file}: ok on {r.profile.name} ({r.profile.slurm.nodes} node(s) × "
                f"{r.profile.slurm.gpus_per_node}): {r.layout.describe()}, "
                f"{r.layout.num_microbatches} microbatches per step")
+
+
+def _default_runs_root(profile):
+    """The runs root ``submit`` uses without ``--runs-dir``; None when it is unusable (submit
+    says why; ``validate`` checks the job and profile)."""
+    from ..submission import runs_root_for
+    try:
+        return runs_root_for(None, profile)
+    except UsageError:
+        return None
 
 
 @click.command()

@@ -20,7 +20,7 @@ from ..errors import HpcTrainError, UsageError
 from ..file_door import show
 from . import indexed, sources
 from .files import meta_path, read_meta  # noqa: F401  (the sidecar, read through the door)
-from .sources import check_inputs, read_pieces, total_input_bytes
+from .sources import check_inputs, read_pieces, source_problems, total_input_bytes
 from .tokenizers import load_tokenizer
 from .prepared import check_prepared, recorded_source, recorded_tokenizer
 from .vocabulary import check_vocab
@@ -237,7 +237,9 @@ def ensure_prepared(job) -> bool:
     ``prepare_from`` if it does not exist yet.
 
     Returns True when it prepared data, False when all of it was already there. Raises a
-    UsageError naming the field when a corpus is missing and cannot be prepared, when one that
+    UsageError naming the field when a corpus is missing and cannot be prepared (no
+    ``prepare_from``, or a file of it missing: ``data.prepare_from[0]: input file ...``),
+    when one that
     is there was prepared with another tokenizer or from other files (:mod:`.prepared`), or
     when the tokenizer's vocabulary does not fit ``model.vocab_size``.
     """
@@ -253,6 +255,9 @@ def ensure_prepared(job) -> bool:
                 field.replace(".path", ".prepare_from")
             raise UsageError(f"{field}: {prefix}.bin/.idx do not exist; prepare them with "
                              f"`hpctrain data prepare FILES --output {prefix}` or set {hint}")
+        problems = source_problems(field, prefix, sources)
+        if problems:
+            raise UsageError(problems[0])
         tok = load_tokenizer(data.tokenizer)
         check_vocab(job, tok.vocab_size)
         prepare(sources, prefix, data.tokenizer, data.json_key)

@@ -48,18 +48,45 @@ def kind_of(path: Path) -> str:
     raise UsageError(f"{path}: unknown input type; give .txt, .txt.gz, .jsonl or .jsonl.gz files")
 
 
+def input_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an input file (it does not exist, is not a file, is of no type
+    this reads), or None. Reads nothing but its metadata."""
+    if not path.is_file():
+        return f"input file {path} does not exist" if not path.exists() \
+            else f"input {path} is not a file"
+    try:
+        kind_of(path)
+    except UsageError as e:
+        return str(e)
+    return None
+
+
 def check_inputs(files: list[str | os.PathLike]) -> list[Path]:
     if not files:
         raise UsageError("no input files; give .txt/.jsonl files (optionally .gz) to prepare")
     paths = []
     for f in files:
         p = Path(f).expanduser()
-        if not p.is_file():
-            raise UsageError(f"input file {p} does not exist" if not p.exists()
-                             else f"input {p} is not a file")
-        kind_of(p)
+        why = input_problem(p)
+        if why:
+            raise UsageError(why)
         paths.append(p)
     return paths
+
+
+def source_problems(field: str, prefix: str, sources: list) -> list[str]:
+    """One line per file of a corpus's ``prepare_from`` (``field`` is the corpus's ``...path``
+    field, as ``splits.all_prefixes`` names it) that cannot be prepared from: each names its
+    field (``data.prepare_from[0]``, ``data.blend[1].prepare_from[0]``) and the fix."""
+    base = field[:-len(".path")] if field.endswith(".path") else field
+    out = []
+    for k, f in enumerate(sources):
+        why = input_problem(Path(f).expanduser())
+        if why:
+            out.append(f"{base}.prepare_from[{k}]: {why}; fix the path (a relative one is "
+                       f"relative to the job file's folder), or prepare {prefix} with "
+                       f"`hpctrain data prepare FILES --output {prefix}`")
+    return out
 
 
 class _Counting:

@@ -22,10 +22,37 @@ def ranks_logged(run: RunFolder, attempt: int) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
+def check_submitted(run: RunFolder) -> None:
+    """A UsageError when ``run`` is a dry run (``submit --dry-run``: a run folder and a script,
+    no job ever submitted): it will never have a log, so neither reading nor following one can
+    say anything but that, with how to submit the job."""
+    meta = run.meta()
+    if not meta.get("dry_run") or meta.get("jobs"):
+        return
+    import os
+    import shlex
+    from ..file_door import show
+    source, profile = meta.get("job_source") or "", meta.get("profile") or ""
+    if source and os.path.isfile(source) and show(source) == source and show(profile) == profile:
+        how = f"`hpctrain submit {shlex.quote(source)} --profile {shlex.quote(profile)}`"
+        if meta.get("overrides"):
+            how += " with the same --set values"
+        if meta.get("sweep"):
+            how += " and --sweep values"
+    else:
+        how = "`hpctrain submit` as before, without --dry-run"
+    script = f" (its script is {show(run.script_file)})" if run.script_file.is_file() else ""
+    raise UsageError(f"run {run.shown} is a dry run: nothing was submitted, so there are no logs"
+                     f"{script}; submit it with {how}")
+
+
 def choose_log(run: RunFolder, *, rank: int, attempt: int | None, batch: bool,
                must_exist: bool = True) -> Path | None:
-    """The log file asked for; None when following a run whose first attempt has not begun."""
+    """The log file asked for; None when following a run whose first attempt has not begun.
+    A dry run (never submitted) is refused whether followed or not: no log will ever come."""
     started = run.attempts_started()
+    if not started:
+        check_submitted(run)
     if attempt is None:
         if not started:
             if not must_exist:

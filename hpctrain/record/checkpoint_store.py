@@ -397,8 +397,12 @@ def location_problem(root: Path, run_dir: str | os.PathLike | None,
             return f"{root} holds run folders ({holder} is inside it)"
     # A file (a link to one, a FIFO, a device) where the folder is to be, or as a part of its
     # path: the claim's mkdir cannot make it, and the ranks would find out at their first save,
-    # after the queue and the steps before it.
+    # after the queue and the steps before it. A link that realpath left as it is (a symlink
+    # loop) is there but leads nowhere: no mkdir makes it a folder either.
     for above in (real, *real.parents):
+        if os.path.islink(above) and not os.path.exists(above):
+            where = "is" if above == real else f"is inside {above}, which is"
+            return f"{root} {where} a symlink loop, not a folder"
         if os.path.exists(above):            # the nearest part of the path that is there
             if not above.is_dir():
                 mode = os.stat(above).st_mode
@@ -417,13 +421,15 @@ def location_problem(root: Path, run_dir: str | os.PathLike | None,
 
 
 def check_location(root: Path, run_dir: str | os.PathLike | None,
-                   runs_root: Path | None = None) -> None:
+                   runs_root: Path | None = None, field: str = "checkpoint.dir") -> None:
     """Raise ForeignCheckpointsError when ``root`` is where no run's checkpoints may go
-    (:func:`location_problem`)."""
+    (:func:`location_problem`), naming ``field``: the job's ``checkpoint.dir``, or the
+    profile's ``storage.checkpoint_root`` (under which each run keeps ``<root>/<run id>``)."""
     why = location_problem(root, run_dir, runs_root)
     if why:
+        unset = "leave it unset" if field == "checkpoint.dir" else "set it to null"
         raise ForeignCheckpointsError(
-            f"checkpoint.dir: {why}; point it at a folder of its own (or leave it unset: each "
+            f"{field}: {why}; point it at a folder of its own (or {unset}: each "
             f"run keeps its checkpoints in its own folder)")
 
 

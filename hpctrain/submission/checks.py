@@ -112,12 +112,14 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
     vocabulary the model holds, and split so that the training, validation or test data the
     job uses is not empty (each error names its field).
 
-    ``prepare=False`` writes nothing (validate, dry runs); the splits are then checked only when
-    every corpus is there. With ``warn``, what this machine cannot see (data, or a tokenizer
-    folder, that lives on the cluster's file system) is a warning instead of a refusal; a
-    vocabulary too small for the tokenizer, or data prepared otherwise, is always refused. A
-    ``dry_run`` with ``warn`` only warns about corpora whose splits it cannot read
-    (placeholders of the cluster's data).
+    A missing corpus's ``prepare_from`` files must be there too (each error names its field,
+    ``data.prepare_from[0]`` or ``data.blend[1].prepare_from[0]``): submit prepares the corpus
+    from them on this machine. ``prepare=False`` writes nothing (validate, dry runs); the
+    splits are then checked only when every corpus is there. With ``warn``, what this
+    machine cannot see (data, or a tokenizer folder, that lives on the cluster's file system)
+    is a warning instead of a refusal; a vocabulary too small for the tokenizer, or data
+    prepared otherwise, is always refused. A ``dry_run`` with ``warn`` only warns about
+    corpora whose splits it cannot read (placeholders of the cluster's data).
     """
     from ..data.blend import check_splits
     from ..data.splits import all_prefixes
@@ -140,6 +142,13 @@ def check_data(job, *, prepare: bool = True, warn: Callable[[str], None] | None 
             if warn is None:
                 raise UsageError(message)
             warn(f"{message} (not on this machine; the job cannot start where it is missing)")
+            continue
+        from ..data.sources import source_problems
+        for message in source_problems(field, prefix, sources):   # what prepare would read
+            if warn is None:
+                raise UsageError(message)
+            warn(f"{message} (not on this machine; submit prepares the corpus here, so it "
+                 f"refuses the job while it is missing)")
     if missing_any:
         try:
             from ..data.tokenizers import load_tokenizer

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import __version__
 from ..config import ClusterProfile, Resolved, yamlio
 from ..config.schema import to_dict
-from ..errors import HpcTrainError
+from ..errors import HpcTrainError, UsageError
 from ..record.files import RUN_FILE, now_iso, remove_run_folder
 from ..record.folder import (RunFolder, checkpoint_location, create_run, default_runs_root,
                              folder_mode, usable_root)
@@ -30,11 +30,21 @@ def runs_root_for(runs_dir: str | Path | None, profile: ClusterProfile) -> Path:
     return default_runs_root(profile.storage.runs_root)
 
 
-def check_checkpoint_dir(job, runs_root: Path, own_checkpoint_folder: bool) -> None:
-    """The checks of ``job``'s ``checkpoint.dir`` that :func:`prepare_run` makes before it
-    creates anything (a sweep makes them for every point before its folder exists)."""
+def check_checkpoint_dir(job, runs_root: Path | None, own_checkpoint_folder: bool,
+                         profile: ClusterProfile | None = None) -> None:
+    """The checks of the run's checkpoint folder that :func:`prepare_run` makes before it
+    creates anything (a sweep makes them for every point before its folder exists; ``validate``
+    makes them too): ``job``'s ``checkpoint.dir``, else ``profile``'s
+    ``storage.checkpoint_root``, whichever decides it (:func:`checkpoint_location`). Under a
+    ``checkpoint_root`` each run keeps ``<root>/<run id>``, a folder new and its own as a
+    sweep's point's is, so only the root's place is checked: not inside another run's folder,
+    not a folder of run folders, not a file or a symlink loop."""
     from ..record import checkpoint_store as store
     if not job.checkpoint.dir:
+        root = profile.storage.checkpoint_root if profile is not None else None
+        if root:
+            store.check_location(checkpoint_root_path(root), None, runs_root,
+                                 field="storage.checkpoint_root")
         return
     if not own_checkpoint_folder:
         store.check_owner(Path(job.checkpoint.dir), "")
@@ -43,19 +53,32 @@ def check_checkpoint_dir(job, runs_root: Path, own_checkpoint_folder: bool) -> N
         store.check_entries(Path(job.checkpoint.dir))
 
 
+def checkpoint_root_path(root: str) -> Path:
+    """The profile's ``storage.checkpoint_root`` as :func:`checkpoint_location` reads it
+    (``~`` expanded); a ``~user`` of no such user is a UsageError naming the field."""
+    try:
+        return Path(root).expanduser()
+    except RuntimeError:
+        raise UsageError(f"storage.checkpoint_root: {root.split('/')[0]} is no user's home "
+                         f"folder here; name a folder (or set it to null: each run keeps its "
+                         f"checkpoints in its own folder)") from None
+
+
 def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
                 own_checkpoint_folder: bool = False) -> RunFolder:
     """A new run folder holding the resolved job and profile (what every attempt reads).
 
     A ``checkpoint.dir`` that holds another run's checkpoints, or lies inside another run's
     folder or holds run folders, or whose ``latest`` no save could rewrite (a FIFO, a link), is
-    refused before anything is created. ``own_checkpoint_folder`` (sweeps): the run keeps its
+    refused before anything is created; so is a profile's ``storage.checkpoint_root`` (when no
+    ``checkpoint.dir`` is set) in such a place. ``own_checkpoint_folder`` (sweeps): the run
+    keeps its
     checkpoints in ``<checkpoint.dir>/<run id>``, so runs of one job file never share a folder;
     that folder is new and empty, and no save writes the parent's ``latest``, so neither its
     owner nor its entries are the run's to check.
     """
     job, profile = resolved.job, resolved.profile
-    check_checkpoint_dir(job, runs_root, own_checkpoint_folder)
+    check_checkpoint_dir(job, runs_root, own_checkpoint_folder, profile)
     run = create_run(runs_root, job.name, folder_mode(profile.storage.group_readable))
     if job.checkpoint.dir and own_checkpoint_folder:
         job.checkpoint.dir = str(Path(job.checkpoint.dir) / run.id)
@@ -150,7 +173,8 @@ def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
     """The sweep folder and one prepared run folder per combination (nothing submitted)."""
     profile = points[0].resolved.profile
     for p in points:            # every point's refusal before the sweep's folder exists
-        check_checkpoint_dir(p.resolved.job, runs_root, own_checkpoint_folder=True)
+        check_checkpoint_dir(p.resolved.job, runs_root, own_checkpoint_folder=True,
+                             profile=p.resolved.profile)
     sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name,
                               folder_mode(profile.storage.group_readable))
     runs = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -238,6 +239,43 @@ def test_ensure_prepared_names_the_field_to_fix(tmp_path):
                                          r"vocabulary \(257\)"):
         ensure_prepared(job)
     assert not indexed.exists(tmp_path / "none")
+
+
+def test_a_missing_prepare_from_file_is_named_by_its_field(tmp_path):
+    """A job copied away from its corpus (``prepare_from: [corpus/kjv.txt.gz]``, relative to the
+    job file): validate and dry runs called it ok without a word, and submit failed in the
+    preparation with ``input file ... does not exist``, naming no field. validate and dry runs
+    warn, naming the field; submit's check and the preparation refuse, naming it, before
+    anything is written."""
+    from hpctrain.config import load_job
+    from hpctrain.submission import check_data
+    job_file = tmp_path / "base.yaml"
+    shutil.copy(REPO / "examples" / "tiny.yaml", job_file)
+    field = "data.blend[0].prepare_from[0]"
+    missing = f"input file {tmp_path / 'corpus' / 'kjv.txt.gz'} does not exist"
+    runs = tmp_path / "runs"
+    for args in (("validate",), ("submit", "--dry-run", "--runs-dir", str(runs))):
+        proc = hpctrain(args[0], str(job_file), *args[1:])
+        assert proc.returncode == 0, proc.stderr
+        assert f"warning: {field}: {missing}; fix the path" in proc.stderr
+        assert "warning: data.blend[1].prepare_from[0]: input file" in proc.stderr
+    (dry_run,) = runs.iterdir()
+    job = load_job(job_file)
+    with pytest.raises(UsageError, match=rf"^{re.escape(f'{field}: {missing}')}"):
+        check_data(job)
+    with pytest.raises(UsageError, match=rf"^{re.escape(f'{field}: {missing}')}"):
+        ensure_prepared(job)
+    job.data.blend[0].prepare_from = [str(CORPUS)]
+    with pytest.raises(UsageError, match=r"^data.blend\[1\].prepare_from\[0\]: input file"):
+        check_data(job)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "runs"]
+    assert list(runs.iterdir()) == [dry_run]
+    (tmp_path / "folder.txt").mkdir()
+    single = load_job(job_file)
+    single.data.blend = []
+    single.data.path, single.data.prepare_from = str(tmp_path / "c"), [str(tmp_path / "folder.txt")]
+    with pytest.raises(UsageError, match=r"^data.prepare_from\[0\]: input .*folder.txt is not a"):
+        check_data(single)
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 2, 4])

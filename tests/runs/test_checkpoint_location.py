@@ -106,3 +106,80 @@ def test_a_checkpoint_dir_that_is_not_a_folder_is_refused_before_anything_is_cre
         assert thing.read_text() == "keep"
     with pytest.raises(store.ForeignCheckpointsError, match="not a folder"):
         store.claim(target, "tiny-gpt-new", tmp_path / "runs" / "tiny-gpt-new")
+
+
+def _profile_with_root(tmp_path, root) -> str:
+    """dev-slurm with ``storage.checkpoint_root: root``, written outside the runs."""
+    text = (REPO / "cluster_profiles" / "dev-slurm.yaml").read_text()
+    assert "checkpoint_root: null" in text
+    path = tmp_path / "profiles" / "p.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text.replace("checkpoint_root: null", f"checkpoint_root: {root}"))
+    return str(path)
+
+
+@pytest.mark.parametrize("where, said", [
+    (lambda o, t: o.path, "is another run's folder"),
+    (lambda o, t: o.path / "checkpoints", "is inside"),
+    (lambda o, t: t / "runs", "run folder"),   # validate: "holds run folders"
+    (lambda o, t: t / "afile" / "x", "which is a file, not a folder"),
+    (lambda o, t: t / "loop", "is a symlink loop, not a folder"),
+    (lambda o, t: t / "loop" / "x", "which is a symlink loop, not a folder"),
+])
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_profiles_checkpoint_root_goes_through_the_same_check(other, tmp_path, where, said,
+                                                                 sweep):
+    """``storage.checkpoint_root`` decides the checkpoint folder (``<root>/<run id>``) when
+    the job sets no ``checkpoint.dir``: it was never checked, and a root inside another run's
+    folder, under a file or through a symlink loop was taken by validate and submit alike
+    (run.yaml recorded ``<other run>/<new id>``). Refused by both, naming the field, before
+    anything is created, for a single run and for every sweep point."""
+    (tmp_path / "afile").write_text("keep")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    root = where(other, tmp_path)
+    profile = _profile_with_root(tmp_path, root)
+    before = _tree(tmp_path)
+    args = ["submit", JOB, "--dry-run", "--runs-dir", str(tmp_path / "runs"), "-p", profile]
+    if sweep:
+        args += ["--sweep", "train.lr=1e-3,2e-3"]
+    for result in (CliRunner().invoke(cli, args),
+                   CliRunner().invoke(cli, ["validate", JOB, "-p", profile])):
+        assert result.exit_code == 2, result.output
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith(f"Error: storage.checkpoint_root: {root} ") and said in line
+        assert line.endswith("point it at a folder of its own (or set it to null: each run "
+                             "keeps its checkpoints in its own folder)")
+    assert _tree(tmp_path) == before
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_a_checkpoint_root_of_its_own_holds_each_runs_folder(tmp_path):
+    profile = _profile_with_root(tmp_path, tmp_path / "ckroot")
+    assert CliRunner().invoke(cli, ["validate", JOB, "-p", profile]).exit_code == 0
+    result = CliRunner().invoke(cli, ["submit", JOB, "--dry-run", "-p", profile,
+                                      "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    (run,) = iter_runs(tmp_path / "runs")
+    assert run.meta()["checkpoint_dir"] == str(tmp_path / "ckroot" / run.id)
+
+
+@pytest.mark.parametrize("at", ["", "x"])
+def test_a_checkpoint_dir_through_a_symlink_loop_is_one_line(tmp_path, at):
+    """Resolving it raised RuntimeError: an internal error, exit 1."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    target = tmp_path / "loop" / at if at else tmp_path / "loop"
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={target}")
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert "checkpoint.dir: " in line and "symlink loop" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_validate_checks_the_checkpoint_dir_as_submit_does(other, tmp_path, monkeypatch):
+    """validate called such a job ok, and submit refused it."""
+    monkeypatch.setenv("HPCTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    result = CliRunner().invoke(cli, ["validate", JOB, "--set", f"checkpoint.dir={other.path}"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: checkpoint.dir: {other.path} is another run's")

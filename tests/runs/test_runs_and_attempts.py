@@ -361,3 +361,32 @@ def test_a_hung_attempts_record_names_the_checkpoint_it_published(run):
     rec, _ = finish_attempt(run, m, exit_codes.HUNG, scheduler="slurm", reason=ExitReason.HUNG,
                             steps=(100, 120))
     assert rec.checkpoint_saved is None
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_logs_of_a_dry_run_say_it_was_never_submitted(tmp_path, follow):
+    """`logs RUN` of a dry run said "`hpctrain logs RUN -f` waits", and `logs RUN -f` ended at
+    once with no output, exit 0: a dry run never gets a log. Both say so, with how to submit."""
+    from click.testing import CliRunner
+    from hpctrain.cli import cli
+    from hpctrain.record.folder import iter_runs
+    job = str(REPO / "examples" / "tiny.yaml")
+    root = tmp_path / "runs"
+    assert CliRunner().invoke(cli, ["submit", job, "--dry-run", "-p", "dev-slurm",
+                                    "--runs-dir", str(root)]).exit_code == 0
+    (dry,) = iter_runs(root)
+    result = CliRunner().invoke(cli, ["logs", dry.id, "--runs-dir", str(root)]
+                                + (["-f"] if follow else []))
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line == (f"Error: run {dry.id} is a dry run: nothing was submitted, so there are no "
+                    f"logs (its script is {dry.path / 'sbatch.sh'}); submit it with `hpctrain "
+                    f"submit {job} --profile dev-slurm`")
+
+
+def test_logs_of_a_submitted_run_not_started_yet_point_at_follow(run, tmp_path):
+    from click.testing import CliRunner
+    from hpctrain.cli import cli
+    result = CliRunner().invoke(cli, ["logs", run.id, "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 2
+    assert f"`hpctrain logs {run.id} -f` waits" in result.output
