@@ -97,7 +97,8 @@ class _Counting:
 
     def open_text(self, path: Path):
         stream = gzip.GzipFile(fileobj=self.raw) if path.name.lower().endswith(".gz") else self.raw
-        return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline=None)
+        # utf-8-sig: a byte order mark a Windows editor put first is not text (3 tokens)
+        return io.TextIOWrapper(stream, encoding="utf-8-sig", errors="strict", newline=None)
 
     def position(self) -> int:
         try:

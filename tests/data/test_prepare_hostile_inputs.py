@@ -148,3 +148,21 @@ def test_a_tokenizer_error_names_the_option_typed(tmp_path, tokenizer):
                     timeout=60)
     one_error_line(proc, f"--tokenizer: {tokenizer} is ", "not a regular file")
     assert "data.tokenizer" not in proc.stderr
+
+
+@pytest.mark.parametrize("name, body", [("a.txt", "in the beginning\n\nthe end\n"),
+                                        ("a.jsonl", '{"text": "in the beginning"}\n')])
+def test_a_byte_order_mark_is_not_text(tmp_path, name, body):
+    """A file saved by an editor that writes a UTF-8 byte order mark first gives the same
+    documents as without it (the mark was three tokens of the first document, and made the
+    first JSONL line not JSON)."""
+    import gzip
+    from hpctrain.data.sources import read_pieces
+    plain, marked, zipped = tmp_path / name, tmp_path / f"bom-{name}", tmp_path / f"{name}.gz"
+    plain.write_text(body)
+    marked.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    zipped.write_bytes(gzip.compress(b"\xef\xbb\xbf" + body.encode()))
+    want = [(p.text, p.last) for p in read_pieces(plain)]
+    assert want and "\ufeff" not in want[0][0]
+    assert [(p.text, p.last) for p in read_pieces(marked)] == want
+    assert [(p.text, p.last) for p in read_pieces(zipped)] == want
