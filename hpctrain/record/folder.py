@@ -424,11 +424,14 @@ class RunFolder:
 def checkpoint_location(run: RunFolder, job=None, profile=None) -> Path:
     """The one rule for a run's checkpoint folder, applied when the run is created (and
     recorded in ``run.yaml``): the job's ``checkpoint.dir``, else
-    ``<storage.checkpoint_root>/<run id>`` of the profile, else ``RUN/checkpoints``."""
+    ``<storage.checkpoint_root>/<run id>`` of the profile, else ``RUN/checkpoints``. A
+    relative root is relative to the folder the run is created from, as a relative runs root
+    is, and made absolute here: ``run.yaml`` records where the checkpoints are, and the ranks,
+    which run in the run folder, read that."""
     if job is not None and job.checkpoint.dir:
         return Path(job.checkpoint.dir)
     if profile is not None and profile.storage.checkpoint_root:
-        return Path(profile.storage.checkpoint_root).expanduser() / run.id
+        return Path(os.path.abspath(Path(profile.storage.checkpoint_root).expanduser())) / run.id
     return run.path / "checkpoints"
 
 

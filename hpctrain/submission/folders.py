@@ -57,7 +57,7 @@ def checkpoint_root_path(root: str) -> Path:
     """The profile's ``storage.checkpoint_root`` as :func:`checkpoint_location` reads it
     (``~`` expanded); a ``~user`` of no such user is a UsageError naming the field."""
     try:
-        return Path(root).expanduser()
+        return Path(os.path.abspath(Path(root).expanduser()))
     except RuntimeError:
         raise UsageError(f"storage.checkpoint_root: {root.split('/')[0]} is no user's home "
                          f"folder here; name a folder (or set it to null: each run keeps its "

@@ -164,6 +164,21 @@ def test_a_checkpoint_root_of_its_own_holds_each_runs_folder(tmp_path):
     assert run.meta()["checkpoint_dir"] == str(tmp_path / "ckroot" / run.id)
 
 
+def test_a_relative_checkpoint_root_is_recorded_absolute(tmp_path, monkeypatch):
+    """A relative root is relative to the folder the run is created from (as a relative runs
+    root is): run.yaml recorded it relative, and the ranks, which run in the run folder, would
+    have read it from there."""
+    monkeypatch.chdir(tmp_path)
+    profile = _profile_with_root(tmp_path, "ckroot")
+    result = CliRunner().invoke(cli, ["submit", JOB, "--dry-run", "-p", profile,
+                                      "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    (run,) = iter_runs(tmp_path / "runs")
+    assert run.meta()["checkpoint_dir"] == str(tmp_path / "ckroot" / run.id)
+    monkeypatch.chdir(run.path)                                   # where the ranks run
+    assert run.checkpoint_dir() == tmp_path / "ckroot" / run.id
+
+
 @pytest.mark.parametrize("at", ["", "x"])
 def test_a_checkpoint_dir_through_a_symlink_loop_is_one_line(tmp_path, at):
     """Resolving it raised RuntimeError: an internal error, exit 1."""
