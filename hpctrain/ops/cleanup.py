@@ -51,7 +51,30 @@ def not_removable(path: Path) -> str | None:
     if not isinstance(run_id, str) or not run_id:
         return (f"has a {RUN_FILE} that records no run_id: it is not a folder hpctrain made; "
                 "remove it by hand if it is one")
+    nested = _run_inside(path)
+    if nested:
+        return (f"holds another run's folder ({show(nested)}), which removing it would delete "
+                "too; move that run out first")
     return None
+
+
+def _run_inside(path: Path) -> Path | None:
+    """A run folder in ``path`` or one level below (``RUN/x``, ``RUN/logs/x``: where a runs
+    root given as a run folder put them before runs roots were refused there)."""
+    for child in _folders(path):
+        if is_run_folder(child):
+            return child
+        for grandchild in _folders(child):
+            if is_run_folder(grandchild):
+                return grandchild
+    return None
+
+
+def _folders(path: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def dry_run_folders(root: Path) -> list[RunFolder]:

@@ -24,6 +24,7 @@ from ..scheduler.state import live_jobs
 from ..submission import Submitted, check_fits, submit_training
 from ..view.runview import RunView, build_view
 from .checkpoints import inspect_checkpoints, read_manifest
+from .logs import check_submitted
 
 
 def _user() -> str:
@@ -81,7 +82,9 @@ def _refuse_finished(view: RunView, what: str) -> None:
 
 def requeue_run(run: RunFolder) -> Resubmitted:
     """Running: ``scontrol requeue`` (Slurm stops it, the ranks save on SIGTERM, it comes back
-    and resumes from the newest checkpoint). Ended: resubmit the same run on its profile."""
+    and resumes from the newest checkpoint). Ended: resubmit the same run on its profile. A
+    dry run is refused (:func:`.logs.check_submitted`): ``submit`` submits it."""
+    check_submitted(run, "so there is nothing to requeue")
     view = build_view(run)
     if view.finished:
         _refuse_finished(view, "requeue")
@@ -123,7 +126,9 @@ def resume_run(run: RunFolder, profile_name: str | None = None, nodes: int | Non
     ``overrides`` (``--set``, ``--steps``) change the run's job before it resumes: raising
     ``train.steps`` extends a finished run (the old job is kept as ``job.N.yaml``).
     ``accept_data_change``: resume although the data settings give the checkpoint's data
-    position another meaning (recorded in the run's events, which the ranks read)."""
+    position another meaning (recorded in the run's events, which the ranks read). A dry run
+    is refused (:func:`.logs.check_submitted`): ``submit`` submits it."""
+    check_submitted(run, "so there is nothing to resume")
     view = build_view(run)
     if view.active_jobs and not force:
         job = view.current_job

@@ -22,10 +22,12 @@ def ranks_logged(run: RunFolder, attempt: int) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def check_submitted(run: RunFolder) -> None:
+def check_submitted(run: RunFolder, nothing: str = "so there are no logs") -> None:
     """A UsageError when ``run`` is a dry run (``submit --dry-run``: a run folder and a script,
-    no job ever submitted): it will never have a log, so neither reading nor following one can
-    say anything but that, with how to submit the job."""
+    no job ever submitted), with how to submit the job: it will never have a log, so neither
+    reading nor following one can say anything else; and ``requeue`` or ``resume`` would
+    submit a job that skipped what ``submit`` does first (preparing the data), so they refuse
+    it too (``nothing``: what the command cannot do, in words)."""
     meta = run.meta()
     if not meta.get("dry_run") or meta.get("jobs"):
         return
@@ -42,7 +44,7 @@ def check_submitted(run: RunFolder) -> None:
     else:
         how = "`hpctrain submit` as before, without --dry-run"
     script = f" (its script is {show(run.script_file)})" if run.script_file.is_file() else ""
-    raise UsageError(f"run {run.shown} is a dry run: nothing was submitted, so there are no logs"
+    raise UsageError(f"run {run.shown} is a dry run: nothing was submitted, {nothing}"
                      f"{script}; submit it with {how}")
 
 

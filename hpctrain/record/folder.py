@@ -122,7 +122,19 @@ def usable_root(text: str | Path, what: str) -> Path:
             kind = "a file" if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
             where = f"is {kind}" if probe == path else f"{show(probe)} on the way is {kind}"
             raise UsageError(f"{what} {show(path)}: {where}, not a folder; {fix}")
+        _not_in_a_run(path, what)
         return path
+
+
+def _not_in_a_run(path: Path, what: str) -> None:
+    """A runs root is never a run folder nor inside one (``--runs-dir RUN`` or ``RUN/logs``):
+    the runs made there would live in another run's folder, and removing that run (``runs
+    rm``) would delete them with it."""
+    for folder in (path, *path.parents):
+        if is_run_folder(folder):
+            where = "is" if folder == path else f"is inside {show(folder)}, which is"
+            raise UsageError(f"{what} {show(path)} {where} a run folder; give the folder that "
+                             f"holds run folders (e.g. {show(folder.parent)})")
 
 
 def expanded(text: str | Path) -> Path:

@@ -417,6 +417,10 @@ TEXT = (str,)
 FLAG = (bool,)
 NAME = (Kind("text (no NUL byte)", _no_nul),)           # node names, job ids: command lines
 PATH = (Kind("a path (text, no NUL byte)", lambda v: _no_nul(v) and v != ""),)
+# a path every process must read alike, whatever folder it runs in (submit's, the ranks' run
+# folder, status's): written absolute, so a relative one was edited in by hand
+ABSOLUTE_PATH = (Kind("an absolute path (text, no NUL byte)",
+                      lambda v: _no_nul(v) and v.startswith("/")),)
 NAMES = (ListOf(NAME, "a list of names (text)"),)
 MAPPINGS = (ListOf((dict,), "a list of mappings"),)
 
@@ -485,7 +489,7 @@ METRIC_TYPES = {"step": COUNT, "attempt": INT, "kind": TEXT, "loss": LOSS, "grad
 SWEEP = (Fields({"id": NAME, "dir": PATH, "index": COUNT, "values": (dict,)},
                 "a sweep (a mapping: id, dir, index, values)", required=("id",)),)
 META_TYPES = {"name": TEXT, "profile": TEXT, "created": TEXT, "scheduler": TEXT,
-              "checkpoint_dir": PATH, "total_steps": COUNT, "world_size": COUNT,
+              "checkpoint_dir": ABSOLUTE_PATH, "total_steps": COUNT, "world_size": COUNT,
               "jobs": (list,), "run_id": TEXT, "kind": TEXT, "layout": TEXT,
               "hpctrain_version": TEXT, "job_source": TEXT, "dry_run": FLAG, "sweep": SWEEP,
               "job_history": MAPPINGS, "profile_history": MAPPINGS, "overrides": (dict,),

@@ -221,6 +221,28 @@ def test_warning_and_error_lines_are_one_printable_line_whatever_home_holds(tmp_
     assert refused.stderr.rstrip("\n").isprintable(), refused.stderr
 
 
+def test_a_runs_root_is_never_a_run_folder_and_rm_never_deletes_a_run_inside_another(tmp_path):
+    """``--runs-dir RUN`` (or ``RUN/logs``) made runs inside another run's folder, and
+    ``runs rm RUN`` then deleted them with it without a word. A runs root is refused there,
+    whichever way it is given; a run folder holding another run is not removed."""
+    import hpctrain as api
+    from hpctrain.errors import UsageError
+    root = tmp_path / "runs"
+    outer = crafted_run(root)
+    for inside in (outer.path, outer.path / "logs"):
+        refused = cli(root, "submit", "examples/tiny.yaml", "-p", "dev-slurm", "--dry-run",
+                      "--runs-dir", str(inside), check=False)
+        assert refused.returncode == 2 and "a run folder; give the folder that holds run " \
+            "folders" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+        with pytest.raises(UsageError, match="a run folder; give the folder"):
+            api.submit("examples/tiny.yaml", profile="dev-slurm", dry_run=True, runs_dir=inside)
+    assert sorted(p.name for p in outer.path.iterdir() if p.name.startswith("tiny")) == []
+    nested = crafted_run(outer.path / "logs")             # made by hand, or by an older version
+    refused = cli(root, "runs", "rm", outer.id, check=False)
+    assert refused.returncode == 2 and "holds another run's folder" in refused.stderr
+    assert outer.path.exists() and nested.path.exists()
+
+
 def test_a_run_folder_renamed_to_hold_control_characters_is_printed_escaped_and_cut(tmp_path):
     """A run folder's name is whatever is on disk: one renamed to hold a terminal's title
     escape, a bell and a line feed, and long, is printed by ``runs``, ``status`` and ``runs rm``

@@ -116,6 +116,8 @@ def test_a_record_giving_a_key_twice_is_damage_and_a_torn_line_is_still_skipped(
     ("jobs:\n- kind: train\n", "jobs[0].job_id"),
     ("name: [1]\n", "name: expected text"),
     ("total_steps: many\n", "total_steps: expected an integer"),
+    # written absolute: a relative one, edited in, meant another folder to every process
+    ("checkpoint_dir: relative/ck\n", "checkpoint_dir: expected an absolute path"),
     ("- 1\n", "mapping"),
 ])
 def test_run_yaml_fields_are_checked(tmp_path, meta, field):

@@ -363,10 +363,15 @@ def test_a_hung_attempts_record_names_the_checkpoint_it_published(run):
     assert rec.checkpoint_saved is None
 
 
-@pytest.mark.parametrize("follow", [False, True])
-def test_logs_of_a_dry_run_say_it_was_never_submitted(tmp_path, follow):
+@pytest.mark.parametrize("command, nothing", [
+    (["logs"], "so there are no logs"), (["logs", "-f"], "so there are no logs"),
+    (["requeue", "--no-wait"], "so there is nothing to requeue"),
+    (["resume", "--no-wait"], "so there is nothing to resume")])
+def test_a_dry_run_is_never_followed_requeued_or_resumed(tmp_path, command, nothing):
     """`logs RUN` of a dry run said "`hpctrain logs RUN -f` waits", and `logs RUN -f` ended at
-    once with no output, exit 0: a dry run never gets a log. Both say so, with how to submit."""
+    once with no output, exit 0: a dry run never gets a log. `requeue` and `resume` submitted
+    it without what `submit` does first (preparing the data), and the ranks failed on a missing
+    corpus. Each says it is a dry run, with how to submit it, and changes nothing."""
     from click.testing import CliRunner
     from hpctrain.cli import cli
     from hpctrain.record.folder import iter_runs
@@ -375,13 +380,14 @@ def test_logs_of_a_dry_run_say_it_was_never_submitted(tmp_path, follow):
     assert CliRunner().invoke(cli, ["submit", job, "--dry-run", "-p", "dev-slurm",
                                     "--runs-dir", str(root)]).exit_code == 0
     (dry,) = iter_runs(root)
-    result = CliRunner().invoke(cli, ["logs", dry.id, "--runs-dir", str(root)]
-                                + (["-f"] if follow else []))
+    before = dry.run_file.read_bytes(), sorted(p.name for p in dry.path.iterdir())
+    result = CliRunner().invoke(cli, [command[0], dry.id, "--runs-dir", str(root), *command[1:]])
     assert result.exit_code == 2, result.output
     (line,) = result.output.strip().splitlines()
-    assert line == (f"Error: run {dry.id} is a dry run: nothing was submitted, so there are no "
-                    f"logs (its script is {dry.path / 'sbatch.sh'}); submit it with `hpctrain "
+    assert line == (f"Error: run {dry.id} is a dry run: nothing was submitted, {nothing} "
+                    f"(its script is {dry.path / 'sbatch.sh'}); submit it with `hpctrain "
                     f"submit {job} --profile dev-slurm`")
+    assert (dry.run_file.read_bytes(), sorted(p.name for p in dry.path.iterdir())) == before
 
 
 def test_logs_of_a_submitted_run_not_started_yet_point_at_follow(run, tmp_path):
