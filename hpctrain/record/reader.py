@@ -521,8 +521,11 @@ def meta_problem(meta: dict) -> str | None:
     for i, job in enumerate(meta.get("jobs") or []):
         if not isinstance(job, dict):
             return f"jobs[{i}]: expected a mapping with job_id and kind, got {job!r:.40}"
-        if not _no_nul(job.get("job_id")) or not job["job_id"]:
-            return f"jobs[{i}].job_id: expected the job id as text, got {job.get('job_id')!r:.40}"
+        # squeue and sacct read it as the value of their -j: one starting with "-" would be
+        # read as an option there (no scheduler gives such an id)
+        if not _no_nul(job.get("job_id")) or not job["job_id"] or job["job_id"].startswith("-"):
+            return (f"jobs[{i}].job_id: expected the job id as text (never starting with '-'), "
+                    f"got {_show_value(job.get('job_id'))}")
         if not isinstance(job.get("kind"), str):
             return f"jobs[{i}].kind: expected text, got {job.get('kind')!r:.40}"
     return None

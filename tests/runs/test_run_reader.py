@@ -114,6 +114,8 @@ def test_a_record_giving_a_key_twice_is_damage_and_a_torn_line_is_still_skipped(
 @pytest.mark.parametrize("meta, field", [
     ("jobs: 5\n", "jobs: expected a list"),
     ("jobs:\n- kind: train\n", "jobs[0].job_id"),
+    ("jobs:\n- {kind: train, job_id: '--help'}\n", "jobs[0].job_id: expected the job id as text "
+                                                    "(never starting with '-'), got '--help'"),
     ("name: [1]\n", "name: expected text"),
     ("total_steps: many\n", "total_steps: expected an integer"),
     # written absolute: a relative one, edited in, meant another folder to every process
