@@ -83,11 +83,13 @@ class LazyGroup(click.Group):
 
 
 def error_line(error: Exception) -> None:
-    """``Error: <message>`` on stderr, always one printable line: a message quotes values with
-    ``file_door.show`` where it is built, and this door escapes whatever one still holds (a
-    line feed, an escape code from a file or the environment) instead of printing it."""
+    """``Error: <message>`` on stderr, printable: a message quotes values with
+    ``file_door.show`` where it is built (so a usage error is one line), and this door escapes
+    whatever one still holds (an escape code from a file or the environment) instead of
+    printing it. Line feeds stay: what sbatch said when it refused a job is quoted whole,
+    line by line."""
     from ..file_door import printable
-    click.echo(f"Error: {printable(str(error), keep='')}", err=True)
+    click.echo(f"Error: {printable(str(error))}", err=True)
 
 
 def debugging() -> bool:

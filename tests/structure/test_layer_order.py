@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # values and rules: no I/O beyond reading the files they are given (and the environment)
     ("values", ("errors", "exit_codes", "resources", "config", "model_shape", "flops",
                 "gpu_table", "checkpoint_interval", "fault_injection", "identity", "limits",
-                "outputs", "file_door")),
+                "outputs", "file_door", "caller_data")),
     # the run record: what a run folder holds, and the rules that read it (torch-free)
     ("record", ("record", "health")),
     # where jobs run: one backend interface, Slurm and local behind it
