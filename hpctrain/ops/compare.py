@@ -133,7 +133,12 @@ def build_comparison(series: list[Series], width_px: int = 1200, height_px: int 
                 ax.plot(xs, ys, linewidth=1.3, label=s.label, gid=f"{field}:{s.run.id}")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right")
+    # the legend on the first panel with a line (none when no run has a point to draw: an
+    # empty legend is a matplotlib warning, not a figure)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="upper right")
+            break
     axes[-1].set_xlabel("step")
     fig.suptitle(title or f"{len(series)} runs")
     fig.tight_layout()

@@ -173,3 +173,19 @@ def test_a_sweep_given_by_a_folder_outside_the_runs_root_is_drawn_in_that_folder
     assert sorted(p.name for p in (root / "sweeps").iterdir()) == [sweep_dir.name]
     assert not (sweep_dir / "compare.png").exists()
 
+
+def test_runs_with_nothing_to_draw_make_a_figure_without_a_warning(tmp_path):
+    """Two runs with no metrics yet: no line anywhere, so no legend (matplotlib warns of an
+    empty legend); a run with only tokens/s puts the legend on that panel."""
+    import warnings
+    root = tmp_path / "runs"
+    runs = [crafted_run(root, steps=20), crafted_run(root, steps=30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = build_comparison(collect_series(runs))
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        append_jsonl(runs[1].metrics_file, {"step": 1, "tokens_per_s": 10.0})
+        fig = build_comparison(collect_series(runs))
+        assert [ax.get_legend() is not None for ax in fig.axes] == [False, True]
+    out = cli(root, "report", runs[0].id, runs[1].id, "-o", str(tmp_path / "c.png"))
+    assert "Warning" not in out.stderr and out.stderr == ""
