@@ -53,7 +53,8 @@ def report(run_refs, output, size, runs_dir, as_json):
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("hpctrain report needs matplotlib: pip install 'hpctrain[report]'")
     if not single:
-        _compare(*runs_of(list(run_refs), root), root, output, width, height, as_json)
+        runs, sweep_dir = runs_of(list(run_refs), root, note=lambda m: click.echo(m, err=True))
+        _compare(runs, sweep_dir, root, output, width, height, as_json)
         return
     from ..ops.report import (REPORT_FILE, build_figure, check_report_output, collect,
                               format_summary, summarize, write_png)
@@ -69,18 +70,19 @@ def report(run_refs, output, size, runs_dir, as_json):
 
 
 def _is_sweep(ref: str, root: Path) -> bool:
-    from ..ops.compare import sweep_folder
-    return sweep_folder(ref, root) is not None
+    from ..record.sweeps import find_sweep
+    return find_sweep(ref, root) is not None
 
 
-def _compare(runs, sweep_id, root: Path, output, width: int, height: int, as_json: bool) -> None:
+def _compare(runs, sweep_dir: Path | None, root: Path, output, width: int, height: int,
+             as_json: bool) -> None:
     import time
 
     from ..ops.compare import build_comparison, collect_series, comparison_summary
     from ..ops.report import check_report_output, write_png
-    from ..submission.sweep_values import SWEEP_DIR
-    if output is None:
-        output = (root / SWEEP_DIR / sweep_id / "compare.png" if sweep_id else
+    sweep_id = sweep_dir.name if sweep_dir is not None else None
+    if output is None:       # the sweep's own folder, wherever it is (never a new one)
+        output = (sweep_dir / "compare.png" if sweep_dir is not None else
                   root / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.png")
     # a link is refused, not followed; a file that is not a PNG, or a run's folder, too
     path = check_report_output(Path(output).absolute(), "--output")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..config import yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError, UsageError
 from ..record.folder import RunFolder, find_run
+from ..record.sweeps import find_sweep, read_sweep, sweep_runs
 from .report import evaluation_points, per_step
-from ..submission.sweep_values import SWEEP_DIR, label
+from ..submission.sweep_values import label
 
 # settings that name a run rather than configure it: never a label
 _NOT_LABELS = ("name", "checkpoint.dir")
@@ -40,38 +42,27 @@ class Series:
         return [(x, y) for x, y in zip(self.steps, getattr(self, field)) if y is not None]
 
 
-def runs_of(refs: list[str], root: Path) -> tuple[list[RunFolder], str | None]:
-    """The runs named by ``refs`` (RUN as everywhere, or a sweep's id or folder: its runs),
-    each once, and the sweep's id when one sweep was named."""
+def runs_of(refs: list[str], root: Path, note: Callable[[str], None] = lambda message: None
+            ) -> tuple[list[RunFolder], Path | None]:
+    """The runs named by ``refs`` (RUN as everywhere, or a sweep's id or folder: its runs, read
+    through the one door of sweep folders, :mod:`hpctrain.record.sweeps`), each once, and the
+    sweep's folder when one sweep was named. A run of the sweep whose folder is gone is left
+    out (``note`` is told); an entry that is not a run of the sweep is an error naming it."""
     runs: dict[Path, RunFolder] = {}
-    sweep_id = None
+    sweep_dir = None
     for ref in refs:
-        sweep = sweep_folder(ref, root)
-        if sweep is not None:
-            sweep_id = sweep.name if len(refs) == 1 else None
-            data = yamlio.read_mapping(sweep / "sweep.yaml", "sweep file")
-            for entry in data.get("runs") or []:
-                if isinstance(entry, dict) and entry.get("run_dir"):
-                    run = RunFolder(Path(entry["run_dir"]))
-                    runs.setdefault(run.path, run)
+        folder = find_sweep(ref, root)
+        if folder is not None:
+            sweep_dir = folder if len(refs) == 1 else None
+            for run in sweep_runs(read_sweep(folder), note):
+                runs.setdefault(run.path, run)
             continue
         run = find_run(ref, root)
         runs.setdefault(run.path, run)
     if len(runs) < 2:
         raise UsageError("report: comparing needs at least two runs (give several RUNs or a "
                          "SWEEP with two or more runs); one run gets its own report")
-    return list(runs.values()), sweep_id
-
-
-def sweep_folder(ref: str, root: Path) -> Path | None:
-    """A sweep by folder, or by id under ``<runs root>/sweeps/``."""
-    candidates = [Path(ref).expanduser()]
-    if "/" not in ref and ref not in (".", ".."):
-        candidates.append(root / SWEEP_DIR / ref)
-    for folder in candidates:
-        if (folder / "sweep.yaml").is_file():
-            return folder.resolve()
-    return None
+    return list(runs.values()), sweep_dir
 
 
 def labels(runs: list[RunFolder]) -> list[str]:
@@ -142,7 +133,12 @@ def build_comparison(series: list[Series], width_px: int = 1200, height_px: int 
                 ax.plot(xs, ys, linewidth=1.3, label=s.label, gid=f"{field}:{s.run.id}")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right")
+    # the legend on the first panel with a line (none when no run has a point to draw: an
+    # empty legend is a matplotlib warning, not a figure)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="upper right")
+            break
     axes[-1].set_xlabel("step")
     fig.suptitle(title or f"{len(series)} runs")
     fig.tight_layout()

@@ -531,6 +531,23 @@ def meta_problem(meta: dict) -> str | None:
     return None
 
 
+# a sweep folder's sweep.yaml (``submission.folders.write_sweep_file``), as ``report SWEEP`` and
+# the trackers read it (``record.sweeps``, the one door of sweep folders): every run it lists
+# is named by an absolute path (a relative one would mean wherever the reader stands)
+ABSOLUTE_PATH = (Kind("a path (absolute, text, no NUL byte)",
+                      lambda v: _no_nul(v) and v.startswith("/")),)
+SWEEP_RUN = (Fields({"index": COUNT, "run": NAME, "run_dir": ABSOLUTE_PATH, "values": (dict,),
+                     "job_id": NAME, "outcome": TEXT},
+                    "a run of the sweep (a mapping: index, run, run_dir, values)",
+                    required=("run_dir",)),)
+SWEEP_FILE_TYPES = {"id": NAME, "created": TEXT, "source": TEXT, "profile": TEXT,
+                    "runs": (ListOf(SWEEP_RUN, "a list of the sweep's runs"),)}
+
+
+def sweep_file_problem(data: dict) -> str | None:
+    """What is wrong with sweep.yaml's fields, naming the field; None when nothing is."""
+    return _mapping_problem(data, SWEEP_FILE_TYPES, required=("runs",))
+
 # a checkpoint's manifest.json (``checkpoint_store.build_manifest``), as ``status`` and
 # ``report`` read it: every file it names is inside the checkpoint's folder
 CHECKPOINT_FORMAT = "hpctrain-checkpoint"   # a checkpoint manifest's "format" (checkpoint_store)

@@ -15,6 +15,7 @@ from ..config import ClusterProfile, Resolved, yamlio
 from ..config.schema import to_dict
 from ..errors import HpcTrainError, UsageError
 from ..record.files import RUN_FILE, now_iso, remove_run_folder
+from ..record.sweeps import SWEEP_FILE, read_sweep
 from ..record.folder import (RunFolder, checkpoint_location, create_run, default_runs_root,
                              folder_mode, usable_root)
 from ..view.summary_cache import CACHE_FILE
@@ -104,7 +105,7 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
 # removes a folder it created only while it holds nothing else.
 PREPARED_RUN = frozenset({RUN_FILE, "job.yaml", "profile.yaml", ".lock", "sbatch.sh", "submitit",
                           "logs", "checkpoints", CACHE_FILE})
-PREPARED_SWEEP = frozenset({"sweep.yaml", ".lock", "sbatch.sh", "submitit", "logs"})
+PREPARED_SWEEP = frozenset({SWEEP_FILE, ".lock", "sbatch.sh", "submitit", "logs"})
 _EMPTY_UNTIL_A_JOB_RUNS = ("logs", "checkpoints")
 
 
@@ -206,9 +207,11 @@ def remove_refused_sweep(sweep_dir: Path, runs: list[SweepRun]) -> bool:
 def write_sweep_file(sweep_dir: Path, runs: list[SweepRun], **info) -> None:
     """Read-modify-write ``sweep.yaml`` under the sweep folder's lock (a damaged file is an
     error, never replaced)."""
-    path = sweep_dir / "sweep.yaml"
+    path = sweep_dir / SWEEP_FILE
     with RunFolder(sweep_dir).lock():
-        data = yamlio.read_mapping(path, "sweep file") if path.exists() else {
+        # read through the one door of sweep folders (a link, a FIFO or a mistyped field is
+        # an error naming it, and nothing is written)
+        data = read_sweep(sweep_dir).data if os.path.lexists(path) else {
             "id": sweep_dir.name, "created": now_iso()}
         data.update(info)
         data["runs"] = [{"index": r.point.index, "run": r.run.id, "run_dir": str(r.run.path),

@@ -29,9 +29,9 @@ from ..config.loader import resolve_job_paths
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
 from ..record.folder import new_private_folder
+from ..record.sweeps import SWEEP_DIR
 
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-SWEEP_DIR = "sweeps"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .records import describe_event, flat_params, metric_values
 
@@ -24,6 +25,24 @@ class RunInfo:
     attempt: int
     config: dict                       # {"job": {...}, "profile": {...}}, resolved
     sweep: dict | None = None          # run.yaml's sweep: {"id", "dir", "index", ...}
+    sweep_dir: Path | None = None      # its folder, checked (``sweep_folder_for``); else None
+
+
+def sweep_folder_for(backends: list, run_path: Path, sweep: dict | None,
+                     log: Callable[[str], None]) -> Path | None:
+    """The sweep folder the trackers may write (MLflow's parent run id): the one ``run.yaml``'s
+    ``sweep.dir`` names, when it is this run's sweep folder (:func:`hpctrain.record.sweeps.
+    sweep_folder_of`); otherwise None, and ``log`` is told that the run is tracked without a
+    parent run. Only asked when an MLflow tracker is among ``backends``."""
+    if not sweep or not any(isinstance(b, MlflowBackend) for b in backends):
+        return None
+    from ..file_door import show
+    from ..record.sweeps import sweep_folder_of
+    folder, why = sweep_folder_of(run_path, sweep)
+    if folder is None:
+        log(f"tracking: mlflow: this run of sweep {show(str(sweep.get('id')))} gets no parent "
+            f"run: {why}")
+    return folder
 
 
 class Backend:
@@ -78,7 +97,7 @@ class MlflowBackend(Backend):
         tags = {"hpctrain.run": info.run_id, "hpctrain.job": info.job_name}
         if info.sweep:
             tags["hpctrain.sweep"] = str(info.sweep.get("id"))
-            parent = self._sweep_parent(exp_id, info.sweep)
+            parent = self._sweep_parent(exp_id, info)
             if parent:
                 tags["mlflow.parentRunId"] = parent
         run = client.create_run(exp_id, run_name=info.run_id, tags=tags)
@@ -88,24 +107,27 @@ class MlflowBackend(Backend):
         for i in range(0, len(params), 100):        # MLflow takes 100 params per request
             client.log_batch(self.run_id, params=params[i:i + 100])
 
-    def _sweep_parent(self, exp_id: str, sweep: dict) -> str | None:
+    def _sweep_parent(self, exp_id: str, info: RunInfo) -> str | None:
         """The sweep's parent run: created by the first of its runs to start, under the sweep
-        folder's lock, its id kept in the sweep folder (the sweep's, not another run's)."""
+        folder's lock, its id kept in the sweep folder. Only a folder checked to be this run's
+        sweep folder (``info.sweep_dir``, :func:`sweep_folder_for`) is used: never another
+        run's folder or wherever ``run.yaml`` was edited to point."""
         import json
+        from ..record import reader
         from ..record.files import folder_lock
-        folder = Path(str(sweep.get("dir") or ""))
-        if not folder.is_dir():
+        folder = info.sweep_dir
+        if folder is None:
             return None
         ids_file = folder / "mlflow-parent.json"
         with folder_lock(folder / ".lock", "sweep folder"):
             try:
-                known = json.loads(ids_file.read_text())
-            except (OSError, ValueError):
-                known = {}
+                known = reader.read_json(ids_file) or {}
+            except reader.DamagedFile:
+                return None         # kept as it is: a parent run made again would be a second
             key = f"{self.section.tracking_uri}|{exp_id}"
-            if key not in known:
-                parent = self.client.create_run(exp_id, run_name=str(sweep.get("id")),
-                                                tags={"hpctrain.sweep": str(sweep.get("id"))})
+            if not isinstance(known.get(key), str):
+                parent = self.client.create_run(exp_id, run_name=str(info.sweep.get("id")),
+                                                tags={"hpctrain.sweep": str(info.sweep.get("id"))})
                 known[key] = parent.info.run_id
                 from ..config import yamlio
                 yamlio.write_atomic(ids_file, json.dumps(known) + "\n")

@@ -21,7 +21,7 @@ from ..config.schema import to_dict
 from ..config.tracking import effective
 from ..errors import UsageError
 from ..record.folder import RunFolder
-from .backends import RunInfo, backends_for
+from .backends import RunInfo, backends_for, sweep_folder_for
 from .sender import TrackerThread
 from .state import TrackingState
 
@@ -58,8 +58,9 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
                          "its job or profile)")
     upto = final_step(run)
     meta = run.meta()
-    info = RunInfo(run_id=run.id, run_path=run.path, job_name=job.name, attempt=0,
-                   sweep=meta.get("sweep") if isinstance(meta.get("sweep"), dict) else None,
+    sweep = meta.get("sweep") if isinstance(meta.get("sweep"), dict) else None
+    info = RunInfo(run_id=run.id, run_path=run.path, job_name=job.name, attempt=0, sweep=sweep,
+                   sweep_dir=sweep_folder_for(backends, run.path, sweep, say),
                    config={"job": to_dict(job), "profile": to_dict(profile)})
     before = {b.name: TrackingState(run.path).of(b.name)["sent_step"] for b in backends}
     problems: list[str] = []

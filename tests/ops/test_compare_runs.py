@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hpctrain.ops.compare import build_comparison, collect_series
 from hpctrain.submission.sweep_values import expand
 from hpctrain.record.files import append_jsonl
@@ -103,3 +105,87 @@ def test_sweep_values_edited_to_hold_control_characters_are_printed_escaped_on_o
     for out in (status, report):
         assert not any(c in out for c in "\x1b\x07"), out
         assert not any(ln.startswith("FAKE") for ln in out.splitlines()), out
+
+
+# ---- report SWEEP: sweep.yaml read through the one door of sweep folders ---------------------
+
+
+def _sweep_file(sweep_dir, text: str) -> None:
+    (sweep_dir / "sweep.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("runs, named", [
+    ("[{run_dir: 5}, {run_dir: RUN}]", "runs[0].run_dir: expected a path"),
+    ("[{run_dir: [1]}, {run_dir: RUN}]", "runs[0].run_dir: expected a path"),
+    ("[{run_dir: RUN}, {run_dir: relative/run}]", "runs[1].run_dir: expected a path (absolute"),
+    ("7", "runs: expected a list of the sweep's runs, got 7"),
+    ("[5, {run_dir: RUN}]", "runs[0]: expected a run of the sweep"),
+    ("[{run: x}]", "runs[0].run_dir: missing"),
+])
+def test_a_sweep_file_of_the_wrong_shape_is_one_line_naming_the_field(tmp_path, runs, named):
+    root = tmp_path / "runs"
+    sweep_dir, swept = _sweep_with_metrics(root, "train.lr=1e-3,2e-3")
+    runs = runs.replace("RUN", str(swept[0].run.path))
+    _sweep_file(sweep_dir, f"id: {sweep_dir.name}\nruns: {runs}\n")
+    out = cli(root, "report", sweep_dir.name, check=False)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"Error: cannot read {sweep_dir / 'sweep.yaml'}: {named}"), line
+    assert not (sweep_dir / "compare.png").exists()
+
+
+@pytest.mark.parametrize("entry", ["/", "/etc", "OTHER"])
+def test_a_sweep_entry_that_is_not_a_run_of_the_sweep_is_refused_naming_it(tmp_path, entry):
+    """``/``, ``/etc`` (no run.yaml) or a run of no sweep are never drawn as the sweep's runs."""
+    root = tmp_path / "runs"
+    sweep_dir, swept = _sweep_with_metrics(root, "train.lr=1e-3,2e-3")
+    other = crafted_run(root, metrics=metrics(4.0))
+    shown = str(other.path) if entry == "OTHER" else entry
+    _sweep_file(sweep_dir, f"id: {sweep_dir.name}\nruns:\n- run_dir: {swept[0].run.path}\n"
+                           f"- run_dir: {shown}\n")
+    out = cli(root, "report", sweep_dir.name, check=False)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {sweep_dir / 'sweep.yaml'}: runs[1].run_dir: "), line
+    assert ("is not a run of sweep" if entry == "OTHER" else "is not a run folder") in line
+    assert not (sweep_dir / "compare.png").exists()
+
+
+def test_a_run_of_the_sweep_removed_since_is_left_out_with_a_note(tmp_path):
+    root = tmp_path / "runs"
+    sweep_dir, swept = _sweep_with_metrics(root, "train.lr=1e-3,2e-3,3e-3")
+    cli(root, "runs", "rm", swept[1].run.id)
+    out = cli(root, "report", sweep_dir.name)
+    assert f"run {swept[1].run.id} is left out: its folder" in out.stderr
+    assert out.stdout.startswith(f"Report: {sweep_dir / 'compare.png'} (1200×900), 2 runs")
+    assert swept[1].run.id not in out.stdout
+
+
+def test_a_sweep_given_by_a_folder_outside_the_runs_root_is_drawn_in_that_folder(tmp_path):
+    import shutil
+    root = tmp_path / "runs"
+    sweep_dir, _ = _sweep_with_metrics(root, "train.lr=1e-3,2e-3")
+    outside = tmp_path / "elsewhere" / "extsweep"
+    shutil.copytree(sweep_dir, outside)
+    text = cli(root, "report", str(outside)).stdout
+    assert text.startswith(f"Report: {outside / 'compare.png'} (1200×900), 2 runs")
+    assert png_size(outside / "compare.png") == (1200, 900)
+    assert sorted(p.name for p in (root / "sweeps").iterdir()) == [sweep_dir.name]
+    assert not (sweep_dir / "compare.png").exists()
+
+
+def test_runs_with_nothing_to_draw_make_a_figure_without_a_warning(tmp_path):
+    """Two runs with no metrics yet: no line anywhere, so no legend (matplotlib warns of an
+    empty legend); a run with only tokens/s puts the legend on that panel."""
+    import warnings
+    root = tmp_path / "runs"
+    runs = [crafted_run(root, steps=20), crafted_run(root, steps=30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = build_comparison(collect_series(runs))
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        append_jsonl(runs[1].metrics_file, {"step": 1, "tokens_per_s": 10.0})
+        fig = build_comparison(collect_series(runs))
+        assert [ax.get_legend() is not None for ax in fig.axes] == [False, True]
+    out = cli(root, "report", runs[0].id, runs[1].id, "-o", str(tmp_path / "c.png"))
+    assert "Warning" not in out.stderr and out.stderr == ""

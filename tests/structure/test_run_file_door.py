@@ -59,3 +59,19 @@ def test_the_check_sees_a_direct_read():
                      "a = Path('x').read_text()\nb = json.load(open('y'))\n"
                      "c = open('z', 'a')\n")
     assert _reads(tree) == [3, 4, 4]
+
+
+def test_sweep_folders_are_named_and_read_in_one_module_only():
+    """``sweep.yaml`` is named only by ``record/sweeps.py`` (``SWEEP_FILE``), the one door of
+    sweep folders: every other module reads a sweep through it (``read_sweep``,
+    ``sweep_runs``, ``sweep_folder_of``), so no reader of a sweep folder skips its checks."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "record/sweeps.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value == "sweep.yaml":
+                found.append(f"hpctrain/{rel}:{node.lineno}")
+    assert not found, "name a sweep folder's files through hpctrain.record.sweeps: " + \
+        ", ".join(found)

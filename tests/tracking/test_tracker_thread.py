@@ -11,7 +11,7 @@ import socket
 from hpctrain.config.tracking import MlflowSection, TrackingSection
 from hpctrain.record.files import append_jsonl
 from hpctrain.record.reader import read_jsonl
-from hpctrain.tracking.backends import RunInfo, backends_for
+from hpctrain.tracking.backends import RunInfo, backends_for, sweep_folder_for
 from hpctrain.tracking.sender import TrackerThread
 
 
@@ -50,9 +50,15 @@ def test_a_resumed_run_is_one_mlflow_run_with_each_step_once_and_a_sweep_one_par
     from mlflow import MlflowClient
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     section = TrackingSection(mlflow=MlflowSection(tracking_uri=uri, experiment="drill"))
-    (tmp_path / "sweep").mkdir()
-    sweep = {"id": "tiny-20260101-000000-cd34", "dir": str(tmp_path / "sweep"), "index": 0}
+    sweep_dir = tmp_path / "sweeps" / "tiny-20260101-000000-cd34"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "sweep.yaml").write_text(f"id: {sweep_dir.name}\nruns:\n"
+                                          f"- run_dir: {tmp_path / 'run'}\n"
+                                          f"- run_dir: {tmp_path / 'run2'}\n")
+    sweep = {"id": sweep_dir.name, "dir": str(sweep_dir), "index": 0}
     info, logs = _info(tmp_path, sweep=sweep), []
+    info.sweep_dir = sweep_folder_for(backends_for(section), info.run_path, sweep, logs.append)
+    assert info.sweep_dir == sweep_dir
     # attempt 1 crashes after step 6; its newest checkpoint holds step 4
     _attempt(section, info, 1, 0, range(1, 7), {2, 4}, "failed", logs)
     append_jsonl(info.run_path / "events.jsonl", {"event": "resume", "by": "me"})
@@ -70,7 +76,7 @@ def test_a_resumed_run_is_one_mlflow_run_with_each_step_once_and_a_sweep_one_par
     assert run.data.tags["hpctrain.events.resume"] == "1"
     # a second run of the sweep: a child of the same parent run
     other = dataclasses.replace(_info(tmp_path, "run2", dict(sweep, index=1)),
-                                run_id="tiny-20260101-000001-ef56")
+                                run_id="tiny-20260101-000001-ef56", sweep_dir=sweep_dir)
     _attempt(section, other, 1, 0, range(1, 3), {2}, "finished", logs)
     other_id = json.loads((other.run_path / "tracking" / "state.json").read_text())["mlflow"]
     parent = run.data.tags["mlflow.parentRunId"]

@@ -113,3 +113,94 @@ def test_a_state_from_before_evaluations_were_counted_apart_reads_as_it_meant(tm
     assert already_sent(entry, rec(8, 1.0, 2)) and already_sent(entry, {"step": 8, "loss": 1})
     assert TrackingState(tmp_path / "new").of("wandb")["sent_evals"] == {"validation": 0,
                                                                           "test": 0}
+
+
+# ---- a sweep's MLflow parent run: kept in the sweep's folder, and only there ------------------
+
+
+class _FakeMlflow:
+    """What ``MlflowBackend._sweep_parent`` asks of MLflow's client: a run made."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+
+    def create_run(self, exp_id, run_name, tags):
+        from types import SimpleNamespace
+        self.made.append(run_name)
+        return SimpleNamespace(info=SimpleNamespace(run_id=f"parent-{len(self.made)}"))
+
+
+def _sweep_parent(run_path, sweep, client, logs):
+    from hpctrain.config.tracking import MlflowSection, TrackingSection
+    from hpctrain.tracking.backends import RunInfo, backends_for, sweep_folder_for
+    backends = backends_for(TrackingSection(mlflow=MlflowSection(tracking_uri="sqlite:///x.db")))
+    info = RunInfo(run_id=run_path.name, run_path=run_path, job_name="tiny", attempt=1,
+                   config={}, sweep=sweep,
+                   sweep_dir=sweep_folder_for(backends, run_path, sweep, logs.append))
+    backends[0].client = client
+    return backends[0]._sweep_parent("1", info)
+
+
+def _listing(folder):
+    return sorted((p.relative_to(folder), p.stat().st_mtime_ns) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("where", ["other run", "root", "not listed", "damaged", "no file",
+                                   "a run folder"])
+def test_a_sweep_dir_that_is_not_the_runs_sweep_folder_gets_no_parent_and_is_not_written(
+        tmp_path, where):
+    """run.yaml's ``sweep.dir`` edited to name another run's folder, ``/``, or a folder under
+    ``sweeps/`` whose sweep.yaml does not list the run (or cannot be read): the run gets no
+    parent run, one warning says why, and nothing is written or locked there."""
+    from tests.ops.helpers import crafted_run
+    root = tmp_path / "runs"
+    other, run = crafted_run(root), crafted_run(root)
+    folder = {"other run": other.path, "root": None}.get(where, root / "sweeps" / "S9")
+    if folder is not None and where != "other run":
+        folder.mkdir(parents=True)
+        if where == "not listed":
+            (folder / "sweep.yaml").write_text(f"id: S9\nruns:\n- run_dir: {other.path}\n")
+        elif where == "damaged":
+            (folder / "sweep.yaml").write_text("id: S9\nruns: 7\n")
+        elif where == "a run folder":
+            (folder / "sweep.yaml").write_text(f"id: S9\nruns:\n- run_dir: {run.path}\n")
+            (folder / "run.yaml").write_text("run_id: S9\n")
+    sweep = {"id": "S9", "dir": str(folder or "/"), "index": 0}
+    before = _listing(tmp_path)
+    client, logs = _FakeMlflow(), []
+    assert _sweep_parent(run.path, sweep, client, logs) is None
+    assert client.made == [] and _listing(tmp_path) == before
+    (line,) = logs
+    assert line.startswith("tracking: mlflow: this run of sweep S9 gets no parent run: "), line
+
+
+def test_the_runs_of_a_sweep_share_one_parent_kept_in_the_sweep_folder(tmp_path):
+    from hpctrain.submission import prepare_sweep
+    from hpctrain.submission.sweep_values import expand
+    from tests.ops.helpers import OPS_JOB, ops_job, ops_profile
+    points = expand(ops_job(), ops_profile(ranks_per_node=2), ["train.lr=1e-3,2e-3"])
+    sweep_dir, runs = prepare_sweep(points, tmp_path / "runs", source=str(OPS_JOB))
+    client, logs = _FakeMlflow(), []
+    parents = {_sweep_parent(r.run.path, r.run.meta()["sweep"], client, logs) for r in runs}
+    assert parents == {"parent-1"} and client.made == [sweep_dir.name] and logs == []
+    assert (sweep_dir / "mlflow-parent.json").is_file()
+    assert not any((r.run.path / "mlflow-parent.json").exists() for r in runs)
+
+
+def test_sync_never_writes_into_the_folder_run_yaml_names_as_its_sweep(tmp_path):
+    """``hpctrain sync B`` with B's run.yaml naming run A's folder as its sweep's: A's folder
+    is left as it was, and sync says the run gets no parent run."""
+    from hpctrain.config import yamlio
+    from tests.ops.helpers import cli, crafted_run
+    root = tmp_path / "runs"
+    a = crafted_run(root)
+    b = crafted_run(root, metrics=[{"step": 1, "loss": 3.0, "time": 1.7e9}],
+                    events=[{"event": "checkpoint_saved", "step": 1}])
+    job = yamlio.read_mapping(b.job_file)
+    job["tracking"]["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}
+    yamlio.write_atomic(b.job_file, yamlio.dump(job))
+    b.update_meta(sweep={"id": "S9", "dir": str(a.path), "index": 0, "values": {"train.lr": 0.1}})
+    before = _listing(a.path)
+    out = cli(root, "sync", b.id, "--no-upload").stdout
+    assert _listing(a.path) == before
+    assert "this run of sweep S9 gets no parent run" in out and "steps up to 1 sent" in out
