@@ -1085,6 +1085,43 @@ EQUIVALENT.update({
     (_MW, "core/NumberReplacer", '"time": round(time.time(), 3)}'): _EPOCH,
 })
 
+_PR = "hpctrain/data/prepared.py"
+_PR_ABS = ("the job's tokenizer reaching here is `byte` or an absolute path (made absolute "
+           "against the job file), and every absolute path sorts before `byte` (`/` < `b`)")
+_PR_INTERN = ("pathlib interns each component of a path it parses (`sys.intern`): two `.name`s "
+              "that are equal are one object")
+_PR_RACE = ("both paths were found to exist just before: samefile fails only if one is removed "
+            "in between, and either answer then refuses or takes a file that is gone")
+EQUIVALENT.update({
+    (_PR, "core/ReplaceComparisonOperator_NotEq_Lt",
+     'if recorded is None or not (sources or wanted != "byte"):'): _PR_ABS,
+    (_PR, "core/ReplaceComparisonOperator_NotEq_LtE",
+     'if recorded is None or not (sources or wanted != "byte"):'): _PR_ABS,
+    (_PR, "core/ReplaceComparisonOperator_Eq_GtE",
+     'if recorded == "byte" or wanted == "byte":'): _PR_ABS,
+    (_PR, "core/ReplaceComparisonOperator_Eq_Is",
+     '"""Equal, or the same file when both exist; when the recorded one is gone, the same '
+     'name."""\nif recorded == wanted:'):
+        "equal paths are the same file when it exists (samefile) and the same name when it is "
+        "gone: the shortcut changes no answer",
+    (_PR, "core/ReplaceTrueWithFalse", "if recorded == wanted:\nreturn True"):
+        "equal paths: the same answer follows from the name or samefile below",
+    (_PR, "core/ReplaceComparisonOperator_Eq_Is", "return recorded.name == wanted.name"):
+        _PR_INTERN,
+    (_PR, "core/ReplaceComparisonOperator_NotEq_IsNot", "if recorded.name != wanted.name:"):
+        _PR_INTERN,
+    (_PR, "core/ReplaceComparisonOperator_Eq_Is",
+     "return Path(recorded).name == Path(wanted).name and \\"): _PR_INTERN,
+    (_PR, "core/ReplaceComparisonOperator_NotEq_IsNot",
+     "elif Path(r).name != Path(w).name:"): _PR_INTERN,
+    (_PR, "core/ExceptionReplacer", "except (OSError, ValueError):"):
+        _PR_RACE + "; a ValueError (a NUL byte) cannot come from paths the job's door took",
+    (_PR, "core/ReplaceFalseWithTrue", "except (OSError, ValueError):\nreturn False"):
+        _PR_RACE,
+    (_PR, "core/ReplaceComparisonOperator_NotEq_IsNot", "if len(recorded) != len(wanted):"):
+        "CPython keeps one object per small integer (a job names fewer than 257 sources)",
+})
+
 _FP = "hpctrain/data/fingerprint.py"
 _FP_READ = "raw = file_door.read_fd(fd, FIXED - 1)"
 _FP_BOUND = ("the read's bound: `read_fd` reads up to it plus one byte and the header parser "

@@ -159,3 +159,65 @@ def test_a_message_names_three_sources_and_counts_the_rest(tmp_path, count, said
         assert " more" not in text, text
     else:
         assert f"2.txt{said}, the job names" in text, text
+
+
+def test_a_gone_tokenizer_file_is_matched_by_its_own_name_not_its_folder_s(tmp_path):
+    """Only a ``tokenizer.json`` stands for its folder: a gone ``tok/vocab.model`` is not the
+    job's ``tok/words.model``."""
+    prefix = _record(tmp_path / "corpus", tokenizer=str(tmp_path / "gone" / "tok" / "vocab.model"))
+    words = _file(tmp_path / "here" / "tok" / "words.model", "x")
+    with pytest.raises(UsageError, match=r"^data.tokenizer: .* was prepared with"):
+        check_prepared(_job(str(words)), "data.path", prefix, [])
+    check_prepared(_job(str(_file(tmp_path / "here" / "tok" / "vocab.model", "x"))),
+                   "data.path", prefix, [])
+
+
+@pytest.mark.parametrize("name", ["tok-a", "tok-c"])
+def test_a_tokenizer_of_another_name_is_no_copy_even_with_the_same_bytes(tmp_path, name):
+    original = _tokenizer(tmp_path / "orig" / "tok-b")
+    prefix = _record(tmp_path / "corpus", tokenizer=str(original))
+    other = tmp_path / "other" / name
+    shutil.copytree(original, other)
+    with pytest.raises(UsageError, match=r"^data.tokenizer: .* was prepared with"):
+        check_prepared(_job(str(other)), "data.path", prefix, [])
+
+
+@pytest.mark.parametrize("name", ["a.txt", "c.txt"])
+def test_a_source_of_another_name_is_no_copy_even_of_the_same_size(tmp_path, name):
+    """The recorded source still in place: another name (sorting either side) is another file,
+    even of the same size; and a job's source that is missing is refused in one line."""
+    original = _file(tmp_path / "orig" / "b.txt", "twelve bytes")
+    prefix = _record(tmp_path / "corpus", sources=[original], input_bytes=12)
+    for wanted in (_file(tmp_path / "other" / name, "twelve bytes"), tmp_path / "none" / "b.txt"):
+        with pytest.raises(UsageError, match=r"^data.prepare_from: .* was prepared from"):
+            check_prepared(_job(), "data.path", prefix, [wanted])
+
+
+@pytest.mark.parametrize("names", [("b.txt", "a.txt"), ("b.txt", "c.txt")])
+def test_a_moved_project_s_source_of_another_name_is_refused_without_sizes(tmp_path, names):
+    """The recorded source is gone: the job's file of another name (sorting either side) is not
+    it, however many bytes it holds; the message gives sizes only for the same names."""
+    gone, other = tmp_path / "gone" / names[0], _file(tmp_path / "here" / names[1], "aaaa")
+    prefix = _record(tmp_path / "corpus", sources=[gone], input_bytes=4)
+    with pytest.raises(UsageError) as err:
+        check_prepared(_job(), "data.path", prefix, [other])
+    assert str(err.value).startswith("data.prepare_from: ") and "bytes;" not in str(err.value)
+
+
+def test_sources_deleted_after_preparing_still_name_the_data(tmp_path):
+    """The data was prepared and its sources deleted (they take room): the job naming the same
+    files is the same data, though none of them can be read any more."""
+    gone = [tmp_path / "gone" / "a.txt", tmp_path / "gone" / "b.txt"]
+    prefix = _record(tmp_path / "corpus", sources=gone, input_bytes=8)
+    check_prepared(_job(), "data.path", prefix, gone)
+
+
+def test_the_same_file_under_another_path_is_the_same_source_whatever_its_size_now(tmp_path):
+    """A hard link names the very file the data was prepared from: it is that source (the
+    recorded size is only compared where the recorded file is gone)."""
+    original = _file(tmp_path / "orig" / "a.txt", "twelve bytes")
+    prefix = _record(tmp_path / "corpus", sources=[original], input_bytes=999)
+    link = tmp_path / "elsewhere" / "a.txt"
+    link.parent.mkdir()
+    os.link(original, link)
+    check_prepared(_job(), "data.path", prefix, [link])
