@@ -64,9 +64,11 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
                    config={"job": to_dict(job), "profile": to_dict(profile)})
     before = {b.name: TrackingState(run.path).of(b.name)["sent_step"] for b in backends}
     problems: list[str] = []
+    # a person waits for sync, no next attempt does: the whole flush_timeout_s, also for a run
+    # that stopped to be continued (its attempts flush for at most 10 s)
     thread = TrackerThread(backends, info, resume_step=upto, metrics_file=run.metrics_file,
                            events_file=run.events_file, flush_timeout_s=section.flush_timeout_s,
-                           log=problems.append)
+                           log=problems.append, stopping_flush_s=section.flush_timeout_s)
     thread.start()
     thread.close("finished" if run.finished() else "stopped")
     after = TrackingState(run.path)
