@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -46,11 +47,29 @@ class _Channel:
         return self.backend.name
 
 
+
+@dataclass(frozen=True)
+class Voice:
+    """Who the tracker thread works for, in its messages: an attempt of training (its rank 0),
+    or ``hpctrain sync``, which a person waits for and which has no next attempt."""
+
+    gives_up: str       # after "did not answer within N s at the end of"
+    goes_on: str        # after "retrying every N s;"
+    later: str          # who sends what is left ({run}: the run's id)
+
+
+TRAINING_VOICE = Voice("the attempt; the attempt does not wait for it", "training continues",
+                       "the next attempt or `hpctrain sync {run}`")
+SYNC_VOICE = Voice("sync; sync does not wait for it any longer",
+                   "sync goes on trying until tracking.flush_timeout_s",
+                   "`hpctrain sync {run}` run again")
+
 class TrackerThread:
     def __init__(self, backends: list[Backend], info: RunInfo, *, resume_step: int,
                  metrics_file: Path, events_file: Path, flush_timeout_s: float,
                  log: Callable[[str], None], retry_s: float = RETRY_S,
-                 stopping_flush_s: float = STOPPING_FLUSH_S) -> None:
+                 stopping_flush_s: float = STOPPING_FLUSH_S, voice: Voice | None = None) -> None:
+        self.voice = voice or TRAINING_VOICE
         self.info = info
         self.state = TrackingState(info.run_path)
         self.channels = [_Channel(b, self.state.of(b.name)) for b in backends]
@@ -97,7 +116,7 @@ class TrackerThread:
         self._thread.join(wait + 15 + (REPORT_TIMEOUT_S if status == "finished" else 0))
         if self._thread.is_alive():        # stuck inside a tracker call: give up on it
             self.log(f"tracking: a tracker did not answer within {wait:.0f} s at the end of "
-                     "the attempt; the attempt does not wait for it")
+                     f"{self.voice.gives_up}")
             self._write_unsent()
 
     # ---- the tracker thread ------------------------------------------------------------------
@@ -222,7 +241,7 @@ class TrackerThread:
                 if ch.error is None:
                     self.log(f"tracking: {ch.name} cannot be reached ({_short(e)}); "
                              f"{buffered} record(s) kept, retrying every {self.retry_s:g} s; "
-                             "training continues")
+                             f"{self.voice.goes_on}")
                 ch.error = _short(e)
                 ch.next_try = time.monotonic() + self.retry_s
                 continue
@@ -287,8 +306,8 @@ class TrackerThread:
                     continue
                 self.log(f"tracking: {ch.name} did not receive {len(left)} record(s) (steps "
                          f"{left[0]['step']}-{left[-1]['step']}); kept in {path} and in "
-                         "metrics.jsonl: the next attempt or `hpctrain sync "
-                         f"{self.info.run_id}` sends them")
+                         f"metrics.jsonl: {self.voice.later.format(run=self.info.run_id)} "
+                         "sends them")
 
 
 def _short(e: BaseException) -> str:

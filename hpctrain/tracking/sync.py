@@ -12,6 +12,8 @@ A run with a live job is refused: its rank 0 is the one sending.
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,7 @@ from ..config.tracking import effective
 from ..errors import UsageError
 from ..record.folder import RunFolder
 from .backends import RunInfo, backends_for, sweep_folder_for
-from .sender import TrackerThread
+from .sender import SYNC_VOICE, TrackerThread
 from .state import TrackingState
 
 
@@ -56,6 +58,11 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
     if not backends:
         raise UsageError(f"run {run.id} names no tracker (tracking.wandb / tracking.mlflow in "
                          "its job or profile)")
+    # MLflow logs its database's setup at INFO, lines that read as sync's own: only its
+    # warnings (unless the user asked for its INFO lines), whether it is imported yet or not
+    if "MLFLOW_LOGGING_LEVEL" not in os.environ:
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
     upto = final_step(run)
     meta = run.meta()
     sweep = meta.get("sweep") if isinstance(meta.get("sweep"), dict) else None
@@ -68,7 +75,8 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
     # that stopped to be continued (its attempts flush for at most 10 s)
     thread = TrackerThread(backends, info, resume_step=upto, metrics_file=run.metrics_file,
                            events_file=run.events_file, flush_timeout_s=section.flush_timeout_s,
-                           log=problems.append, stopping_flush_s=section.flush_timeout_s)
+                           log=problems.append, stopping_flush_s=section.flush_timeout_s,
+                           voice=SYNC_VOICE)
     thread.start()
     thread.close("finished" if run.finished() else "stopped")
     after = TrackingState(run.path)

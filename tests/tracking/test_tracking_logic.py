@@ -201,6 +201,29 @@ def test_sync_never_writes_into_the_folder_run_yaml_names_as_its_sweep(tmp_path)
     yamlio.write_atomic(b.job_file, yamlio.dump(job))
     b.update_meta(sweep={"id": "S9", "dir": str(a.path), "index": 0, "values": {"train.lr": 0.1}})
     before = _listing(a.path)
-    out = cli(root, "sync", b.id, "--no-upload").stdout
+    done = cli(root, "sync", b.id, "--no-upload")
+    out = done.stdout
+    assert "INFO mlflow" not in done.stderr, done.stderr       # MLflow's setup lines: quiet
     assert _listing(a.path) == before
     assert "this run of sweep S9 gets no parent run" in out and "steps up to 1 sent" in out
+
+
+def test_sync_speaks_of_itself_not_of_an_attempt_of_training(tmp_path):
+    """``hpctrain sync`` shares the tracker thread of training, whose messages said "training
+    continues" and "the next attempt ... sends them": sync says what it does instead, waits
+    ``tracking.flush_timeout_s`` for an unreachable tracker, and exits 1 with what is unsent."""
+    from hpctrain.config import yamlio
+    from tests.ops.helpers import cli, crafted_run
+    root = tmp_path / "runs"
+    run = crafted_run(root, metrics=[{"step": 1, "loss": 3.0, "time": 1.7e9}],
+                      events=[{"event": "checkpoint_saved", "step": 1}])
+    job = yamlio.read_mapping(run.job_file)
+    job["tracking"]["mlflow"] = {"tracking_uri": "http://127.0.0.1:9"}   # nothing listens
+    job["tracking"]["flush_timeout_s"] = 1
+    yamlio.write_atomic(run.job_file, yamlio.dump(job))
+    out = cli(root, "sync", run.id, "--no-upload", check=False)
+    assert out.returncode == 1, out
+    said = out.stdout + out.stderr
+    assert "mlflow cannot be reached" in said and "did not receive 1 record(s)" in said, said
+    assert "training continues" not in said and "the next attempt" not in said, said
+    assert f"`hpctrain sync {run.id}` run again sends them" in said, said
