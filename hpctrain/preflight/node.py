@@ -15,7 +15,8 @@ from .results import Check
 
 def checkpoint_folder(profile, run_dir: str | None) -> str:
     if profile.storage.checkpoint_root:
-        return str(Path(profile.storage.checkpoint_root).expanduser())
+        from ..record.folder import checkpoint_root_folder
+        return str(checkpoint_root_folder(profile.storage.checkpoint_root))
     if run_dir:
         from ..record.folder import RunFolder
         return str(RunFolder(Path(run_dir)).checkpoint_dir())

@@ -433,6 +433,14 @@ class RunFolder:
         return checkpoint_location(self, job, profile)
 
 
+def checkpoint_root_folder(root: str) -> Path:
+    """A profile's ``storage.checkpoint_root`` as the folder it names: ``~`` expanded (a
+    ``~user`` of no such user raises RuntimeError, for the caller to word), a relative one
+    made absolute against the current folder. Both the checks before a run is created and the
+    path ``run.yaml`` records read it here, so they name one folder."""
+    return Path(os.path.abspath(Path(root).expanduser()))
+
+
 def checkpoint_location(run: RunFolder, job=None, profile=None) -> Path:
     """The one rule for a run's checkpoint folder, applied when the run is created (and
     recorded in ``run.yaml``): the job's ``checkpoint.dir``, else
@@ -443,7 +451,7 @@ def checkpoint_location(run: RunFolder, job=None, profile=None) -> Path:
     if job is not None and job.checkpoint.dir:
         return Path(job.checkpoint.dir)
     if profile is not None and profile.storage.checkpoint_root:
-        return Path(os.path.abspath(Path(profile.storage.checkpoint_root).expanduser())) / run.id
+        return checkpoint_root_folder(profile.storage.checkpoint_root) / run.id
     return run.path / "checkpoints"
 
 

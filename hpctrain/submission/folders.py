@@ -16,8 +16,8 @@ from ..config.schema import to_dict
 from ..errors import HpcTrainError, UsageError
 from ..record.files import RUN_FILE, now_iso, remove_run_folder
 from ..record.sweeps import SWEEP_FILE, read_sweep
-from ..record.folder import (RunFolder, checkpoint_location, create_run, default_runs_root,
-                             folder_mode, usable_root)
+from ..record.folder import (RunFolder, checkpoint_location, checkpoint_root_folder,
+                             create_run, default_runs_root, folder_mode, usable_root)
 from ..view.summary_cache import CACHE_FILE
 from .checks import decided
 from .sweep_values import SweepPoint, new_sweep_dir
@@ -58,7 +58,7 @@ def checkpoint_root_path(root: str) -> Path:
     """The profile's ``storage.checkpoint_root`` as :func:`checkpoint_location` reads it
     (``~`` expanded); a ``~user`` of no such user is a UsageError naming the field."""
     try:
-        return Path(os.path.abspath(Path(root).expanduser()))
+        return checkpoint_root_folder(root)
     except RuntimeError:
         raise UsageError(f"storage.checkpoint_root: {root.split('/')[0]} is no user's home "
                          f"folder here; name a folder (or set it to null: each run keeps its "
