@@ -389,6 +389,15 @@ def test_the_locking_record_says_how_long_and_how_much():
                                 f"{record['seconds']:.2f}s after step 7")
 
 
+def test_the_log_line_and_the_record_agree_on_the_locking_time_to_the_last_digit():
+    # 0.1753 s is kept as 0.175, which prints as 0.17; the log line must not say 0.18
+    arena = staging.HostArena(pin=True, segment_bytes=1 << 30, page_lock=PageLocks())
+    arena.lock_seconds, arena.locked_after_step = 0.1753, 3
+    record = arena.lock_record()
+    assert record["seconds"] == 0.175
+    assert arena.describe().endswith(f" in {record['seconds']:.2f}s after step 3")
+
+
 def test_the_process_arena_is_one_and_page_locked_on_cuda_or_by_a_stand_in(monkeypatch):
     monkeypatch.setattr(staging, "_ARENA", None)
     plain = staging.process_arena("cpu")

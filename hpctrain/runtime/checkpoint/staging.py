@@ -247,8 +247,11 @@ class HostArena:
                 "bytes": self.pinned_bytes}
 
     def describe(self) -> str:
+        """One line for the log; its time is the record's (rounded once, so the log and the
+        run record never disagree in the last digit)."""
+        record = self.lock_record()
         pinned = f", {self.pinned_bytes / 1e9:.2f} GB page-locked" if self.pin else ""
-        took = f" in {self.lock_seconds:.2f}s" if self.lock_seconds is not None else ""
+        took = f" in {record['seconds']:.2f}s" if record is not None else ""
         after = (f" after step {self.locked_after_step}" if self.locked_after_step is not None
                  else "")
         return f"{self.capacity / 1e9:.2f} GB host staging{pinned}{took}{after}"
