@@ -88,9 +88,10 @@ _OS_FIXES = {
 }
 
 
-def from_os_error(e: OSError) -> HpcTrainError:
+def from_os_error(e: OSError, fix: str | None = None) -> HpcTrainError:
     """One line for a filesystem error that reached the CLI: the path, what is wrong and, for
-    a fault of the storage (permission, read-only, full), what to do."""
+    a fault of the storage (permission, read-only, full), what to do — or ``fix``, a caller's
+    own advice that knows which setting chose the path."""
     import errno as errno_names
 
     name = errno_names.errorcode.get(e.errno or 0, "")
@@ -99,7 +100,7 @@ def from_os_error(e: OSError) -> HpcTrainError:
         what = e.strerror
     paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
     where = " -> ".join(_short_path(p) for p in paths) if paths else "a file"
-    fix = _OS_FIXES.get(name)
+    fix = fix or _OS_FIXES.get(name)
     text = f"{where}: {what}; {fix}" if fix else f"{where}: {what}"
     return (UsageError if code == exit_codes.USAGE else HpcTrainError)(text)
 

@@ -27,6 +27,7 @@ Pure file operations (no torch), shared by the runtime and ``hpctrain status``-l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import file_door
-from ..errors import HpcTrainError, UsageError
+from ..errors import HpcTrainError, UsageError, from_os_error
 from ..outputs import fsync_folder as fsync_dir, write_atomic
 from .reader import CHECKPOINT_FORMAT
 
@@ -478,7 +479,8 @@ def claim(root: Path, run_id: str, run_dir: str | os.PathLike | None = None,
     check_owner(root, run_id)      # another run's checkpoints: refused with how to continue it
     if run_dir is not None:
         check_location(root, run_dir)
-    make_folder(root, mode)
+    with _worded_as_claim(root):
+        make_folder(root, mode)
     if read_owner(root) is not None:
         check_owner(root, run_id)   # another run may have claimed it since the first check
         return False
@@ -486,12 +488,30 @@ def claim(root: Path, run_id: str, run_dir: str | os.PathLike | None = None,
               "run_dir": str(run_dir) if run_dir is not None else None,
               "claimed": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     try:
-        write_atomic(root / OWNER, json.dumps(record, indent=1) + "\n", exclusive=True)
+        with _worded_as_claim(root):
+            write_atomic(root / OWNER, json.dumps(record, indent=1) + "\n", exclusive=True)
         created = True
     except FileExistsError:
         created = False
     check_owner(root, run_id)   # lost a race: the other run's record is there now
     return created
+
+
+@contextlib.contextmanager
+def _worded_as_claim(root: Path):
+    """A folder that cannot be made or written (``/proc/self``, a read-only mount) refused in
+    one line that says what was being done and which setting chooses the folder, not only the
+    file system's words for the file. ``FileExistsError`` passes: a lost claim race is read
+    back by the caller."""
+    try:
+        yield
+    except FileExistsError:
+        raise
+    except OSError as e:
+        raise from_os_error(e, fix=(       # a full disk stays a failure (exit 1)
+            f"{root} cannot be made this run's checkpoint folder: point checkpoint.dir (or "
+            f"the profile's storage.checkpoint_root) at a folder this user can create and "
+            f"write")) from None
 
 
 def release(root: Path, run_id: str) -> None:

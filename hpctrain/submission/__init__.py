@@ -187,17 +187,18 @@ def submit(job_file: str | Path | Mapping | JobConfig,
             script = run.script_file
         run.update_meta(dry_run=True)
         return Submission(resolved, [run], dry_run=True, script=script)
-    from ..record.checkpoint_store import ForeignCheckpointsError
     try:
         subs = submit_chain(resolved, run, chain)
-    except ForeignCheckpointsError:
-        # Another submission claimed checkpoint.dir after prepare_run checked it (two racing
-        # on one folder): remove the run folder this call created, and nothing else.
-        remove_refused_run(run)
-        raise
     except SubmissionError as e:
         # sbatch refused the first job: the run never reached the scheduler
         raise refusal(e, remove_refused_run(run), "the run folder prepared for it") from None
+    except BaseException:
+        # The claim of the checkpoint folder was refused (another submission claimed
+        # checkpoint.dir after prepare_run checked it; a folder that cannot be made), or the
+        # submission was stopped before a job reached the scheduler: remove the run folder
+        # this call created, and nothing else (a run that records a job is kept).
+        remove_refused_run(run)
+        raise
     script = run.script_file if backend.batch_script else None
     return Submission(resolved, [run], subs, script=script)
 
@@ -240,6 +241,9 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
             raise refusal(e, remove_refused_sweep(sweep_dir, sweep_runs),
                           f"the sweep's folder and its {len(sweep_runs)} run folders",
                           "were") from None
+        except BaseException:     # a claim refused, or stopped before the array was queued
+            remove_refused_sweep(sweep_dir, sweep_runs)
+            raise
         return out
     run_sweep_locally(sweep_dir, sweep_runs, follow_local_run or _follow_quietly)
     return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hpctrain.errors import NotRegularFileError, from_os_error
+from hpctrain.errors import HpcTrainError, NotRegularFileError, from_os_error
 from hpctrain.record import checkpoint_store as store
 from hpctrain.runtime.checkpoint.save_faults import SaveFault, save_faults_in_one_line
 from tests.safety.test_run_file_writes import KINDS, _make
@@ -160,9 +160,10 @@ def storage_stops_writes_past(limit: int):
 def test_a_write_stopped_half_way_keeps_latest_the_owner_and_every_checkpoint(tmp_path):
     root = tmp_path / "ck"
     with storage_stops_writes_past(16):            # an owner record is ~150 bytes
-        with pytest.raises(OSError) as e:
+        with pytest.raises(HpcTrainError) as e:    # a full disk: a failure, not a usage error
             store.claim(root, RUN)
-    assert e.value.filename == str(root / store.OWNER)
+    assert type(e.value) is HpcTrainError and str(e.value).startswith(
+        f"{root / store.OWNER}: File too large; {root} cannot be made this run's checkpoint")
     assert store.read_owner(root) is None and _litter(root) == []
     assert store.claim(root, RUN) is True          # room again: the claim goes through
     owner = (root / store.OWNER).read_bytes()

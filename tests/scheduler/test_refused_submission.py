@@ -18,7 +18,7 @@ import pytest
 
 from hpctrain.record.folder import RunFolder
 from hpctrain.submission.folders import PREPARED_RUN, holds_only, remove_refused_run
-from tests.conftest import hpctrain
+from tests.conftest import hpctrain, one_error_line
 
 REFUSAL = ("sbatch: error: invalid partition specified: nosuchpart\n"
            "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
@@ -70,6 +70,24 @@ def test_a_refused_sweep_leaves_neither_its_folder_nor_its_runs(refusing_sbatch)
                                 "to look at the script).\n")
     assert [p.name for p in root.iterdir()] == ["sweeps"]
     assert list((root / "sweeps").iterdir()) == []
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_line_and_leaves_no_run(
+        refusing_sbatch, tmp_path, sweep):
+    # /proc/self takes no new folder or file, for root too: the claim before the first job
+    # fails, so nothing reaches sbatch, and the folders this submission made are removed
+    root = Path(refusing_sbatch["HPCTRAIN_RUNS_DIR"])
+    hpctrain("submit", "examples/tiny.yaml", "--dry-run", env=refusing_sbatch, check=True)
+    before = _tree(root)                     # another run, prepared earlier: never touched
+    args = ["--sweep", "train.lr=1e-3,2e-3"] if sweep else []
+    proc = hpctrain("submit", "examples/tiny.yaml", "-p", "dev-slurm", "--force",
+                    "--set", "checkpoint.dir=/proc/self/ck", *args, env=refusing_sbatch)
+    one_error_line(proc, "does not exist", "cannot be made this run's checkpoint folder",
+                   "point checkpoint.dir (or the profile's storage.checkpoint_root) at a folder")
+    assert not (tmp_path / "sbatch-calls").exists()
+    after = {k: v for k, v in _tree(root).items() if k != "sweeps"}
+    assert after == before
 
 
 def test_a_refused_run_is_removed_only_while_it_holds_what_a_submission_wrote(tmp_path):

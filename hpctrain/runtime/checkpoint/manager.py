@@ -33,6 +33,7 @@ from pathlib import Path
 from ... import __version__
 from ...record import checkpoint_store as store
 from ...record import reader as run_files
+from ...errors import HpcTrainError
 from ...record.checkpoint_store import CheckpointError
 from .. import collectives, rng
 from ..digest import stored_weights_digest
@@ -476,7 +477,7 @@ class Checkpointer:
                 self.claim()
             except store.ForeignCheckpointsError as e:
                 raise CheckpointError(str(e)) from None
-            except OSError as e:
+            except (OSError, HpcTrainError) as e:   # the claim words what it could not write
                 raise CheckpointError(f"cannot use checkpoint folder {self.root}: {e}") from None
             for partial in store.partial_checkpoints(self.root):
                 where = store.quarantine(self.root, partial, "incomplete: the save never finished "
