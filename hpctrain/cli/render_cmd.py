@@ -25,8 +25,9 @@ def load_resolved(job_file: str, profile_name: str, nodes: int | None, overrides
 
 @click.command()
 @job_options
+@runs_dir_option
 @json_option
-def validate(job_file, profile_name, nodes, overrides, as_json):
+def validate(job_file, profile_name, nodes, overrides, runs_dir, as_json):
     """Check a job file on a profile: schema, layout (TP × PP × DP = world size), safety, and
     every other check `submit` makes that needs no cluster (memory fit, data and vocabulary).
     Data this machine cannot see is a warning, not an error.
@@ -41,8 +42,9 @@ def validate(job_file, profile_name, nodes, overrides, as_json):
     r = load_resolved(job_file, profile_name, nodes, overrides)
     check_offline(r, prepare=False, warn=warning_line)
     # where the checkpoints go (checkpoint.dir, or the profile's storage.checkpoint_root),
-    # checked as submit checks it against the runs root it would use without --runs-dir
-    check_checkpoint_dir(r.job, _default_runs_root(r.profile), False, r.profile)
+    # checked as submit checks it against the runs root it would use (--runs-dir, else its
+    # default)
+    check_checkpoint_dir(r.job, _runs_root_of_submit(runs_dir, r.profile), False, r.profile)
     if as_json:
         lay = r.layout
         echo_json({"valid": True, "profile": r.profile.name, "world_size": r.profile.world_size,
@@ -58,10 +60,13 @@ def validate(job_file, profile_name, nodes, overrides, as_json):
                f"{r.layout.num_microbatches} microbatches per step")
 
 
-def _default_runs_root(profile):
-    """The runs root ``submit`` uses without ``--runs-dir``; None when it is unusable (submit
-    says why; ``validate`` checks the job and profile)."""
+def _runs_root_of_submit(runs_dir, profile):
+    """The runs root ``submit`` would use: ``--runs-dir`` (an unusable one is refused, as
+    submit refuses it), else the default, which is None when it is unusable (submit says why;
+    ``validate`` checks the job and profile)."""
     from ..submission import runs_root_for
+    if runs_dir is not None:
+        return runs_root_for(runs_dir, profile)
     try:
         return runs_root_for(None, profile)
     except UsageError:

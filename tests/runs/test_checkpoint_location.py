@@ -198,3 +198,22 @@ def test_validate_checks_the_checkpoint_dir_as_submit_does(other, tmp_path, monk
     result = CliRunner().invoke(cli, ["validate", JOB, "--set", f"checkpoint.dir={other.path}"])
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"Error: checkpoint.dir: {other.path} is another run's")
+
+
+def test_validate_checks_the_checkpoint_dir_against_the_runs_dir_it_is_given(tmp_path,
+                                                                             monkeypatch):
+    """validate checked against the default runs root only: a checkpoint.dir that is the
+    --runs-dir submit then refused was called ok."""
+    monkeypatch.delenv("HPCTRAIN_RUNS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "team-runs"
+    args = ["validate", JOB, "--set", f"checkpoint.dir={runs}"]
+    assert CliRunner().invoke(cli, args).exit_code == 0           # ./runs is another folder
+    refused = CliRunner().invoke(cli, [*args, "--runs-dir", str(runs)])
+    assert refused.exit_code == 2, refused.output
+    assert refused.output == (f"Error: checkpoint.dir: {runs} is the folder of run folders; "
+                              f"point it at a folder of its own (or leave it unset: each run "
+                              f"keeps its checkpoints in its own folder)\n")
+    submitted = CliRunner().invoke(cli, ["submit", *args[1:], "--runs-dir", str(runs),
+                                         "--dry-run"])
+    assert submitted.exit_code == 2 and submitted.output == refused.output
