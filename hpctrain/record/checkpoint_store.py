@@ -417,6 +417,9 @@ def location_problem(root: Path, run_dir: str | os.PathLike | None,
     except OSError:
         inside = None
     if inside is not None:
+        if inside.is_symlink():     # pruning or a quarantine there would act through it
+            return f"{root} holds a link to a run folder ({inside.name} -> " \
+                   f"{file_door.show(os.path.realpath(inside))})"
         return f"{root} holds run folders ({inside.name})"
     return None
 

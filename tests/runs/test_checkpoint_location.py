@@ -57,6 +57,16 @@ def test_a_checkpoint_dir_among_runs_is_refused_before_anything_is_created(other
     assert _tree(tmp_path) == before          # no run folder made, nothing written
 
 
+def test_a_folder_holding_a_link_to_a_run_says_it_is_a_link(other, tmp_path):
+    """It was called a folder that "holds run folders"."""
+    target = tmp_path / "ck"
+    target.mkdir()
+    (target / "pointer").symlink_to(other.path)
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={target}")
+    assert result.exit_code == 2
+    assert f"{target} holds a link to a run folder (pointer -> {other.path})" in result.output
+
+
 def test_a_link_into_another_run_is_followed(other, tmp_path):
     (tmp_path / "innocent").symlink_to(other.path)
     result = _dry_run(tmp_path / "runs", f"checkpoint.dir={tmp_path / 'innocent' / 'ck'}")
