@@ -295,6 +295,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "attempt_records": ("hpctrain/record/attempt_records.py", [
         "tests/runs/test_runs_and_attempts.py", "tests/runs/test_requeue_policy.py",
         "tests/health/test_culprit.py"]),
+    "cleanup": ("hpctrain/ops/cleanup.py", ["tests/ops/test_cleanup_door.py",
+                                           "tests/cli/test_rough_edges.py"]),
 }
 
 # Operators left out (see the module docstring).
