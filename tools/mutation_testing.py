@@ -297,6 +297,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/health/test_culprit.py"]),
     "cleanup": ("hpctrain/ops/cleanup.py", ["tests/ops/test_cleanup_door.py",
                                            "tests/cli/test_rough_edges.py"]),
+    "submission_folders": ("hpctrain/submission/folders.py", [
+        "tests/scheduler/test_refused_submission.py", "tests/runs/test_checkpoint_location.py",
+        "tests/runs/test_sweep_folder.py"]),
 }
 
 # Operators left out (see the module docstring).
@@ -1189,6 +1192,10 @@ EQUIVALENT.update({
      'raise ValueError(f"not a data fingerprint: {show(repr(saved), 60)}")'): _FP_SHOWN,
 })
 
+EQUIVALENT[("hpctrain/submission/folders.py", "core/ReplaceBinaryOperator_Mul_Div",
+            'def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",')] = (
+    "`*` -> `/` in the signature: every caller passes the resolved job and the runs root by "
+    "position and the rest by name, which both signatures accept")
 EQUIVALENT[("hpctrain/runtime/assembly.py", "core/ReplaceComparisonOperator_Eq_GtE",
             'before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"')] = (
     "the only attempts whose records name nodes left out are `exit_codes.EXCLUDING_REASONS` "

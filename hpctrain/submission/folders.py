@@ -120,11 +120,20 @@ def remove_refused_run(run: RunFolder) -> bool:
     its first job (``PREPARED_RUN``, with ``logs`` and ``checkpoints`` empty) is removed: never
     another run's files, nothing a job wrote. True when it was removed; if that fails, the
     refusal is still what the user sees, and the empty run can be removed with ``runs rm``."""
+    if not _only_what_a_submission_wrote(run):
+        return False
     try:
-        if run.job_ids(kind=None) or not holds_only(run.path, PREPARED_RUN):
-            return False
         remove_run_folder(run.path)
         return True
+    except (OSError, HpcTrainError):
+        return False
+
+
+def _only_what_a_submission_wrote(run: RunFolder) -> bool:
+    """Whether ``run`` records no job and holds nothing but ``PREPARED_RUN`` (False when that
+    cannot be read: a damaged ``run.yaml``, a folder that cannot be listed)."""
+    try:
+        return not run.job_ids(kind=None) and holds_only(run.path, PREPARED_RUN)
     except (OSError, HpcTrainError):
         return False
 
@@ -154,8 +163,7 @@ def prepare_preflight_run(profile: ClusterProfile, runs_root: Path) -> RunFolder
                     scheduler=profile.scheduler, created=now_iso(), hpctrain_version=__version__,
                     world_size=profile.world_size, jobs=[])
     run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there
-    (run.path / "preflight").mkdir(parents=True, exist_ok=True)
-    return run
+    return run                      # RUN/preflight is made by the job (preflight_main)
 
 
 # ---- sweeps ----------------------------------------------------------------------------------
@@ -192,12 +200,15 @@ def remove_refused_sweep(sweep_dir: Path, runs: list[SweepRun]) -> bool:
     """Remove a sweep whose job array sbatch refused: each run folder as
     :func:`remove_refused_run` would, then the sweep's folder if it holds nothing but what the
     submission wrote (``PREPARED_SWEEP``). True when all of it was removed."""
-    removed = [remove_refused_run(r.run) for r in runs]
-    if not all(removed):
+    try:        # all or nothing, so that what the refusal says of them is true of each
+        if not (holds_only(sweep_dir, PREPARED_SWEEP)
+                and all(_only_what_a_submission_wrote(r.run) for r in runs)):
+            return False
+    except OSError:
+        return False
+    if not all([remove_refused_run(r.run) for r in runs]):
         return False
     try:
-        if not holds_only(sweep_dir, PREPARED_SWEEP):
-            return False
         remove_run_folder(sweep_dir)
         return True
     except OSError:

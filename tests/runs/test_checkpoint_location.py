@@ -227,3 +227,38 @@ def test_validate_checks_the_checkpoint_dir_against_the_runs_dir_it_is_given(tmp
     submitted = CliRunner().invoke(cli, ["submit", *args[1:], "--runs-dir", str(runs),
                                          "--dry-run"])
     assert submitted.exit_code == 2 and submitted.output == refused.output
+
+
+def _owned_by_another_run(folder):
+    """``folder`` claimed by another run, which saved step 5 there."""
+    from tests.ops.helpers import write_checkpoint
+    store.claim(folder, "someone-else-20260101-000000-abcd")
+    write_checkpoint(folder, 5, attempt=1, run_id="someone-else-20260101-000000-abcd")
+    return _tree(folder)
+
+
+def test_a_run_on_another_runs_checkpoint_folder_is_refused_before_anything_is_created(
+        tmp_path):
+    theirs = tmp_path / "theirs"
+    before = _owned_by_another_run(theirs)
+    result = _dry_run(tmp_path / "runs", f"checkpoint.dir={theirs}")
+    assert result.exit_code == 2
+    assert f"checkpoint.dir: {theirs} holds another run's checkpoints (owner.json names run " \
+        "someone-else-20260101-000000-abcd)" in result.output
+    assert not (tmp_path / "runs").exists() and _tree(theirs) == before
+
+
+def test_a_sweeps_runs_each_keep_a_new_folder_under_a_checkpoint_dir_of_any_owner(tmp_path):
+    """A sweep's runs save in ``<checkpoint.dir>/<run id>``, new and empty: who owns the
+    folder above (or what its ``latest`` is) is not theirs to check, and its files stay."""
+    theirs = tmp_path / "theirs"
+    before = _owned_by_another_run(theirs)
+    result = CliRunner().invoke(cli, ["submit", JOB, "--dry-run", "--runs-dir",
+                                      str(tmp_path / "runs"), "--set",
+                                      f"checkpoint.dir={theirs}", "--sweep",
+                                      "train.lr=1e-3,2e-3"])
+    assert result.exit_code == 0, result.output
+    runs = list(iter_runs(tmp_path / "runs"))
+    assert sorted(r.meta()["checkpoint_dir"] for r in runs) == \
+        sorted(str(theirs / r.id) for r in runs)
+    assert _tree(theirs) == before

@@ -18,7 +18,7 @@ import pytest
 
 from hpctrain.record.folder import RunFolder
 from hpctrain.submission.folders import PREPARED_RUN, holds_only, remove_refused_run
-from tests.conftest import hpctrain, one_error_line
+from tests.conftest import REPO, hpctrain, one_error_line
 
 REFUSAL = ("sbatch: error: invalid partition specified: nosuchpart\n"
            "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
@@ -111,6 +111,55 @@ def test_a_refused_run_is_removed_only_while_it_holds_what_a_submission_wrote(tm
     run.update_meta(jobs=[])
     assert remove_refused_run(run) and not run.path.exists()
     assert list(run.path.parent.iterdir()) == []
+
+
+def test_a_refused_run_whose_logs_or_checkpoints_are_links_is_kept(tmp_path):
+    """``logs`` or ``checkpoints`` that is a link (even to an empty folder) is not what a
+    submission writes: the folder is kept, and the link's target too."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("logs", "checkpoints"):
+        run = RunFolder(tmp_path / "runs" / f"tiny-gpt-20260101-000000-{name[:4]}")
+        run.path.mkdir(parents=True)
+        run.update_meta(run_id=run.id, jobs=[])
+        (run.path / name).symlink_to(elsewhere)
+        assert not holds_only(run.path, PREPARED_RUN)
+        assert not remove_refused_run(run) and run.path.exists() and elsewhere.is_dir()
+
+
+def test_a_refused_run_whose_run_yaml_is_damaged_is_kept(tmp_path):
+    run = RunFolder(tmp_path / "runs" / "tiny-gpt-20260101-000000-abcd")
+    run.path.mkdir(parents=True)
+    run.run_file.write_text("jobs: [unclosed\n")
+    assert not remove_refused_run(run) and run.run_file.read_text() == "jobs: [unclosed\n"
+
+
+@pytest.mark.parametrize("extra_in", ["run", "sweep"])
+def test_a_refused_sweep_says_its_folders_were_kept_when_one_holds_more(refusing_sbatch,
+                                                                        monkeypatch, extra_in):
+    """A run folder or the sweep's own folder holding more than the submission wrote is kept,
+    and the message says so (it must not say they were removed)."""
+    from hpctrain import submission
+    real_prepare = submission.prepare_sweep
+
+    def prepare_and_add(*args, **kwargs):       # as if another hand wrote there meanwhile
+        sweep_dir, runs = real_prepare(*args, **kwargs)
+        target = runs[-1].run.path if extra_in == "run" else sweep_dir
+        (target / "notes.txt").write_text("mine")
+        return sweep_dir, runs
+    monkeypatch.setattr(submission, "prepare_sweep", prepare_and_add)
+    monkeypatch.setenv("PATH", refusing_sbatch["PATH"])
+    root = Path(refusing_sbatch["HPCTRAIN_RUNS_DIR"])
+    with pytest.raises(submission.SubmissionError) as refused:
+        submission.submit(str(REPO / "examples" / "tiny.yaml"), profile="dev-slurm",
+                          force=True, runs_dir=root, sweep=["train.lr=1e-3,2e-3"])
+    assert str(refused.value).endswith(
+        "Nothing was queued: the sweep's folder and its 2 run folders were kept: more than "
+        "this submission wrote is there (`hpctrain runs rm` removes a run).")
+    (notes,) = [p for p in root.rglob("notes.txt")]
+    assert notes.read_text() == "mine"
+    assert len([p for p in root.iterdir() if (p / "run.yaml").is_file()]) == 2   # all kept
+    assert len(list((root / "sweeps").iterdir())) == 1
 
 
 def test_bench_scaling_says_what_sbatch_said_and_that_nothing_was_queued(refusing_sbatch,
