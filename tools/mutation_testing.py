@@ -1192,10 +1192,22 @@ EQUIVALENT.update({
      'raise ValueError(f"not a data fingerprint: {show(repr(saved), 60)}")'): _FP_SHOWN,
 })
 
-EQUIVALENT[("hpctrain/submission/folders.py", "core/ReplaceBinaryOperator_Mul_Div",
-            'def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",')] = (
-    "`*` -> `/` in the signature: every caller passes the resolved job and the runs root by "
-    "position and the rest by name, which both signatures accept")
+_SF = "hpctrain/submission/folders.py"
+_SF_KEYWORDS = ("`*` -> `/` in the signature: every caller passes the first two arguments by "
+                "position and the rest by name, which both signatures accept")
+EQUIVALENT.update({
+    (_SF, "core/ReplaceBinaryOperator_Mul_Div",
+     'def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",'): _SF_KEYWORDS,
+    (_SF, "core/ReplaceBinaryOperator_Mul_Div",
+     "def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,"): _SF_KEYWORDS,
+    (_SF, "core/ReplaceTrueWithFalse",
+     "run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there"):
+        "`create_run` made the folder a moment before and makes no `logs` in it: the folder "
+        "is new either way",
+    (_SF, "core/NumberReplacer", "profile = points[0].resolved.profile"):
+        "every point of a sweep is resolved on the one profile of the submission (a sweep "
+        "varies job keys only), and there is at least one point: any point's profile is it",
+})
 EQUIVALENT[("hpctrain/runtime/assembly.py", "core/ReplaceComparisonOperator_Eq_GtE",
             'before = {n for r in ctx.run.ledger() if r.get("exit_reason") == "straggler"')] = (
     "the only attempts whose records name nodes left out are `exit_codes.EXCLUDING_REASONS` "

@@ -116,8 +116,10 @@ def _report_sweep(done, as_json: bool) -> None:
                              "values": r.point.values, "outcome": r.outcome} for r in runs]})
     else:
         if done.dry_run:
-            click.echo(f"Dry run: sweep {sweep_dir.name} prepared ({len(runs)} run folders); "
-                       f"nothing submitted. Script: {sweep_dir / 'sbatch.sh'}")
+            # a script only where the backend runs the sweep as a job array (Slurm)
+            script = f" Script: {done.script}" if done.script else ""
+            click.echo(f"Dry run: sweep {sweep_dir.name} prepared ({len(runs)} run "
+                       f"folder{'s' if len(runs) != 1 else ''}); nothing submitted.{script}")
         elif done.array_job_id:
             click.echo(f"Submitted sweep {sweep_dir.name} as job array {done.array_job_id} "
                        f"({len(runs)} runs): {sweep_dir}")

@@ -253,11 +253,11 @@ def refusal(error: SubmissionError, removed: bool, what: str,
             verb: str = "was") -> SubmissionError:
     """sbatch's refusal as it said it, and what became of the folders made for the job: removed
     (nothing was queued, so nothing is lost; ``--dry-run`` prepares them to look at), or kept
-    (they hold something else) for ``runs rm``."""
+    (they hold something else, or removing them failed) for ``runs rm``."""
     fate = (f"{what} {verb} removed (`hpctrain submit --dry-run` prepares the same, to look at "
             "the script)" if removed else
-            f"{what} {verb} kept: more than this submission wrote is there (`hpctrain runs rm` "
-            "removes a run)")
+            f"{what} {verb} kept: more than this submission wrote is there, or removing failed "
+            "(`hpctrain runs rm` removes a run)")
     return SubmissionError(f"{error}\nNothing was queued: {fate}.")
 
 

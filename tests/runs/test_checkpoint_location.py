@@ -262,3 +262,41 @@ def test_a_sweeps_runs_each_keep_a_new_folder_under_a_checkpoint_dir_of_any_owne
     assert sorted(r.meta()["checkpoint_dir"] for r in runs) == \
         sorted(str(theirs / r.id) for r in runs)
     assert _tree(theirs) == before
+
+
+@pytest.mark.parametrize("profile", ["local", "dev-slurm"])
+def test_a_sweep_of_one_value_is_a_sweep_of_one_run_named_after_the_job(tmp_path, profile):
+    """The dry run says what it made: one run folder, and a script only where there is one
+    (a job array on Slurm; a local sweep trains its runs one by one and has none)."""
+    result = CliRunner().invoke(cli, ["submit", JOB, "--dry-run", "-p", profile, "--force",
+                                      "--runs-dir", str(tmp_path / "runs"),
+                                      "--sweep", "train.lr=1e-3"])
+    assert result.exit_code == 0, result.output
+    (sweep,) = (tmp_path / "runs" / "sweeps").iterdir()
+    (run,) = iter_runs(tmp_path / "runs")
+    assert sweep.name.startswith("tiny-gpt-") and run.meta()["sweep"]["dir"] == str(sweep)
+    said = result.output.splitlines()[-2]
+    script = f" Script: {sweep / 'sbatch.sh'}" if profile == "dev-slurm" else ""
+    assert said == f"Dry run: sweep {sweep.name} prepared (1 run folder); nothing " \
+        f"submitted.{script}"
+    assert (sweep / "sbatch.sh").is_file() == (profile == "dev-slurm")
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_latest_no_save_could_rewrite_refuses_a_run_but_not_a_sweep(tmp_path, sweep):
+    """A run saves into ``checkpoint.dir`` and rewrites its ``latest``: a link there is refused
+    before anything is created. A sweep's runs save in ``<checkpoint.dir>/<run id>``, so the
+    ``latest`` above is not theirs."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "latest").symlink_to(tmp_path / "elsewhere")
+    args = ["submit", JOB, "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--set",
+            f"checkpoint.dir={ck}"] + (["--sweep", "train.lr=1e-3,2e-3"] if sweep else [])
+    result = CliRunner().invoke(cli, args)
+    if sweep:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2
+        assert f"checkpoint folder {ck}: latest is a symbolic link" in result.output, \
+            result.output
+        assert not (tmp_path / "runs").exists()

@@ -127,6 +127,28 @@ def test_a_refused_run_whose_logs_or_checkpoints_are_links_is_kept(tmp_path):
         assert not remove_refused_run(run) and run.path.exists() and elsewhere.is_dir()
 
 
+def test_a_refused_run_that_cannot_be_removed_is_said_to_be_kept(refusing_sbatch, tmp_path,
+                                                                 monkeypatch):
+    """Removing may fail (a file system gone read-only, a folder another user holds open):
+    sbatch's refusal is still what the user is told, and the folder is said to be kept."""
+    from hpctrain import submission
+    from hpctrain.submission import folders
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(folders, "remove_run_folder", refuse)
+    monkeypatch.setenv("PATH", refusing_sbatch["PATH"])
+    root = tmp_path / "runs"
+    with pytest.raises(submission.SubmissionError) as refused:
+        submission.submit(str(REPO / "examples" / "tiny.yaml"), profile="dev-slurm",
+                          force=True, runs_dir=root)
+    assert str(refused.value).startswith("sbatch refused the job: " + REFUSAL)
+    assert str(refused.value).endswith("Nothing was queued: the run folder prepared for it was "
+                                       "kept: more than this submission wrote is there, or "
+                                       "removing failed (`hpctrain runs rm` removes a run).")
+    assert len(list(root.iterdir())) == 1
+
+
 def test_a_refused_run_whose_run_yaml_is_damaged_is_kept(tmp_path):
     run = RunFolder(tmp_path / "runs" / "tiny-gpt-20260101-000000-abcd")
     run.path.mkdir(parents=True)
@@ -155,7 +177,8 @@ def test_a_refused_sweep_says_its_folders_were_kept_when_one_holds_more(refusing
                           force=True, runs_dir=root, sweep=["train.lr=1e-3,2e-3"])
     assert str(refused.value).endswith(
         "Nothing was queued: the sweep's folder and its 2 run folders were kept: more than "
-        "this submission wrote is there (`hpctrain runs rm` removes a run).")
+        "this submission wrote is there, or removing failed (`hpctrain runs rm` removes a "
+        "run).")
     (notes,) = [p for p in root.rglob("notes.txt")]
     assert notes.read_text() == "mine"
     assert len([p for p in root.iterdir() if (p / "run.yaml").is_file()]) == 2   # all kept
