@@ -184,8 +184,11 @@ def runs_table(runs_dir: str | Path | None = None, *, limit: int | None = None) 
 
 def _check_runs_arguments(runs_dir, limit):
     """``runs_dir`` as plain text (None: the default), after checking both arguments."""
+    from . import limits
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise UsageError(f"limit: expected an integer of at least 0, got {limit!r}")
+        # quoted by limits' words: an object whose repr raises is named by its type
+        raise UsageError(f"limit: expected an integer of at least 0 or None, got "
+                         f"{limits.shown(limit)}")
     return None if runs_dir is None else _path_or_text("runs_dir", runs_dir)
 
 

@@ -69,6 +69,9 @@ def _replaced(obj, path: str, value):
     (lambda d: hpctrain.Run("  "), "path: expected"),
     (lambda d: hpctrain.Run(ReprRaises()), "path: expected"),
     (lambda d: hpctrain.runs(str(d) + "\0"), "runs_dir: the path"),
+    # the limit was quoted with its repr: an object whose repr raises escaped as that error
+    (lambda d: hpctrain.runs(d, limit=ReprRaises()), "limit: expected an integer of at least 0"),
+    (lambda d: hpctrain.runs_table(d, limit=ReprRaises()), "limit: expected"),
 ])
 def test_wrong_types_and_hostile_objects_are_one_error_naming_the_argument(tmp_path, call, named):
     with pytest.raises(HpcTrainError) as err:
