@@ -29,6 +29,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import secrets
@@ -57,6 +58,41 @@ def checked_metric_kind(kind, *, allow_all: bool) -> str | None:
         return kind
     choices = ", ".join(repr(k) for k in METRIC_KINDS) + (" or None" if allow_all else "")
     raise UsageError(f"kind: expected {choices}, got {safety.short(kind)}")
+
+
+def attempt_number(attempt) -> int:
+    """``attempt`` as a caller names an attempt of a run (``Run.attempt_dir``, ``rank_log``,
+    ``update_ledger_record``): a whole number from 1 up to the bound of ``hpctrain logs
+    --attempt`` (``limits.INTEGERS["log_attempt"]``). The one door of attempt numbers: the
+    number is written into a path (``logs/attempt-N``), so anything else (``-1``, ``True``,
+    ``1.5``, ``"../.."``) would name a folder no attempt has, or one outside the logs folder."""
+    return _whole_number("attempt", attempt, "log_attempt",
+                         "attempts are numbered from 1; run.attempts_started() lists them")
+
+
+def rank_number(rank) -> int:
+    """``rank`` as a caller names a rank of an attempt (``Run.rank_log``): a whole number from 0
+    below the largest world size (``limits.INTEGERS["log_rank"]``, the bound of ``hpctrain logs
+    --rank``). The one door of rank numbers, for the same reason as :func:`attempt_number`."""
+    return _whole_number("rank", rank, "log_rank", "ranks are numbered from 0")
+
+
+def _whole_number(name: str, value, bound: str, fix: str) -> int:
+    """``value`` as a plain int within ``limits.INTEGERS[bound]``: an int or an integer type
+    that says it is one (``__index__``: numpy's, as a DataFrame's column gives them), never a
+    bool, a float or text. Anything else, an ``__index__`` that raises included, is one
+    UsageError naming ``name``, the range and ``fix``."""
+    _, low, high = limits.INTEGERS[bound]
+    number = None
+    if not isinstance(value, (bool, float, str, bytes)):
+        try:
+            number = operator.index(value)
+        except Exception:  # noqa: BLE001 - no __index__, or a caller's that raises
+            number = None
+    if number is None or not low <= number <= high:
+        raise UsageError(f"{name}: expected an integer from {low:,} to {high:,}, got "
+                         f"{limits.shown(value)}; {fix}")
+    return number
 
 
 LOCK_FILE = ".lock"
@@ -228,10 +264,13 @@ class RunFolder:
         return self.path / "metrics.jsonl"
 
     def attempt_dir(self, attempt: int) -> Path:
-        return self.logs_dir / f"attempt-{attempt}"
+        """``logs/attempt-N``: where attempt ``attempt`` (:func:`attempt_number`) logs."""
+        return self.logs_dir / f"attempt-{attempt_number(attempt)}"
 
     def rank_log(self, attempt: int, rank: int) -> Path:
-        return self.attempt_dir(attempt) / f"rank-{rank}.log"
+        """``logs/attempt-N/rank-R.log``: the log of rank ``rank`` (:func:`rank_number`) in
+        attempt ``attempt``."""
+        return self.attempt_dir(attempt) / f"rank-{rank_number(rank)}.log"
 
     # ---- metadata ------------------------------------------------------------------------
     def lock(self):
@@ -295,6 +334,7 @@ class RunFolder:
         ledger is read and replaced atomically (``write_atomic``) under the run's lock, which
         every ledger write holds; a line torn by a killed writer, skipped on reading, is
         dropped."""
+        attempt = attempt_number(attempt)
         with self.lock():
             ledger = self.ledger()
             index = next((i for i in range(len(ledger) - 1, -1, -1)
@@ -383,12 +423,16 @@ class RunFolder:
         return True
 
     def attempts_started(self) -> list[int]:
+        """The attempts that have a log folder, in order: ``logs/attempt-N`` for each N that
+        :func:`attempt_number` takes (a folder ``attempt-0`` or ``attempt-0001`` made by hand
+        names no attempt, and every number listed here can be asked about)."""
         if not self.logs_dir.is_dir():
             return []
+        _, low, high = limits.INTEGERS["log_attempt"]
         nums = []
         for d in self.logs_dir.iterdir():
-            m = re.fullmatch(r"attempt-(\d+)", d.name)
-            if m and d.is_dir():
+            m = re.fullmatch(r"attempt-([1-9]\d{0,17})", d.name)
+            if m and low <= int(m.group(1)) <= high and d.is_dir():
                 nums.append(int(m.group(1)))
         return sorted(nums)
 

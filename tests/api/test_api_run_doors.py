@@ -1,0 +1,153 @@
+"""``hpctrain.Run``'s own arguments (and those of what it inherits from ``RunFolder``) go through
+one door per kind: attempt numbers (``record.folder.attempt_number``) and rank numbers
+(``rank_number``). Whatever else a caller hands in is one UsageError naming the argument
+and what it takes, never a path outside the run's logs folder, a silently empty answer, or a
+TypeError from inside."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import hpctrain
+from hpctrain import limits
+from hpctrain.errors import UsageError
+from tests.conftest import REPO
+
+JOB = str(REPO / "examples" / "tiny.yaml")
+_, FIRST_ATTEMPT, LAST_ATTEMPT = limits.INTEGERS["log_attempt"]
+_, FIRST_RANK, LAST_RANK = limits.INTEGERS["log_rank"]
+
+
+class Hostile:
+    """Every conversion a path or a message could try raises."""
+
+    def __repr__(self):
+        raise RuntimeError("repr on purpose")
+
+    __str__ = __format__ = __index__ = __repr__
+
+    def __eq__(self, other):
+        raise RuntimeError("eq on purpose")
+
+    __hash__ = object.__hash__
+
+
+class Three:
+    def __index__(self):
+        return 3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run = hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path_factory.mktemp("runs"))
+    run.append_ledger({"attempt": 1, "exit_reason": "preempted"})
+    return run
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda r: r.attempt_dir(-1), "attempt: expected an integer from 1 to 1,000,000, got -1"),
+    (lambda r: r.attempt_dir(0), "attempt: expected an integer from 1 to 1,000,000, got 0"),
+    (lambda r: r.attempt_dir(True), "attempt: expected an integer from 1 to 1,000,000, got True"),
+    (lambda r: r.attempt_dir(1.0), "attempt: expected"),
+    (lambda r: r.attempt_dir(math.nan), "attempt: expected"),
+    (lambda r: r.attempt_dir("../.."), "attempt: expected"),
+    (lambda r: r.attempt_dir("1/../../.."), "attempt: expected"),
+    (lambda r: r.attempt_dir(10**100), "attempt: expected"),
+    (lambda r: r.attempt_dir(Hostile()), "attempt: expected"),
+    (lambda r: r.rank_log("a", "b"), "attempt: expected"),
+    (lambda r: r.rank_log(1, "b"), "rank: expected an integer from 0 to 131,071, got 'b'"),
+    (lambda r: r.rank_log(1, -1), "rank: expected an integer from 0 to 131,071, got -1"),
+    (lambda r: r.rank_log(1, False), "rank: expected"),
+    (lambda r: r.rank_log(1, "../../../../x"), "rank: expected"),
+    (lambda r: r.rank_log(1, Hostile()), "rank: expected"),
+    (lambda r: r.update_ledger_record(True, note="x"), "attempt: expected"),
+    (lambda r: r.update_ledger_record("1", note="x"), "attempt: expected"),
+])
+def test_a_wrong_argument_to_a_run_is_one_usage_error_naming_it(run, call, said):
+    """``attempt_dir(-1)`` and ``rank_log("a", "b")`` were paths of no attempt,
+    ``attempt_dir("../..")`` a path outside the run's logs, ``update_ledger_record(True)``
+    changed attempt 1 (True == 1)."""
+    before = (run.ledger(), run.meta())
+    with pytest.raises(UsageError) as err:
+        call(run)
+    message = str(err.value)
+    assert message.startswith(said) and message.isprintable(), message
+    assert (run.ledger(), run.meta()) == before      # nothing was written
+
+
+def test_the_right_arguments_give_what_the_run_holds(run):
+    assert run.attempt_dir(2) == run.logs_dir / "attempt-2"
+    assert run.rank_log(2, 3) == run.logs_dir / "attempt-2" / "rank-3.log"
+    # an integer of numpy's (as a DataFrame's column holds) is the number it stands for
+    assert run.rank_log(np.int64(2), np.int32(3)) == run.rank_log(2, 3)
+    assert run.attempt_dir(Three()) == run.attempt_dir(3)
+    assert type(run.attempt_dir(np.int64(2)).name) is str
+
+
+def test_only_the_attempts_the_door_takes_are_listed_as_started(run):
+    """A folder ``attempt-0``, ``attempt-01`` or ``attempt-99999999`` made by hand is no attempt:
+    listing it would name an attempt that ``attempt_dir`` (and ``hpctrain logs --attempt``)
+    refuses, or read another folder (``attempt-01`` is not attempt 1's)."""
+    for name in ("attempt-1", "attempt-2", "attempt-0", "attempt-01", "attempt-99999999",
+                 "attempt-x", "attempt--1"):
+        (run.logs_dir / name).mkdir(parents=True, exist_ok=True)
+    try:
+        started = run.attempts_started()
+        assert started == [1, 2]
+        assert all(run.attempt_dir(n).is_dir() for n in started)
+    finally:
+        import shutil
+        shutil.rmtree(run.logs_dir)
+
+
+_HOSTILE = st.one_of(
+    st.sampled_from([None, True, False, 0, -1, 1, 2, LAST_ATTEMPT, LAST_ATTEMPT + 1, LAST_RANK,
+                     LAST_RANK + 1, 10**30, math.nan, math.inf, -math.inf, 1.0, "", " ", "1",
+                     "..", "../..", "1/../..", "/etc", "x\0", b"1", [1], (1,), {1: 2},
+                     np.int64(5), np.float64(2.0), np.bool_(True), Hostile(), Three()]),
+    st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=4))
+
+
+def _whole(value, low: int, high: int) -> int | None:
+    """What the door should make of ``value``: the integer, or None for a refusal."""
+    if isinstance(value, (bool, float, str, bytes, np.bool_, np.floating)):
+        return None
+    if isinstance(value, (int, np.integer, Three)):
+        n = int(value.__index__())
+        return n if low <= n <= high else None
+    return None
+
+
+@given(_HOSTILE)
+def test_the_attempt_door_gives_a_folder_in_the_logs_or_one_usage_error(run, value):
+    """Property: whatever is given as an attempt, ``attempt_dir`` and ``rank_log`` give a path
+    directly inside the run's logs folder named by an attempt from 1 to the bound of
+    ``hpctrain logs --attempt``, or one printable UsageError naming ``attempt``."""
+    expected = _whole(value, FIRST_ATTEMPT, LAST_ATTEMPT)
+    for call in (lambda: run.attempt_dir(value), lambda: run.rank_log(value, 0).parent):
+        try:
+            path = call()
+        except UsageError as e:
+            assert expected is None and str(e).startswith("attempt: expected an integer from 1 "
+                                                          "to 1,000,000, got ")
+            assert str(e).isprintable()
+        else:
+            assert path == run.logs_dir / f"attempt-{expected}"
+
+
+@given(_HOSTILE)
+def test_the_rank_door_gives_a_log_in_the_attempt_folder_or_one_usage_error(run, value):
+    """Property: the same for a rank: a ``rank-R.log`` directly in the attempt's folder, R from
+    0 below the largest world size, or one UsageError naming ``rank``."""
+    expected = _whole(value, FIRST_RANK, LAST_RANK)
+    try:
+        path = run.rank_log(1, value)
+    except UsageError as e:
+        assert expected is None and str(e).startswith("rank: expected an integer from 0 to ")
+        assert str(e).isprintable()
+    else:
+        assert path == run.logs_dir / "attempt-1" / f"rank-{expected}.log"
