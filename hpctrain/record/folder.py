@@ -46,8 +46,8 @@ from .attempt_records import AttemptRecord
 from .. import file_door, limits
 from ..file_door import kind_of, show
 from . import reader
-from .files import (METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl,
-                    folder_lock, is_run_folder, now_iso, record_kind)
+from .files import (JOB_KINDS, METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError,
+                    append_jsonl, folder_lock, is_run_folder, now_iso, record_kind)
 
 
 def checked_metric_kind(kind, *, allow_all: bool) -> str | None:
@@ -93,6 +93,27 @@ def _whole_number(name: str, value, bound: str, fix: str) -> int:
         raise UsageError(f"{name}: expected an integer from {low:,} to {high:,}, got "
                          f"{limits.shown(value)}; {fix}")
     return number
+
+
+def checked_job_kind(kind, *, allow_all: bool) -> str | None:
+    """``kind`` as a caller asks for a run's jobs by it (``Run.job_ids``) or records one
+    (``add_job_id``): one of :data:`JOB_KINDS` (or None for all, where ``allow_all``). Any other
+    value selected no job, and read as a run that never submitted one."""
+    if (kind is None and allow_all) or (type(kind) is str and kind in JOB_KINDS):
+        return kind
+    choices = ", ".join(repr(k) for k in JOB_KINDS) + (" or None" if allow_all else "")
+    raise UsageError(f"kind: expected {choices}, got {limits.shown(kind)}")
+
+
+def checked_records(name: str, records, reader_name: str) -> list[dict] | None:
+    """``records`` as a caller hands in what it has already read of a run (``cancelled``'s
+    events, ``finished``'s ledger and events), to spare a second read: None (read them here)
+    or a list of dicts as ``reader_name`` returns. Anything else was a TypeError or an
+    AttributeError from inside, or a string read as no record at all."""
+    if records is None or (type(records) is list and all(type(r) is dict for r in records)):
+        return records
+    raise UsageError(f"{name}: expected the list of records {reader_name} returns, or None to "
+                     f"read them, got {limits.shown(records)}")
 
 
 LOCK_FILE = ".lock"
@@ -309,6 +330,7 @@ class RunFolder:
         return meta
 
     def add_job_id(self, job_id: str, kind: str = "train") -> None:
+        kind = checked_job_kind(kind, allow_all=False)
         with self.lock():
             meta = self.meta()
             jobs = list(meta.get("jobs", []))
@@ -317,6 +339,9 @@ class RunFolder:
             self._write_meta(meta)
 
     def job_ids(self, kind: str | None = "train") -> list[str]:
+        """The ids of the run's jobs of ``kind`` ("train", "preflight", or None for all), in
+        the order they were submitted."""
+        kind = checked_job_kind(kind, allow_all=True)
         return [j["job_id"] for j in self.meta().get("jobs", []) if kind is None or j["kind"] == kind]
 
     # ---- ledger and events ------------------------------------------------------------------
@@ -387,7 +412,9 @@ class RunFolder:
                                       check=reader.metric_problem)
 
     def cancelled(self, events: list[dict] | None = None) -> bool:
-        """A user cancelled the run and did not requeue or resume it since."""
+        """A user cancelled the run and did not requeue or resume it since (``events``: what
+        ``events()`` returned, when the caller has read it already)."""
+        events = checked_records("events", events, "Run.events()")
         for e in reversed(self.events() if events is None else events):
             if e.get("event") == "cancel":
                 return True
@@ -411,7 +438,10 @@ class RunFolder:
 
     def finished(self, ledger: list[dict] | None = None, events: list[dict] | None = None) -> bool:
         """The last attempt reached train.steps (and no forced resume, nor one that raised
-        train.steps, reopened the run since)."""
+        train.steps, reopened the run since). ``ledger`` and ``events``: what ``ledger()`` and
+        ``events()`` returned, when the caller has read them already."""
+        ledger = checked_records("ledger", ledger, "Run.ledger()")
+        events = checked_records("events", events, "Run.events()")
         ledger = self.ledger() if ledger is None else ledger
         if not ledger or ledger[-1].get("exit_reason") != ExitReason.FINISHED:
             return False
@@ -466,7 +496,12 @@ class RunFolder:
     def checkpoint_dir(self, job=None, profile=None) -> Path:
         """Where this run's checkpoints live: the folder recorded in ``run.yaml`` when the run
         was created, else :func:`checkpoint_location` of ``job`` and ``profile`` (or of the
-        run's own files)."""
+        run's own files: ``job`` a loaded JobConfig, ``profile`` a loaded ClusterProfile)."""
+        from ..config import ClusterProfile, JobConfig
+        for name, value, kind in (("job", job, JobConfig), ("profile", profile, ClusterProfile)):
+            if value is not None and not isinstance(value, kind):
+                raise UsageError(f"{name}: expected a loaded {kind.__name__} or None (the run's "
+                                 f"own), got {limits.shown(value)}")
         recorded = self.meta().get("checkpoint_dir")
         if recorded:
             return Path(recorded)

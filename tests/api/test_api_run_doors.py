@@ -1,6 +1,7 @@
 """``hpctrain.Run``'s own arguments (and those of what it inherits from ``RunFolder``) go through
-one door per kind: attempt numbers (``record.folder.attempt_number``) and rank numbers
-(``rank_number``). Whatever else a caller hands in is one UsageError naming the argument
+one door per kind: attempt numbers (``record.folder.attempt_number``), rank numbers
+(``rank_number``), job kinds (``checked_job_kind``) and records a caller has already read
+(``checked_records``). Whatever else a caller hands in is one UsageError naming the argument
 and what it takes, never a path outside the run's logs folder, a silently empty answer, or a
 TypeError from inside."""
 
@@ -20,6 +21,7 @@ from tests.conftest import REPO
 JOB = str(REPO / "examples" / "tiny.yaml")
 _, FIRST_ATTEMPT, LAST_ATTEMPT = limits.INTEGERS["log_attempt"]
 _, FIRST_RANK, LAST_RANK = limits.INTEGERS["log_rank"]
+JOB_KINDS = ("train", "preflight")      # record.files.JOB_KINDS: what run.yaml's jobs are
 
 
 class Hostile:
@@ -44,11 +46,17 @@ class Three:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run = hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path_factory.mktemp("runs"))
+    run.add_job_id("4242", kind="train")
     run.append_ledger({"attempt": 1, "exit_reason": "preempted"})
+    run.event("cancel")
     return run
 
 
 @pytest.mark.parametrize("call, said", [
+    (lambda r: r.job_ids(kind=5), "kind: expected 'train', 'preflight' or None, got 5"),
+    (lambda r: r.job_ids("val"), "kind: expected 'train', 'preflight' or None, got 'val'"),
+    (lambda r: r.job_ids(kind=Hostile()), "kind: expected"),
+    (lambda r: r.add_job_id("1", kind="bogus"), "kind: expected 'train', 'preflight', got"),
     (lambda r: r.attempt_dir(-1), "attempt: expected an integer from 1 to 1,000,000, got -1"),
     (lambda r: r.attempt_dir(0), "attempt: expected an integer from 1 to 1,000,000, got 0"),
     (lambda r: r.attempt_dir(True), "attempt: expected an integer from 1 to 1,000,000, got True"),
@@ -66,11 +74,21 @@ def run(tmp_path_factory):
     (lambda r: r.rank_log(1, Hostile()), "rank: expected"),
     (lambda r: r.update_ledger_record(True, note="x"), "attempt: expected"),
     (lambda r: r.update_ledger_record("1", note="x"), "attempt: expected"),
+    (lambda r: r.cancelled("cancel"), "events: expected the list of records Run.events() "
+                                      "returns, or None"),
+    (lambda r: r.cancelled(5), "events: expected"),
+    (lambda r: r.cancelled([5]), "events: expected"),
+    (lambda r: r.finished(5), "ledger: expected the list of records Run.ledger() returns"),
+    (lambda r: r.finished("x"), "ledger: expected"),
+    (lambda r: r.finished(None, Hostile()), "events: expected"),
+    (lambda r: r.checkpoint_dir(job="tiny.yaml"), "job: expected a loaded JobConfig or None"),
+    (lambda r: r.checkpoint_dir(profile="local"), "profile: expected a loaded ClusterProfile"),
 ])
 def test_a_wrong_argument_to_a_run_is_one_usage_error_naming_it(run, call, said):
-    """``attempt_dir(-1)`` and ``rank_log("a", "b")`` were paths of no attempt,
-    ``attempt_dir("../..")`` a path outside the run's logs, ``update_ledger_record(True)``
-    changed attempt 1 (True == 1)."""
+    """``job_ids(kind=5)`` was [] (a run that never submitted), ``attempt_dir(-1)`` and
+    ``rank_log("a", "b")`` paths of no attempt, ``attempt_dir("../..")`` a path outside the
+    run's logs, ``update_ledger_record(True)`` changed attempt 1 (True == 1), ``cancelled("x")``
+    an AttributeError."""
     before = (run.ledger(), run.meta())
     with pytest.raises(UsageError) as err:
         call(run)
@@ -80,12 +98,18 @@ def test_a_wrong_argument_to_a_run_is_one_usage_error_naming_it(run, call, said)
 
 
 def test_the_right_arguments_give_what_the_run_holds(run):
+    assert run.job_ids() == ["4242"] and run.job_ids(kind=None) == ["4242"]
+    assert run.job_ids("preflight") == []
     assert run.attempt_dir(2) == run.logs_dir / "attempt-2"
     assert run.rank_log(2, 3) == run.logs_dir / "attempt-2" / "rank-3.log"
     # an integer of numpy's (as a DataFrame's column holds) is the number it stands for
     assert run.rank_log(np.int64(2), np.int32(3)) == run.rank_log(2, 3)
     assert run.attempt_dir(Three()) == run.attempt_dir(3)
     assert type(run.attempt_dir(np.int64(2)).name) is str
+    events, ledger = run.events(), run.ledger()
+    assert run.cancelled(events) is run.cancelled() is True
+    assert run.finished(ledger, events) is run.finished() is False
+    assert run.checkpoint_dir(run.resolved_job(), run.resolved_profile()) == run.checkpoint_dir()
 
 
 def test_only_the_attempts_the_door_takes_are_listed_as_started(run):
@@ -151,3 +175,35 @@ def test_the_rank_door_gives_a_log_in_the_attempt_folder_or_one_usage_error(run,
         assert str(e).isprintable()
     else:
         assert path == run.logs_dir / "attempt-1" / f"rank-{expected}.log"
+
+
+@given(st.one_of(_HOSTILE, st.sampled_from([*JOB_KINDS, "Train", "train ", "validation"])))
+def test_the_job_kind_door_selects_a_kind_or_says_which_there_are(run, value):
+    """Property: ``job_ids(kind)`` answers for "train", "preflight" and None; anything else is
+    one UsageError naming ``kind`` (never the empty list of a kind no job has)."""
+    ok = value is None or (type(value) is str and value in JOB_KINDS)
+    try:
+        ids = run.job_ids(kind=value)
+    except UsageError as e:
+        assert not ok and str(e).startswith("kind: expected 'train', 'preflight' or None, got ")
+        assert str(e).isprintable()
+    else:
+        assert ok and ids == {"train": ["4242"], "preflight": [], None: ["4242"]}[value]
+
+
+@given(st.one_of(_HOSTILE, st.lists(st.one_of(st.just({"event": "cancel"}), _HOSTILE),
+                                    max_size=3)))
+def test_the_records_door_takes_records_or_none(run, value):
+    """Property: ``cancelled`` and ``finished`` take what ``events()`` and ``ledger()`` return
+    (a list of dicts) or None; anything else is one UsageError naming the argument."""
+    ok = value is None or (type(value) is list and all(type(v) is dict for v in value))
+    for name, call in (("events", lambda: run.cancelled(value)),
+                       ("ledger", lambda: run.finished(value)),
+                       ("events", lambda: run.finished(None, value))):
+        try:
+            answer = call()
+        except UsageError as e:
+            assert not ok and str(e).startswith(f"{name}: expected the list of records ")
+            assert str(e).isprintable()
+        else:
+            assert ok and answer in (True, False)
