@@ -207,3 +207,31 @@ def test_the_records_door_takes_records_or_none(run, value):
             assert str(e).isprintable()
         else:
             assert ok and answer in (True, False)
+
+
+@pytest.mark.parametrize("scheduler", ["bogus", "Local", ""])
+def test_a_run_file_naming_no_scheduler_hpctrain_has_is_damage(tmp_path, scheduler):
+    """run.yaml's scheduler picks the backend asked about the run's jobs: any other word was
+    read as Slurm's, so a run of this machine said UNKNOWN (squeue knew no such job) instead of
+    DAMAGED naming the file."""
+    import yaml
+    from hpctrain.record.reader import DamagedFile
+    run = hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path / "runs")
+    run.add_job_id("123", kind="train")
+    meta = yaml.safe_load(run.run_file.read_text())
+    run.run_file.write_text(yaml.safe_dump({**meta, "scheduler": scheduler}))
+    assert run.state() == "DAMAGED"
+    assert run.summary()["damaged"]["file"] == str(run.run_file)
+    assert "scheduler: expected 'slurm' or 'local'" in run.summary()["damaged"]["why"]
+    with pytest.raises(DamagedFile) as err:
+        run.status()
+    assert err.value.path == run.run_file
+    # a run folder written before the scheduler was recorded is a Slurm run, as it always was
+    run.run_file.write_text(yaml.safe_dump({k: v for k, v in meta.items() if k != "scheduler"}))
+    assert run.meta().get("scheduler") is None and run.state() != "DAMAGED"
+
+
+def test_the_schedulers_a_run_file_may_name_are_those_with_a_backend():
+    from hpctrain.config.profile import SCHEDULERS
+    from hpctrain.scheduler.choose import BACKENDS
+    assert set(SCHEDULERS) == set(BACKENDS)
