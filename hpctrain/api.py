@@ -11,6 +11,7 @@ the CLI's: :class:`hpctrain.errors.UsageError` (bad input, with the field and th
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,8 +39,11 @@ class Run(RunFolder):
         super().__post_init__()
 
     def _require(self) -> None:
+        """The door of every question about the run's files: its path is a run folder (named
+        in the one printable form: a path may hold a line feed or an escape code)."""
         if not is_run_folder(self.path):
-            raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
+            from .file_door import show
+            raise RunNotFoundError(f"{show(self.path)} is not a run folder (no {RUN_FILE}); "
                                    "`hpctrain runs` lists the run folders")
 
     def state(self) -> str:
@@ -78,6 +82,33 @@ class Run(RunFolder):
         self._require()
         follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
         return self.state()
+
+
+# What a Run inherits from RunFolder that reads or writes the run's files: each first checks that
+# the path is a run folder (``Run._require``, the door ``state`` and ``status`` already had).
+# A RunFolder reads a missing file as "nothing yet" (a folder being created has none), so
+# ``Run("runs/typo").metrics()`` was [] and ``job_ids()`` [] (a run that never logged nor
+# submitted), and ``Run("/tmp").event("x")`` wrote /tmp/events.jsonl. The rest of RunFolder
+# only names paths (``attempt_dir``, ``rank_log``, the ``*_file`` properties), which a caller
+# may ask about a run folder that is not there yet.
+FOLDER_METHODS = ("meta", "update_meta", "add_job_id", "job_ids", "ledger", "append_ledger",
+                  "update_ledger_record", "events", "event", "metrics", "latest_metrics",
+                  "cancelled", "attempt_records", "ledger_for_budget", "finished",
+                  "attempts_started", "begin_attempt", "resolved_job", "resolved_profile",
+                  "checkpoint_dir", "lock")
+
+
+def _in_a_run_folder(method):
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        self._require()
+        return method(self, *args, **kwargs)
+    return checked
+
+
+for _name in FOLDER_METHODS:
+    setattr(Run, _name, _in_a_run_folder(getattr(RunFolder, _name)))
+del _name
 
 
 def submit(job: str | Path | Mapping | JobConfig,

@@ -235,3 +235,47 @@ def test_the_schedulers_a_run_file_may_name_are_those_with_a_backend():
     from hpctrain.config.profile import SCHEDULERS
     from hpctrain.scheduler.choose import BACKENDS
     assert set(SCHEDULERS) == set(BACKENDS)
+
+
+_PATH_ONLY = {"attempt_dir", "rank_log", "id", "shown", "run_file", "job_file", "profile_file",
+              "script_file", "submitit_dir", "logs_dir", "ledger_file", "events_file",
+              "metrics_file"}
+_CALLS = {"meta": (), "update_meta": ((), {"x": 1}), "add_job_id": ("1",), "job_ids": (),
+          "ledger": (), "append_ledger": ({"attempt": 1},),
+          "update_ledger_record": ((1,), {"note": "x"}), "events": (), "event": ("cancel",),
+          "metrics": (), "latest_metrics": (), "cancelled": (), "attempt_records": (),
+          "ledger_for_budget": (), "finished": (), "attempts_started": (), "begin_attempt": (),
+          "resolved_job": (), "resolved_profile": (), "checkpoint_dir": (), "lock": ()}
+
+
+def test_every_method_of_a_run_is_either_about_its_files_or_names_a_path():
+    """A method added to RunFolder is sorted here: one that reads or writes the run's files
+    goes through ``Run``'s door (``api.FOLDER_METHODS``)."""
+    from hpctrain.api import FOLDER_METHODS
+    from hpctrain.record.folder import RunFolder
+    public = {n for n in vars(RunFolder) if not n.startswith("_")}
+    assert public == set(FOLDER_METHODS) | _PATH_ONLY
+    assert set(FOLDER_METHODS) == set(_CALLS)
+
+
+@pytest.mark.parametrize("name", sorted(_CALLS))
+@pytest.mark.parametrize("where", ["empty folder", "no such folder"])
+def test_a_run_that_is_no_run_folder_says_so_instead_of_reading_as_empty(tmp_path, name, where):
+    """``Run("runs/typo").metrics()`` was [] and ``job_ids()`` [] (a run that never logged nor
+    submitted), ``cancelled()`` and ``finished()`` False; ``Run("/tmp").event(...)`` wrote an
+    events.jsonl there and ``begin_attempt()`` made logs/attempt-1. Every method that reads or
+    writes a run's files says the path is no run folder, as ``state()`` did, and writes
+    nothing."""
+    from hpctrain.errors import RunNotFoundError
+    folder = tmp_path / "typo\nname"
+    if where == "empty folder":
+        folder.mkdir()
+    call = _CALLS[name]
+    args, kwargs = call if len(call) == 2 and isinstance(call[1], dict) else (call, {})
+    with pytest.raises(RunNotFoundError) as err:
+        getattr(hpctrain.Run(folder), name)(*args, **kwargs)
+    assert str(err.value).endswith("is not a run folder (no run.yaml); `hpctrain runs` lists "
+                                   "the run folders")
+    assert str(err.value).isprintable()              # the line feed in the name is shown as \n
+    assert sorted(p.name for p in tmp_path.rglob("*")) == \
+        (["typo\nname"] if where == "empty folder" else [])
