@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from .caller_data import plain
 from .config import DEFAULT_PROFILE, ClusterProfile, JobConfig
 from .errors import RunNotFoundError, UsageError
 from .record.folder import RUN_FILE, RunFolder, is_run_folder
+from .record.reader import DamagedFile
 
 
 class Run(RunFolder):
@@ -80,7 +82,15 @@ class Run(RunFolder):
             raise UsageError(f"echo: expected a function taking one line (e.g. print) or None, "
                              f"got {limits.shown(echo)}")
         self._require()
-        follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
+        start = time.monotonic()
+        try:
+            follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s, last_record=False)
+        except DamagedFile:
+            # a file the progress lines come from cannot be read: wait on without them (only
+            # run.yaml, which says what to wait for, is read: damaged, it is this error again),
+            # and the state says DAMAGED, as summary()["damaged"] says which file
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
+            follow_run(self, None, poll_s=poll_s, timeout_s=left, last_record=False)
         return self.state()
 
 

@@ -279,3 +279,22 @@ def test_a_run_that_is_no_run_folder_says_so_instead_of_reading_as_empty(tmp_pat
     assert str(err.value).isprintable()              # the line feed in the name is shown as \n
     assert sorted(p.name for p in tmp_path.rglob("*")) == \
         (["typo\nname"] if where == "empty folder" else [])
+
+
+def test_waiting_for_a_run_with_a_damaged_ledger_gives_its_state(tmp_path):
+    """``wait`` returns ``state()``, DAMAGED when a file of the run cannot be read
+    (docs/operations.md): a damaged ledger was a DamagedFile instead (read once more after the
+    jobs ended, for a record ``wait`` did not return), while a damaged events or metrics file
+    gave DAMAGED. Only run.yaml, which says which jobs to wait for, is an error when damaged."""
+    from hpctrain.record.reader import DamagedFile
+    run = hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path / "runs")
+    run.ledger_file.write_text('{"attempt": "one"}\n')
+    lines = []
+    for echo in (None, lines.append):
+        assert run.wait(echo=echo, poll_s=0.05, timeout_s=60) == run.state() == "DAMAGED"
+    assert run.summary()["damaged"]["file"] == str(run.ledger_file)
+    run.run_file.write_text("jobs: 5\n")
+    for echo in (None, lines.append):
+        with pytest.raises(DamagedFile) as err:
+            run.wait(echo=echo, poll_s=0.05, timeout_s=60)
+        assert err.value.path == run.run_file
