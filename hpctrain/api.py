@@ -76,8 +76,8 @@ class Run(RunFolder):
         TimeoutError (the jobs go on)."""
         from . import limits
         from .view.follow import follow_run
-        limits.number("poll_s", poll_s, optional=False)
-        limits.number("timeout_s", timeout_s)
+        poll_s = limits.number("poll_s", poll_s, optional=False)
+        timeout_s = limits.number("timeout_s", timeout_s)
         if echo is not None and not callable(echo):
             raise UsageError(f"echo: expected a function taking one line (e.g. print) or None, "
                              f"got {limits.shown(echo)}")
@@ -143,14 +143,19 @@ def submit(job: str | Path | Mapping | JobConfig,
     """
     from . import limits
     from .submission import submit as submit_job
-    limits.integer("nodes", nodes, argument=True)
-    limits.integer("chain", chain, optional=False, argument=True)
-    limits.integer("max_parallel", max_parallel, argument=True)
+    nodes = limits.integer("nodes", nodes, argument=True)
+    chain = limits.integer("chain", chain, optional=False, argument=True)
+    max_parallel = limits.integer("max_parallel", max_parallel, argument=True)
     limits.boolean("dry_run", dry_run, optional=False)
     limits.boolean("force", force, optional=False)
     if sweep is not None and not isinstance(sweep, (Mapping, list, tuple)):
         raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
                          f"'KEY=V1,V2' strings, got {limits.shown(sweep)}")
+    if overrides is not None and not isinstance(overrides, (Mapping, list, tuple, str)):
+        # asked whether it is empty before its type: a numpy array of "KEY=VALUE" strings was
+        # numpy's ValueError ("truth value ... ambiguous"), an object whose __bool__ raises that
+        raise UsageError(f"overrides: expected a mapping {{'train.lr': 3e-4}} or a list of "
+                         f"'KEY=VALUE' strings, got {limits.shown(overrides)}")
     job = _path_or_text("job", job)
     sweep = plain("sweep", sweep, sweep=True)
     overrides = plain("overrides", overrides)
@@ -180,11 +185,12 @@ def plan(job: str | Path | Mapping | JobConfig,
     (``layouts`` is then empty and ``rejected`` says why, when it is not valid)."""
     from . import limits
     from .planner.request import plan_data
-    for name, value in (("nodes", nodes), ("gpus", gpus), ("tp", tp), ("pp", pp), ("vpp", vpp),
-                        ("micro_batch_size", micro_batch_size)):
+    nodes, gpus, tp, pp, vpp, micro_batch_size = (
         limits.integer(name, value, argument=True)
+        for name, value in (("nodes", nodes), ("gpus", gpus), ("tp", tp), ("pp", pp),
+                            ("vpp", vpp), ("micro_batch_size", micro_batch_size)))
     limits.boolean("sequence_parallel", sequence_parallel)
-    limits.choice("recompute", recompute, ("none", "selective", "full"))
+    recompute = limits.choice("recompute", recompute, ("none", "selective", "full"))
     from .submission.checks import load_job_input
     job = _path_or_text("job", job)
     if profile is not None:
@@ -202,7 +208,7 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
     from .ops.listing import newest_runs
     from .record.folder import runs_root
-    runs_dir = _check_runs_arguments(runs_dir, limit)
+    runs_dir, limit = _check_runs_arguments(runs_dir, limit)
     with _os_errors_worded():
         return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
 
@@ -217,20 +223,23 @@ def runs_table(runs_dir: str | Path | None = None, *, limit: int | None = None) 
 
     from .ops.runs_index import listing_rows
     from .record.folder import runs_root
-    runs_dir = _check_runs_arguments(runs_dir, limit)
+    runs_dir, limit = _check_runs_arguments(runs_dir, limit)
     with _os_errors_worded():
         return listing_rows(runs_root(runs_dir), limit,
                             warn=lambda line: warnings.warn(line, stacklevel=3))
 
 
 def _check_runs_arguments(runs_dir, limit):
-    """``runs_dir`` as plain text (None: the default), after checking both arguments."""
+    """``runs_dir`` as plain text (None: the default) and ``limit`` as a plain int (or None),
+    after checking both arguments."""
     from . import limits
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or int.__index__(limit) < 0):
         # quoted by limits' words: an object whose repr raises is named by its type
         raise UsageError(f"limit: expected an integer of at least 0 or None, got "
                          f"{limits.shown(limit)}")
-    return None if runs_dir is None else _path_or_text("runs_dir", runs_dir)
+    limit = None if limit is None else int.__index__(limit)    # an int subclass's plain value
+    return None if runs_dir is None else _path_or_text("runs_dir", runs_dir), limit
 
 
 @contextlib.contextmanager
