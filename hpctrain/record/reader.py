@@ -451,9 +451,13 @@ HANG = (Fields({"rank": INT, "node": NAME, "step": COUNT, "message": TEXT, "idle
 
 
 def _attempt_positive(record: dict) -> str | None:
+    """An attempt number the run folder can hold: at most the bound of the attempt door
+    (``record.folder.attempt_number``, ``limits.INTEGERS["log_attempt"]``), past which the next
+    attempt (``begin_attempt``) would have no number; 0 from folders of older versions."""
     a = record.get("attempt")
-    if isinstance(a, int) and not isinstance(a, bool) and a < 0:
-        return f"attempt: expected a positive integer, got {a}"
+    high = limits.INTEGERS["log_attempt"][2]
+    if isinstance(a, int) and not isinstance(a, bool) and not 0 <= a <= high:
+        return f"attempt: expected an integer from 0 to {high:,}, got {_show_value(a)}"
     return None
 
 

@@ -298,3 +298,22 @@ def test_waiting_for_a_run_with_a_damaged_ledger_gives_its_state(tmp_path):
         with pytest.raises(DamagedFile) as err:
             run.wait(echo=echo, poll_s=0.05, timeout_s=60)
         assert err.value.path == run.run_file
+
+
+@pytest.mark.parametrize("attempt", [LAST_ATTEMPT + 1, 2**63 - 1])
+def test_a_ledger_attempt_past_the_attempt_door_is_damage_naming_the_line(tmp_path, attempt):
+    """A ledger record's attempt is a number the attempt door takes (or 0, from older
+    folders): one past it (a ledger edited by hand) made the next attempt's number one that
+    ``attempt_dir`` refuses, a UsageError from inside the batch shell naming no file."""
+    import json
+    from hpctrain.record.folder import RunFolder
+    from hpctrain.record.reader import DamagedFile
+    run = hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path / "runs")
+    run.ledger_file.write_text(json.dumps({"attempt": 1}) + "\n" +
+                               json.dumps({"attempt": attempt}) + "\n")
+    assert run.state() == "DAMAGED"
+    for call in (run.ledger, RunFolder(run.path).begin_attempt):
+        with pytest.raises(DamagedFile, match=r"line 2: attempt: expected an integer from 0 to "
+                                              r"1,000,000, got "):
+            call()
+    assert not list(run.logs_dir.glob("attempt-*"))
