@@ -11,7 +11,9 @@ the CLI's: :class:`hpctrain.errors.UsageError` (bad input, with the field and th
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from .caller_data import plain
 from .config import DEFAULT_PROFILE, ClusterProfile, JobConfig
 from .errors import RunNotFoundError, UsageError
 from .record.folder import RUN_FILE, RunFolder, is_run_folder
+from .record.reader import DamagedFile
 
 
 class Run(RunFolder):
@@ -38,8 +41,11 @@ class Run(RunFolder):
         super().__post_init__()
 
     def _require(self) -> None:
+        """The door of every question about the run's files: its path is a run folder (named
+        in the one printable form: a path may hold a line feed or an escape code)."""
         if not is_run_folder(self.path):
-            raise RunNotFoundError(f"{self.path} is not a run folder (no {RUN_FILE}); "
+            from .file_door import show
+            raise RunNotFoundError(f"{show(self.path)} is not a run folder (no {RUN_FILE}); "
                                    "`hpctrain runs` lists the run folders")
 
     def state(self) -> str:
@@ -70,14 +76,49 @@ class Run(RunFolder):
         TimeoutError (the jobs go on)."""
         from . import limits
         from .view.follow import follow_run
-        limits.number("poll_s", poll_s, optional=False)
-        limits.number("timeout_s", timeout_s)
+        poll_s = limits.number("poll_s", poll_s, optional=False)
+        timeout_s = limits.number("timeout_s", timeout_s)
         if echo is not None and not callable(echo):
             raise UsageError(f"echo: expected a function taking one line (e.g. print) or None, "
                              f"got {limits.shown(echo)}")
         self._require()
-        follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s)
+        start = time.monotonic()
+        try:
+            follow_run(self, echo, poll_s=poll_s, timeout_s=timeout_s, last_record=False)
+        except DamagedFile:
+            # a file the progress lines come from cannot be read: wait on without them (only
+            # run.yaml, which says what to wait for, is read: damaged, it is this error again),
+            # and the state says DAMAGED, as summary()["damaged"] says which file
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
+            follow_run(self, None, poll_s=poll_s, timeout_s=left, last_record=False)
         return self.state()
+
+
+# What a Run inherits from RunFolder that reads or writes the run's files: each first checks that
+# the path is a run folder (``Run._require``, the door ``state`` and ``status`` already had).
+# A RunFolder reads a missing file as "nothing yet" (a folder being created has none), so
+# ``Run("runs/typo").metrics()`` was [] and ``job_ids()`` [] (a run that never logged nor
+# submitted), and ``Run("/tmp").event("x")`` wrote /tmp/events.jsonl. The rest of RunFolder
+# only names paths (``attempt_dir``, ``rank_log``, the ``*_file`` properties), which a caller
+# may ask about a run folder that is not there yet.
+FOLDER_METHODS = ("meta", "update_meta", "add_job_id", "job_ids", "ledger", "append_ledger",
+                  "update_ledger_record", "events", "event", "metrics", "latest_metrics",
+                  "cancelled", "attempt_records", "ledger_for_budget", "finished",
+                  "attempts_started", "begin_attempt", "resolved_job", "resolved_profile",
+                  "checkpoint_dir", "lock")
+
+
+def _in_a_run_folder(method):
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        self._require()
+        return method(self, *args, **kwargs)
+    return checked
+
+
+for _name in FOLDER_METHODS:
+    setattr(Run, _name, _in_a_run_folder(getattr(RunFolder, _name)))
+del _name
 
 
 def submit(job: str | Path | Mapping | JobConfig,
@@ -102,14 +143,19 @@ def submit(job: str | Path | Mapping | JobConfig,
     """
     from . import limits
     from .submission import submit as submit_job
-    limits.integer("nodes", nodes, argument=True)
-    limits.integer("chain", chain, optional=False, argument=True)
-    limits.integer("max_parallel", max_parallel, argument=True)
+    nodes = limits.integer("nodes", nodes, argument=True)
+    chain = limits.integer("chain", chain, optional=False, argument=True)
+    max_parallel = limits.integer("max_parallel", max_parallel, argument=True)
     limits.boolean("dry_run", dry_run, optional=False)
     limits.boolean("force", force, optional=False)
     if sweep is not None and not isinstance(sweep, (Mapping, list, tuple)):
         raise UsageError(f"sweep: expected a mapping {{'train.lr': [1e-4, 3e-4]}} or a list of "
                          f"'KEY=V1,V2' strings, got {limits.shown(sweep)}")
+    if overrides is not None and not isinstance(overrides, (Mapping, list, tuple, str)):
+        # asked whether it is empty before its type: a numpy array of "KEY=VALUE" strings was
+        # numpy's ValueError ("truth value ... ambiguous"), an object whose __bool__ raises that
+        raise UsageError(f"overrides: expected a mapping {{'train.lr': 3e-4}} or a list of "
+                         f"'KEY=VALUE' strings, got {limits.shown(overrides)}")
     job = _path_or_text("job", job)
     sweep = plain("sweep", sweep, sweep=True)
     overrides = plain("overrides", overrides)
@@ -139,11 +185,12 @@ def plan(job: str | Path | Mapping | JobConfig,
     (``layouts`` is then empty and ``rejected`` says why, when it is not valid)."""
     from . import limits
     from .planner.request import plan_data
-    for name, value in (("nodes", nodes), ("gpus", gpus), ("tp", tp), ("pp", pp), ("vpp", vpp),
-                        ("micro_batch_size", micro_batch_size)):
+    nodes, gpus, tp, pp, vpp, micro_batch_size = (
         limits.integer(name, value, argument=True)
+        for name, value in (("nodes", nodes), ("gpus", gpus), ("tp", tp), ("pp", pp),
+                            ("vpp", vpp), ("micro_batch_size", micro_batch_size)))
     limits.boolean("sequence_parallel", sequence_parallel)
-    limits.choice("recompute", recompute, ("none", "selective", "full"))
+    recompute = limits.choice("recompute", recompute, ("none", "selective", "full"))
     from .submission.checks import load_job_input
     job = _path_or_text("job", job)
     if profile is not None:
@@ -161,7 +208,7 @@ def runs(runs_dir: str | Path | None = None, *, limit: int | None = None) -> lis
     :class:`Run` objects: ``run.summary()`` is a row of ``hpctrain runs --json``."""
     from .ops.listing import newest_runs
     from .record.folder import runs_root
-    runs_dir = _check_runs_arguments(runs_dir, limit)
+    runs_dir, limit = _check_runs_arguments(runs_dir, limit)
     with _os_errors_worded():
         return [Run(r.path) for r in newest_runs(runs_root(runs_dir), limit)]
 
@@ -176,17 +223,23 @@ def runs_table(runs_dir: str | Path | None = None, *, limit: int | None = None) 
 
     from .ops.runs_index import listing_rows
     from .record.folder import runs_root
-    runs_dir = _check_runs_arguments(runs_dir, limit)
+    runs_dir, limit = _check_runs_arguments(runs_dir, limit)
     with _os_errors_worded():
         return listing_rows(runs_root(runs_dir), limit,
                             warn=lambda line: warnings.warn(line, stacklevel=3))
 
 
 def _check_runs_arguments(runs_dir, limit):
-    """``runs_dir`` as plain text (None: the default), after checking both arguments."""
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise UsageError(f"limit: expected an integer of at least 0, got {limit!r}")
-    return None if runs_dir is None else _path_or_text("runs_dir", runs_dir)
+    """``runs_dir`` as plain text (None: the default) and ``limit`` as a plain int (or None),
+    after checking both arguments."""
+    from . import limits
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or int.__index__(limit) < 0):
+        # quoted by limits' words: an object whose repr raises is named by its type
+        raise UsageError(f"limit: expected an integer of at least 0 or None, got "
+                         f"{limits.shown(limit)}")
+    limit = None if limit is None else int.__index__(limit)    # an int subclass's plain value
+    return None if runs_dir is None else _path_or_text("runs_dir", runs_dir), limit
 
 
 @contextlib.contextmanager

@@ -69,9 +69,12 @@ def integer(name: str, value, *, optional: bool = True, argument: bool = False):
     if not isinstance(value, int) or isinstance(value, bool):
         raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got "
                          f"{shown(value)}")
-    if not low <= value <= high:
-        raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got {value:,}")
-    return value
+    # the plain int it holds: an int subclass's own comparisons or str, which may raise, are
+    # never asked, and the caller goes on with the plain value
+    number = int.__index__(value)
+    if not low <= number <= high:
+        raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got {number:,}")
+    return number
 
 
 def click_range(name: str):
@@ -117,11 +120,13 @@ def number(name: str, value, *, optional: bool = True):
     option, low, high = NUMBERS[name]
     if value is None and optional:
         return None
-    real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not real or value != value or not low <= value <= high:   # NaN; inf is past every high
+    # the plain number it holds (as ``integer``: a subclass's own methods are never asked)
+    plain = None if isinstance(value, bool) else int.__index__(value) \
+        if isinstance(value, int) else float.__float__(value) if isinstance(value, float) else None
+    if plain is None or plain != plain or not low <= plain <= high:  # NaN; inf is past every high
         raise UsageError(f"{option}: expected a number of seconds from {low:g} to {high:,}, got "
                          f"{shown(value)}")
-    return float(value)
+    return float(plain)
 
 
 def boolean(option: str, value, *, optional: bool = True):
@@ -133,11 +138,14 @@ def boolean(option: str, value, *, optional: bool = True):
 
 
 def choice(option: str, value, choices, *, optional: bool = True):
+    """``value`` as the plain ``str`` of one of ``choices`` (a str subclass is compared by the
+    text it holds: its own ``__eq__`` or ``__hash__``, which may raise, is never asked)."""
     if value is None and optional:
         return None
-    if not isinstance(value, str) or value not in choices:
+    text = str.__str__(value) if isinstance(value, str) else None
+    if text is None or text not in choices:
         raise UsageError(f"{option}: expected one of {', '.join(choices)}, got {shown(value)}")
-    return value
+    return text
 
 
 def sweep_points(counts: list[int]) -> int:

@@ -168,6 +168,11 @@ class PreflightSection:
                                 "(0: skip).", default=64, at_least=0, at_most=65536)
 
 
+# the schedulers a profile may name (``scheduler.choose.BACKENDS`` has one backend for each),
+# and so the only ones a run folder's run.yaml records
+SCHEDULERS = ("slurm", "local")
+
+
 @dataclass(kw_only=True)
 class ClusterProfile:
     name: str = doc("Profile name: letters, digits and _.+-, not starting with - or . "
@@ -175,7 +180,7 @@ class ClusterProfile:
                     default="")
     description: str = doc("One line about the cluster.", default="")
     scheduler: str = doc("slurm, or local (this machine, submitit's local executor).",
-                         choices=("slurm", "local"), default="slurm")
+                         choices=SCHEDULERS, default="slurm")
     python: str | None = doc("Python on the nodes (null: the interpreter that submits).", default=None)
     slurm: SlurmSection = doc("The Slurm request.", default_factory=SlurmSection)
     node: NodeSection = doc("What one node has.", default_factory=NodeSection)

@@ -198,6 +198,7 @@ def append_jsonl(path: Path, record: dict) -> None:
 
 
 METRIC_KINDS = ("train", "validation", "test")    # a metrics record's "kind"
+JOB_KINDS = ("train", "preflight")                # a job's "kind" in run.yaml
 
 
 def record_kind(record: dict) -> str:

@@ -29,6 +29,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import secrets
@@ -45,8 +46,8 @@ from .attempt_records import AttemptRecord
 from .. import file_door, limits
 from ..file_door import kind_of, show
 from . import reader
-from .files import (METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError, append_jsonl,
-                    folder_lock, is_run_folder, now_iso, record_kind)
+from .files import (JOB_KINDS, METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError,
+                    append_jsonl, folder_lock, is_run_folder, now_iso, record_kind)
 
 
 def checked_metric_kind(kind, *, allow_all: bool) -> str | None:
@@ -57,6 +58,62 @@ def checked_metric_kind(kind, *, allow_all: bool) -> str | None:
         return kind
     choices = ", ".join(repr(k) for k in METRIC_KINDS) + (" or None" if allow_all else "")
     raise UsageError(f"kind: expected {choices}, got {safety.short(kind)}")
+
+
+def attempt_number(attempt) -> int:
+    """``attempt`` as a caller names an attempt of a run (``Run.attempt_dir``, ``rank_log``,
+    ``update_ledger_record``): a whole number from 1 up to the bound of ``hpctrain logs
+    --attempt`` (``limits.INTEGERS["log_attempt"]``). The one door of attempt numbers: the
+    number is written into a path (``logs/attempt-N``), so anything else (``-1``, ``True``,
+    ``1.5``, ``"../.."``) would name a folder no attempt has, or one outside the logs folder."""
+    return _whole_number("attempt", attempt, "log_attempt",
+                         "attempts are numbered from 1; run.attempts_started() lists them")
+
+
+def rank_number(rank) -> int:
+    """``rank`` as a caller names a rank of an attempt (``Run.rank_log``): a whole number from 0
+    below the largest world size (``limits.INTEGERS["log_rank"]``, the bound of ``hpctrain logs
+    --rank``). The one door of rank numbers, for the same reason as :func:`attempt_number`."""
+    return _whole_number("rank", rank, "log_rank", "ranks are numbered from 0")
+
+
+def _whole_number(name: str, value, bound: str, fix: str) -> int:
+    """``value`` as a plain int within ``limits.INTEGERS[bound]``: an int or an integer type
+    that says it is one (``__index__``: numpy's, as a DataFrame's column gives them), never a
+    bool, a float or text. Anything else, an ``__index__`` that raises included, is one
+    UsageError naming ``name``, the range and ``fix``."""
+    _, low, high = limits.INTEGERS[bound]
+    number = None
+    if not isinstance(value, (bool, float, str, bytes)):
+        try:
+            number = operator.index(value)
+        except Exception:  # noqa: BLE001 - no __index__, or a caller's that raises
+            number = None
+    if number is None or not low <= number <= high:
+        raise UsageError(f"{name}: expected an integer from {low:,} to {high:,}, got "
+                         f"{limits.shown(value)}; {fix}")
+    return number
+
+
+def checked_job_kind(kind, *, allow_all: bool) -> str | None:
+    """``kind`` as a caller asks for a run's jobs by it (``Run.job_ids``) or records one
+    (``add_job_id``): one of :data:`JOB_KINDS` (or None for all, where ``allow_all``). Any other
+    value selected no job, and read as a run that never submitted one."""
+    if (kind is None and allow_all) or (type(kind) is str and kind in JOB_KINDS):
+        return kind
+    choices = ", ".join(repr(k) for k in JOB_KINDS) + (" or None" if allow_all else "")
+    raise UsageError(f"kind: expected {choices}, got {limits.shown(kind)}")
+
+
+def checked_records(name: str, records, reader_name: str) -> list[dict] | None:
+    """``records`` as a caller hands in what it has already read of a run (``cancelled``'s
+    events, ``finished``'s ledger and events), to spare a second read: None (read them here)
+    or a list of dicts as ``reader_name`` returns. Anything else was a TypeError or an
+    AttributeError from inside, or a string read as no record at all."""
+    if records is None or (type(records) is list and all(type(r) is dict for r in records)):
+        return records
+    raise UsageError(f"{name}: expected the list of records {reader_name} returns, or None to "
+                     f"read them, got {limits.shown(records)}")
 
 
 LOCK_FILE = ".lock"
@@ -228,10 +285,13 @@ class RunFolder:
         return self.path / "metrics.jsonl"
 
     def attempt_dir(self, attempt: int) -> Path:
-        return self.logs_dir / f"attempt-{attempt}"
+        """``logs/attempt-N``: where attempt ``attempt`` (:func:`attempt_number`) logs."""
+        return self.logs_dir / f"attempt-{attempt_number(attempt)}"
 
     def rank_log(self, attempt: int, rank: int) -> Path:
-        return self.attempt_dir(attempt) / f"rank-{rank}.log"
+        """``logs/attempt-N/rank-R.log``: the log of rank ``rank`` (:func:`rank_number`) in
+        attempt ``attempt``."""
+        return self.attempt_dir(attempt) / f"rank-{rank_number(rank)}.log"
 
     # ---- metadata ------------------------------------------------------------------------
     def lock(self):
@@ -270,6 +330,7 @@ class RunFolder:
         return meta
 
     def add_job_id(self, job_id: str, kind: str = "train") -> None:
+        kind = checked_job_kind(kind, allow_all=False)
         with self.lock():
             meta = self.meta()
             jobs = list(meta.get("jobs", []))
@@ -278,6 +339,9 @@ class RunFolder:
             self._write_meta(meta)
 
     def job_ids(self, kind: str | None = "train") -> list[str]:
+        """The ids of the run's jobs of ``kind`` ("train", "preflight", or None for all), in
+        the order they were submitted."""
+        kind = checked_job_kind(kind, allow_all=True)
         return [j["job_id"] for j in self.meta().get("jobs", []) if kind is None or j["kind"] == kind]
 
     # ---- ledger and events ------------------------------------------------------------------
@@ -295,6 +359,7 @@ class RunFolder:
         ledger is read and replaced atomically (``write_atomic``) under the run's lock, which
         every ledger write holds; a line torn by a killed writer, skipped on reading, is
         dropped."""
+        attempt = attempt_number(attempt)
         with self.lock():
             ledger = self.ledger()
             index = next((i for i in range(len(ledger) - 1, -1, -1)
@@ -347,7 +412,9 @@ class RunFolder:
                                       check=reader.metric_problem)
 
     def cancelled(self, events: list[dict] | None = None) -> bool:
-        """A user cancelled the run and did not requeue or resume it since."""
+        """A user cancelled the run and did not requeue or resume it since (``events``: what
+        ``events()`` returned, when the caller has read it already)."""
+        events = checked_records("events", events, "Run.events()")
         for e in reversed(self.events() if events is None else events):
             if e.get("event") == "cancel":
                 return True
@@ -371,7 +438,10 @@ class RunFolder:
 
     def finished(self, ledger: list[dict] | None = None, events: list[dict] | None = None) -> bool:
         """The last attempt reached train.steps (and no forced resume, nor one that raised
-        train.steps, reopened the run since)."""
+        train.steps, reopened the run since). ``ledger`` and ``events``: what ``ledger()`` and
+        ``events()`` returned, when the caller has read them already."""
+        ledger = checked_records("ledger", ledger, "Run.ledger()")
+        events = checked_records("events", events, "Run.events()")
         ledger = self.ledger() if ledger is None else ledger
         if not ledger or ledger[-1].get("exit_reason") != ExitReason.FINISHED:
             return False
@@ -383,12 +453,16 @@ class RunFolder:
         return True
 
     def attempts_started(self) -> list[int]:
+        """The attempts that have a log folder, in order: ``logs/attempt-N`` for each N that
+        :func:`attempt_number` takes (a folder ``attempt-0`` or ``attempt-0001`` made by hand
+        names no attempt, and every number listed here can be asked about)."""
         if not self.logs_dir.is_dir():
             return []
+        _, low, high = limits.INTEGERS["log_attempt"]
         nums = []
         for d in self.logs_dir.iterdir():
-            m = re.fullmatch(r"attempt-(\d+)", d.name)
-            if m and d.is_dir():
+            m = re.fullmatch(r"attempt-([1-9]\d{0,17})", d.name)
+            if m and low <= int(m.group(1)) <= high and d.is_dir():
                 nums.append(int(m.group(1)))
         return sorted(nums)
 
@@ -422,7 +496,12 @@ class RunFolder:
     def checkpoint_dir(self, job=None, profile=None) -> Path:
         """Where this run's checkpoints live: the folder recorded in ``run.yaml`` when the run
         was created, else :func:`checkpoint_location` of ``job`` and ``profile`` (or of the
-        run's own files)."""
+        run's own files: ``job`` a loaded JobConfig, ``profile`` a loaded ClusterProfile)."""
+        from ..config import ClusterProfile, JobConfig
+        for name, value, kind in (("job", job, JobConfig), ("profile", profile, ClusterProfile)):
+            if value is not None and not isinstance(value, kind):
+                raise UsageError(f"{name}: expected a loaded {kind.__name__} or None (the run's "
+                                 f"own), got {limits.shown(value)}")
         recorded = self.meta().get("checkpoint_dir")
         if recorded:
             return Path(recorded)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import file_door, limits
+from ..config.profile import SCHEDULERS
 from ..errors import HpcTrainError
 from .files import RunFileError
 
@@ -450,9 +451,13 @@ HANG = (Fields({"rank": INT, "node": NAME, "step": COUNT, "message": TEXT, "idle
 
 
 def _attempt_positive(record: dict) -> str | None:
+    """An attempt number the run folder can hold: at most the bound of the attempt door
+    (``record.folder.attempt_number``, ``limits.INTEGERS["log_attempt"]``), past which the next
+    attempt (``begin_attempt``) would have no number; 0 from folders of older versions."""
     a = record.get("attempt")
-    if isinstance(a, int) and not isinstance(a, bool) and a < 0:
-        return f"attempt: expected a positive integer, got {a}"
+    high = limits.INTEGERS["log_attempt"][2]
+    if isinstance(a, int) and not isinstance(a, bool) and not 0 <= a <= high:
+        return f"attempt: expected an integer from 0 to {high:,}, got {_show_value(a)}"
     return None
 
 
@@ -488,7 +493,11 @@ METRIC_TYPES = {"step": COUNT, "attempt": INT, "kind": TEXT, "loss": LOSS, "grad
 # run.yaml: what ``submit`` and ``resume`` write there
 SWEEP = (Fields({"id": NAME, "dir": PATH, "index": COUNT, "values": (dict,)},
                 "a sweep (a mapping: id, dir, index, values)", required=("id",)),)
-META_TYPES = {"name": TEXT, "profile": TEXT, "created": TEXT, "scheduler": TEXT,
+# run.yaml's scheduler picks the backend asked about the run's jobs: any other word read as
+# Slurm's (a run of this machine asked squeue, and said UNKNOWN instead of DAMAGED)
+SCHEDULER = (Kind(" or ".join(repr(s) for s in SCHEDULERS),
+                  lambda v: isinstance(v, str) and v in SCHEDULERS),)
+META_TYPES = {"name": TEXT, "profile": TEXT, "created": TEXT, "scheduler": SCHEDULER,
               "checkpoint_dir": ABSOLUTE_PATH, "total_steps": COUNT, "world_size": COUNT,
               "jobs": (list,), "run_id": TEXT, "kind": TEXT, "layout": TEXT,
               "hpctrain_version": TEXT, "job_source": TEXT, "dry_run": FLAG, "sweep": SWEEP,

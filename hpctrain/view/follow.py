@@ -200,11 +200,12 @@ def _describe_attempt(rec: dict) -> str:
 def follow_run(run: RunFolder, echo: Callable[[str], None] | None = None, *,
                on_poll: Callable[[dict | None], None] | None = None,
                from_attempt: int | None = None, poll_s: float = 1.0,
-               timeout_s: float | None = None) -> dict:
+               timeout_s: float | None = None, last_record: bool = True) -> dict:
     """Follow ``run`` until none of its training jobs is pending or running; return the last
-    ledger record ({} when no attempt ended). ``echo`` gets rank 0's and the batch shell's
-    progress lines and one line per attempt that ended (None: silent); ``on_poll`` gets the
-    newest metrics record on every poll (a progress bar). Past ``timeout_s``: TimeoutError."""
+    ledger record ({} when no attempt ended, or without ``last_record``: then, silent, it
+    reads only run.yaml). ``echo`` gets rank 0's and the batch shell's progress lines and one
+    line per attempt that ended (None: silent); ``on_poll`` gets the newest metrics record on
+    every poll (a progress bar). Past ``timeout_s``: TimeoutError."""
     start = time.monotonic()
 
     def active() -> bool:
@@ -219,6 +220,8 @@ def follow_run(run: RunFolder, echo: Callable[[str], None] | None = None, *,
         while active():
             time.sleep(poll_s)
         time.sleep(min(poll_s, 1.0))   # the ledger record is written as the job ends
+        if not last_record:
+            return {}
         ledger = run.ledger()
         return ledger[-1] if ledger else {}
     return follow(run, active, echo, poll_s=poll_s, from_attempt=from_attempt)

@@ -93,3 +93,24 @@ def test_waiting_no_time_for_a_finished_run_gives_its_state(tmp_path, monkeypatc
                       steps=30)
     for timeout in (0, 1e-9):
         assert hpctrain.Run(str(run.path)).wait(timeout_s=timeout) == "FINISHED"
+
+
+class _IntSubclass(int):
+    def __le__(self, other):
+        raise RuntimeError("an int subclass's comparison, on purpose")
+
+    __ge__ = __lt__ = __gt__ = __le__
+
+
+@given(st.sampled_from(sorted(limits.INTEGERS)), st.integers(-2**70, 2**70))
+def test_the_integer_door_hands_on_the_plain_int_it_checked(name, number):
+    """Property: ``limits.integer`` reads an int subclass as the plain int it holds (its own
+    comparisons, which may raise, are never asked) and returns that plain int, or refuses it
+    with one UsageError naming the option."""
+    _, low, high = limits.INTEGERS[name]
+    try:
+        got = limits.integer(name, _IntSubclass(number))
+    except UsageError as e:
+        assert not low <= number <= high and f"{high:,}" in str(e)
+    else:
+        assert low <= number <= high and type(got) is int and got == number

@@ -69,6 +69,9 @@ def _replaced(obj, path: str, value):
     (lambda d: hpctrain.Run("  "), "path: expected"),
     (lambda d: hpctrain.Run(ReprRaises()), "path: expected"),
     (lambda d: hpctrain.runs(str(d) + "\0"), "runs_dir: the path"),
+    # the limit was quoted with its repr: an object whose repr raises escaped as that error
+    (lambda d: hpctrain.runs(d, limit=ReprRaises()), "limit: expected an integer of at least 0"),
+    (lambda d: hpctrain.runs_table(d, limit=ReprRaises()), "limit: expected"),
 ])
 def test_wrong_types_and_hostile_objects_are_one_error_naming_the_argument(tmp_path, call, named):
     with pytest.raises(HpcTrainError) as err:
@@ -373,3 +376,61 @@ def test_any_section_of_a_job_mapping_in_any_container_is_read_or_refused_in_one
         assert str(e).startswith("job") or section in str(e), str(e)
     else:
         assert container == "dict" and data["world_size"] >= 1
+
+
+class _HostileInt(int):
+    """An int whose own comparisons and text raise: only the number it holds may be read."""
+
+    def _raise(self, *args):
+        raise RuntimeError("an int subclass's method, on purpose")
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __str__ = __repr__ = __format__ = _raise
+    __hash__ = int.__hash__
+
+
+class _HostileFloat(float):
+    def _raise(self, *args):
+        raise RuntimeError("a float subclass's method, on purpose")
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __str__ = __repr__ = __format__ = _raise
+    __float__ = _raise
+    __hash__ = float.__hash__
+
+
+class _HostileStr(str):
+    def _raise(self, *args):
+        raise RuntimeError("a str subclass's method, on purpose")
+
+    __eq__ = __ne__ = __hash__ = _raise
+
+
+def test_int_float_and_str_subclasses_are_read_as_the_plain_value(tmp_path):
+    """The doors of numbers and choices (``limits.integer``, ``number``, ``choice``) hand on
+    the plain value they checked: an int subclass whose comparisons raise was a RuntimeError
+    from ``plan(tp=...)``, ``submit(nodes=...)`` and ``runs(limit=...)``, a str subclass whose
+    ``__eq__`` raises one from ``plan(recompute=...)``."""
+    assert hpctrain.plan(JOB, tp=_HostileInt(1), micro_batch_size=_HostileInt(1),
+                         recompute=_HostileStr("none")) == \
+        hpctrain.plan(JOB, tp=1, micro_batch_size=1, recompute="none")
+    run = hpctrain.submit(JOB, nodes=_HostileInt(1), chain=_HostileInt(1), dry_run=True,
+                          runs_dir=tmp_path / "runs")
+    assert [r.id for r in hpctrain.runs(tmp_path / "runs", limit=_HostileInt(1))] == [run.id]
+    assert len(hpctrain.runs_table(tmp_path / "runs", limit=_HostileInt(5))) == 1
+    assert run.wait(poll_s=_HostileFloat(0.05), timeout_s=_HostileInt(60)) == "NOT SUBMITTED"
+
+
+class _BoolRaises:
+    def __bool__(self):
+        raise RuntimeError("__bool__ on purpose")
+
+
+@pytest.mark.parametrize("overrides", [np.array(["train.lr=1e-3", "train.steps=3"]),
+                                       _BoolRaises()])
+def test_overrides_of_no_type_submit_takes_are_refused_before_being_asked_anything(tmp_path,
+                                                                                   overrides):
+    """``overrides`` was asked whether it is empty before its type was checked: a numpy array
+    of two "KEY=VALUE" strings was numpy's ValueError (its truth value is ambiguous)."""
+    with pytest.raises(UsageError, match=r"^overrides: expected a mapping .* or a list of "
+                                         r"'KEY=VALUE' strings, got "):
+        hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path / "runs", overrides=overrides)
+    assert not (tmp_path / "runs").exists()

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
+from hpctrain import limits
 from hpctrain.cli import cli
 from hpctrain.record import reader
 from tests.conftest import REPO
@@ -380,7 +381,7 @@ def _passing(kinds: tuple) -> st.SearchStrategy:
         else:
             candidates = [0, 1, 2 ** 63 - 1, -2 ** 63 + 1, 1e100, -1e100, 5e-324, 0.5,
                           reader.MAX_EPOCH, "nan", "inf", "-inf", "", "n1", "a b", "\u00b2",
-                          "step-\u00b2", "\n", "/", "/ck/a b\u00b2"]
+                          "step-\u00b2", "\n", "/", "/ck/a b\u00b2", "slurm", "local"]
             fits = [c for c in candidates if kind.test(c)]
             options.append(st.sampled_from(fits) | st.integers(0, 10 ** 6).filter(kind.test))
     return st.one_of(options)
@@ -410,7 +411,10 @@ def test_records_that_pass_the_reader_are_safe_for_status_and_report(template, t
         record = data.draw(st.fixed_dictionaries(
             {}, optional={k: _passing(v) for k, v in types.items()}))
         if target == "ledger.jsonl":
-            record["attempt"] = data.draw(st.integers(0, 2 ** 63 - 1) | st.none())
+            # 0 (older folders) to the attempt door's bound: past it, the next attempt would
+            # have no number (record.folder.attempt_number)
+            record["attempt"] = data.draw(
+                st.integers(0, limits.INTEGERS["log_attempt"][2]) | st.none())
         if target == "metrics.jsonl":
             record["step"] = data.draw(_passing(reader.COUNT))
         if kind:

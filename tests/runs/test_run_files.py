@@ -173,30 +173,30 @@ def _append_attempts(path: str, first: int, count: int) -> None:
         run.append_ledger({"attempt": n})
 
 
-def _update_attempt_zero(path: str, count: int) -> None:
+def _update_attempt_100(path: str, count: int) -> None:
     run = RunFolder(Path(path))
     for i in range(count):
-        assert run.update_ledger_record(0, updates=i, excluded_nodes=[f"n{i}"])
+        assert run.update_ledger_record(100, updates=i, excluded_nodes=[f"n{i}"])
 
 
 def test_a_ledger_record_updated_beside_appends_loses_no_record_and_no_key(run):
     """The batch shell rewrites an attempt's record (which nodes were really excluded) while
     other writers append: every record and every key it does not change survive."""
-    run.append_ledger({"attempt": 0, "exit_reason": "preflight_failed", "message": None,
+    run.append_ledger({"attempt": 100, "exit_reason": "preflight_failed", "message": None,
                        "excluded_nodes": ["n3"], "from_a_newer_version": {"kept": True}})
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_append_attempts, args=(str(run.path), 1, 30)),
              ctx.Process(target=_append_attempts, args=(str(run.path), 31, 30)),
-             ctx.Process(target=_update_attempt_zero, args=(str(run.path), 30))]
+             ctx.Process(target=_update_attempt_100, args=(str(run.path), 30))]
     [p.start() for p in procs]
     [p.join(120) for p in procs]
     assert [p.exitcode for p in procs] == [0] * 3
     ledger = run.ledger()
-    assert sorted(r["attempt"] for r in ledger) == list(range(61))
-    assert ledger[0] == {"attempt": 0, "exit_reason": "preflight_failed", "message": None,
+    assert sorted(r["attempt"] for r in ledger) == [*range(1, 61), 100]
+    assert ledger[0] == {"attempt": 100, "exit_reason": "preflight_failed", "message": None,
                          "excluded_nodes": ["n29"], "from_a_newer_version": {"kept": True},
                          "updates": 29}
-    assert run.update_ledger_record(0, updates=None) and "updates" not in run.ledger()[0]
+    assert run.update_ledger_record(100, updates=None) and "updates" not in run.ledger()[0]
     assert not run.update_ledger_record(99, excluded_nodes=[])   # no such attempt: no change
     leftovers = [p.name for p in run.path.iterdir() if p.name.startswith(".ledger.jsonl.")]
     assert leftovers == []
