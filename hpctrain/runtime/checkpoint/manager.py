@@ -413,9 +413,11 @@ class Checkpointer:
         self.last_published_step = step
         if self.ctx.is_rank0:
             kind = "background " if not info["sync"] else ""
+            # the time the event and result.json keep (rounded once): printed from the
+            # unrounded one, the line could differ from them in its last digit
             logger.info(f"checkpoint: saved step {step} ({info['reason']}, {kind}"
-                        f"{info.get('bytes', 0) / 1e6:.1f} MB in {info['total_seconds']:.2f}s) "
-                        f"-> {info.get('path')}")
+                        f"{info.get('bytes', 0) / 1e6:.1f} MB in "
+                        f"{round(info['total_seconds'], 3):.2f}s) -> {info.get('path')}")
             self._after_publish(step, info)
         collectives.barrier()
 
