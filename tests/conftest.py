@@ -164,6 +164,22 @@ def _signals_as_found():
             signal.signal(sig, handler)
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """The environment, put back after every test as the test found it. Commands run here
+    in-process set variables for the rest of their own process (sync sets
+    MLFLOW_LOGGING_LEVEL, a tracker MLflow's HTTP retries and timeout): in this process they
+    stayed for every later test on the worker, and every process it starts inherited them.
+    (A test's own changes go through monkeypatch.)"""
+    env = dict(os.environ)
+    yield
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO
