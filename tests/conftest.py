@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,42 @@ def _the_file_s_cluster(request):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# Signals a test may change the handling of in this process: the runtime's preemption flag
+# (installed, or set to be ignored once a rank stands down), the batch steps' shield against
+# the SIGTERM of their own requeue, a test's alarm. Each is put back after every test as the
+# test found it: a handler left behind answers for the next test on the worker, and an
+# ignored signal is inherited by every process a later test starts (a SIGTERM ignored there
+# made a tokenizer pool's terminate wait its 30 s for workers that would not end).
+_GUARDED_SIGNALS = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXFSZ", "SIGPIPE")
+    if hasattr(signal, name))
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_found():
+    before = {sig: signal.getsignal(sig) for sig in _GUARDED_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        if handler is not None and signal.getsignal(sig) != handler:
+            signal.signal(sig, handler)
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """The environment, put back after every test as the test found it. Commands run here
+    in-process set variables for the rest of their own process (sync sets
+    MLFLOW_LOGGING_LEVEL, a tracker MLflow's HTTP retries and timeout): in this process they
+    stayed for every later test on the worker, and every process it starts inherited them.
+    (A test's own changes go through monkeypatch.)"""
+    env = dict(os.environ)
+    yield
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 @pytest.fixture

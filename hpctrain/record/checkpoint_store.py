@@ -221,12 +221,14 @@ def quarantine(root: Path, folder: Path, reason: str) -> Path:
     """Move ``folder`` to ``root/quarantine/`` with a note; return where it went."""
     qdir = root / QUARANTINE
     qdir.mkdir(parents=True, exist_ok=True)
-    base = folder.name.lstrip(".")
-    target = qdir / f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # one time for the name and its numbered tries: a second that ticked over between two
+    # tries numbered a copy as a second one of a second it came first in
+    base = f"{folder.name.lstrip('.')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    target = qdir / base
     n = 1
     while target.exists():
         n += 1
-        target = qdir / f"{base}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+        target = qdir / f"{base}-{n}"
     os.rename(folder, target)
     write_atomic(target / QUARANTINE_NOTE,
                  f"moved here {time.strftime('%Y-%m-%d %H:%M:%S')}: {reason}\n")

@@ -138,8 +138,9 @@ class MetricsWriter:
         if self.tb is not None and isinstance(rec["loss"], float):
             self.tb.add_scalar(f"{kind}/loss", rec["loss"], step)
         shown = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
+        # the record's time (rounded once), so that the line and metrics.jsonl agree
         logger.info(f"step {step}/{self.total_steps} | {kind} loss {shown} | {iters} batches "
-                    f"({samples} samples) in {seconds:.2f} s")
+                    f"({samples} samples) in {rec['seconds']:.2f} s")
         return rec
 
     def progress_line(self, rec: dict) -> str:

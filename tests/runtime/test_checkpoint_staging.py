@@ -89,13 +89,24 @@ def test_page_locking_waits_for_the_first_step_and_never_for_the_resume():
     """Page-locking holds a driver-wide lock that CUDA memory calls wait for: the resume
     (which builds the optimizer's state on the GPU) reads into the memory as it is, and
     locking starts after the first step, in the background, once."""
-    locks = PageLocks(seconds=0.05)
+    import threading
+    gate = threading.Event()             # every page-lock call waits here until it opens
+    locks = PageLocks(seconds=0.05, gate=gate)
     arena = staging.HostArena(pin=True, segment_bytes=1 << 20, page_lock=locks)
     arena.reserve(3 << 20)
     assert arena.capacity == 3 << 20 and not locks.calls and not arena.locking_started
     sizes = [900_000, 900_000, 900_000, 4 << 20]            # the last one grows the arena
     arena.acquire("the resume", sizes, page_locked=False)
-    assert not locks.calls and arena.pinned_bytes == 0 and arena.wait_ready() < 0.05
+    assert not locks.calls and arena.pinned_bytes == 0 and not arena.locking_started
+    # nothing to wait for: page-locking begun by the resume would hold this wait at the gate
+    # (a bound on the wait's seconds would also fail on a machine too busy to return in time)
+    waiting = threading.Thread(target=arena.wait_ready)
+    waiting.start()
+    waiting.join(timeout=60)
+    returned = not waiting.is_alive()
+    gate.set()
+    waiting.join()
+    assert returned
     arena.release("the resume")
     arena.lock_pages(after_step=1)
     arena.lock_pages(after_step=2)                          # once

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import pytest
 
@@ -274,14 +276,48 @@ def test_copies_set_aside_in_one_second_are_numbered_in_the_order_they_went(tmp_
     second carry -2, -3 after the time, in the order they went."""
     for copy in range(4):
         (_publish(tmp_path, 5) / "marker").write_text(f"copy {copy}")
-    aside = list((tmp_path / store.QUARANTINE).iterdir())
-    assert sorted((d / "marker").read_text() for d in aside) == ["copy 0", "copy 1", "copy 2"]
-    first = min((d.name for d in aside), key=len)
-    same_second = sorted((d for d in aside if d.name.startswith(first)),
-                         key=lambda d: (d / "marker").read_text())
-    assert [d.name for d in same_second] == [first] + [
-        f"{first}-{n}" for n in range(2, len(same_second) + 1)]
+    _numbered_in_order(tmp_path, ["copy 0", "copy 1", "copy 2"])
     assert (tmp_path / "step-00000005" / "marker").read_text() == "copy 3"
+
+
+def _numbered_in_order(root, markers: list[str]) -> dict[str, list[str]]:
+    """The copies of step 5 set aside under ``root`` hold ``markers``; those of each second
+    are named by it, then -2, -3 in the order they went (whichever second the copies fell
+    in, and in whatever order the folder lists them): {second: [marker, ...]}."""
+    aside = list((root / store.QUARANTINE).iterdir())
+    assert sorted((d / "marker").read_text() for d in aside) == markers
+    by_second: dict[str, list] = {}
+    for d in aside:
+        second = re.fullmatch(r"step-00000005-(\d{8}-\d{6})(-\d+)?", d.name).group(1)
+        by_second.setdefault(second, []).append(d)
+    seen = {}
+    for second, copies in by_second.items():
+        copies.sort(key=lambda d: (d / "marker").read_text())
+        first = f"step-00000005-{second}"
+        assert [d.name for d in copies] == [first] + [
+            f"{first}-{n}" for n in range(2, len(copies) + 1)], copies
+        seen[second] = [(d / "marker").read_text() for d in copies]
+    return seen
+
+
+def test_a_second_ticking_over_while_a_copy_is_named_keeps_the_copies_in_order(tmp_path,
+                                                                             monkeypatch):
+    """The clock reaches the next second between a name's try and its numbered one: the copy
+    keeps the second it was first tried in (named as a -2 of the next second, it came before
+    that second's first copy)."""
+    real, stamps = time.strftime, []
+
+    def strftime(fmt, *args):
+        if fmt != "%Y%m%d-%H%M%S":
+            return real(fmt, *args)
+        stamps.append(fmt)
+        return "20261129-120000" if len(stamps) <= 2 else "20261129-120001"
+
+    monkeypatch.setattr(store.time, "strftime", strftime)
+    for copy in range(4):
+        (_publish(tmp_path, 5) / "marker").write_text(f"copy {copy}")
+    assert _numbered_in_order(tmp_path, ["copy 0", "copy 1", "copy 2"]) == {
+        "20261129-120000": ["copy 0", "copy 1"], "20261129-120001": ["copy 2"]}
 
 
 def test_a_folder_left_with_several_killed_saves_names_each_of_them(tmp_path):

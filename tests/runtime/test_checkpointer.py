@@ -374,11 +374,11 @@ def test_the_times_a_save_reports_lie_within_the_time_measured_around_it(probed)
     for event in probed["ranks"][0]["events"]:
         if event["event"] == "checkpoint_saved" and totals[event["step"]] is not None:
             assert event["seconds"] == round(totals[event["step"]], 3), event
-    # rank 0's log line of each save: its size and whole time
+    # rank 0's log line of each save: its size and whole time, the time the event keeps
     for save in first["saves"]:
         assert (f"checkpoint: saved step {save['step']} ({save['reason']}, "
                 f"{'' if save['sync'] else 'background '}{save['bytes'] / 1e6:.1f} MB in "
-                f"{save['total_seconds']:.2f}s) -> {CK}/step-0000000{save['step']}") \
+                f"{round(save['total_seconds'], 3):.2f}s) -> {CK}/step-0000000{save['step']}") \
             in probed["log"]
 
 

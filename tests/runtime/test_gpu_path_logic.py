@@ -5,6 +5,7 @@ digest, and the job fields behind them."""
 from __future__ import annotations
 
 import gc
+import signal
 import time
 
 import pytest
@@ -93,7 +94,15 @@ def test_the_watcher_stops_when_the_rank_stands_down(tmp_path):
     flag.watch_file(interval_s=0.05)
     thread = flag._watcher[0]
     assert thread.is_alive() and thread.daemon
-    flag.stand_down()
+    # standing down ignores the signal in this process: put back as it was, or every later
+    # test on the worker, and every process it starts (an ignored signal is inherited),
+    # would ignore SIGUSR1
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        flag.stand_down()
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, before)
     assert not thread.is_alive() and not flag.requested
 
 

@@ -122,8 +122,10 @@ def test_dp_reshardable_optimizer_resumes_on_another_dp_size_only(ws):
     assert _max_diff(losses(run), ref, range(7, 13)) < TOL
     run = ws.new_run("dp-reshardable-tp2", "tp2_zero1")           # TP changes: refused
     _copy_checkpoint(src, 6, run)
-    res = launch(run.path, 2)
-    assert res.codes[0] == 1
+    # rank 0's refusal reaches every rank, and each ends by itself: left to it, as a rank
+    # taken down half a second after its peer's exit would end killed, not with the refusal
+    res = launch(run.path, 2, kill_on_failure=False)
+    assert res.codes == [exit_codes.FAILED] * 2, _explain(res)
     assert "stores the distributed optimizer as dp_reshardable, which resumes only on the same " \
            "TP×PP×VPP (saved TP1×PP1×DP2, now TP2×PP1×DP1" in res.output(0)
     assert (run.path / "checkpoints" / "step-00000006").is_dir()   # nothing moved or lost
@@ -203,8 +205,12 @@ def test_a_save_failing_on_the_storage_ends_the_attempt_with_one_line(ws):
     from the previous checkpoint and ends where an uninterrupted run does."""
     run = ws.new_run("save-fault", "dp2_zero1",
                      checkpoint={"interval_steps": 3, "async_save": False})
-    res = launch(run.path, 2, env={"HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": f"{256 << 10}@6"})
-    assert res.codes[0] != 0 and res.codes[1] != 0, _explain(res)
+    # every rank hears of the fault and ends by itself: the launcher leaves them to it (taking
+    # the others down half a second after the first exit would cut off a rank still writing
+    # the lines checked below, on a machine too busy to write them in time)
+    res = launch(run.path, 2, env={"HPCTRAIN_TEST_FILE_SIZE_LIMIT_AT_SAVE": f"{256 << 10}@6"},
+                 kill_on_failure=False)
+    assert res.codes == [exit_codes.FAILED] * 2, _explain(res)
     root = run.path / "checkpoints"
     assert [s for s, _ in store.complete_checkpoints(root)] == [3]
     assert store.read_latest(root) == "step-00000003"

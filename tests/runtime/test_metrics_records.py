@@ -200,7 +200,8 @@ def test_evaluation_records_and_tensorboard_scalars(tmp_path, lines):
                    "seconds": 1.235, "attempt": 3, "time": val["time"]}
     assert test["loss"] == "nan" and test["kind"] == "test"
     assert _records(writer)[-2:] == [val, test]
-    assert lines[-2:] == ["step 9/10 | validation loss 2.5000 | 4 batches (64 samples) in 1.23 s",
+    # the line says the record's time: 1.23456 s is kept as 1.235, printed 1.24 (not 1.23)
+    assert lines[-2:] == ["step 9/10 | validation loss 2.5000 | 4 batches (64 samples) in 1.24 s",
                           "step 10/10 | test loss nan | 2 batches (32 samples) in 0.50 s"]
     events = EventAccumulator(str(writer.ctx.run.path / "tensorboard"))
     events.Reload()

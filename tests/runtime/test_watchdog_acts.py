@@ -22,22 +22,53 @@ from hpctrain.runtime.watchdog import END_OF_STACKS, WATCHER_ENV, Watchdog
 LIMIT_S = 10.0
 
 
+class Clock:
+    """The ``time`` module as the watchdog sees it, with a monotonic clock that moves only by
+    the watchdog's own naps: an idle time set by a test stays what it was set to, however long
+    this machine takes to write the beats and read them back (a rank set 1 s short of its
+    limit could be taken for hung when that took a second on a loaded machine). The wall clock and
+    the rest are the real module's."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+        self.naps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.naps.append(seconds)
+        self.now += seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(watchdog, "time", fake)
+    return fake
+
+
 def two_idle_ranks(folder, idle_s: float, watcher: bool | None = None) -> list[Watchdog]:
-    """Ranks 0 and 1 on one node, both at step 5 and without progress for ``idle_s``, their
-    beats written (no side thread: each decision is asked for)."""
+    """Ranks 0 and 1 on one node, both at step 5 and without progress for ``idle_s`` on the
+    watchdog's clock (:class:`Clock`, where a test uses it), their beats written (no side
+    thread: each decision is asked for)."""
     ranks = []
     for rank in (0, 1):
         w = Watchdog(folder, rank, "n1", hang_timeout_s=LIMIT_S, dump_stacks=False,
                      device="cpu", init_timeout_s=LIMIT_S, watcher=watcher, beat_s=3600)
         w.dir.mkdir(parents=True, exist_ok=True)
         w.start_step, w.step, w.phase = 0, 5, "step"
-        w._progress_tick = time.monotonic() - idle_s       # its last progress
+        w._progress_tick = watchdog.time.monotonic() - idle_s       # its last progress
         w._beat()
         ranks.append(w)
     return ranks
 
 
-def test_without_a_watcher_a_rank_decides_once_it_is_idle_for_the_limit(tmp_path, monkeypatch):
+def test_without_a_watcher_a_rank_decides_once_it_is_idle_for_the_limit(tmp_path, monkeypatch,
+                                                                      clock):
     monkeypatch.delenv(WATCHER_ENV, raising=False)
     assert two_idle_ranks(tmp_path / "a", idle_s=LIMIT_S - 2)[0]._decide() is None
     rank0 = two_idle_ranks(tmp_path / "b", idle_s=LIMIT_S + 5)[0]
@@ -47,7 +78,7 @@ def test_without_a_watcher_a_rank_decides_once_it_is_idle_for_the_limit(tmp_path
 
 
 def test_under_the_batch_shells_watcher_a_rank_decides_only_when_the_watcher_seems_gone(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, clock):
     """The watcher (``HPCTRAIN_HEALTH_WATCHER=batch``) judges first; a rank steps in after
     twice the limit and the grace, in case the watcher itself is gone."""
     monkeypatch.setenv(WATCHER_ENV, "batch")
@@ -60,7 +91,7 @@ def test_under_the_batch_shells_watcher_a_rank_decides_only_when_the_watcher_see
 
 @pytest.mark.parametrize("step_s", [+6 * LIMIT_S, -3600.0])
 def test_a_wall_clock_stepped_forward_or_back_moves_no_rank_s_idle_time(tmp_path, monkeypatch,
-                                                                        step_s):
+                                                                        step_s, clock):
     """The wall clock of every rank on a node stepped (an NTP correction, a VM resumed) right
     after their last progress: forward by six limits, no rank is taken for hung (the job
     would be requeued for nothing); back by an hour, a rank idle for the limit is still
@@ -144,29 +175,32 @@ def test_when_the_watchers_signal_never_comes_the_rank_dumps_its_own_stacks(tmp_
     assert "most recent call first" in text and text.endswith(f"{END_OF_STACKS} 0\n")
 
 
-def test_a_rank_waits_for_its_peers_stacks_before_it_exits(tmp_path, monkeypatch):
+def test_a_rank_waits_for_its_peers_stacks_before_it_exits(tmp_path, clock):
     """The first rank to exit makes srun end the others: it waits until every rank of the
-    verdict has marked its stacks complete, and no longer than ``PEERS_WAIT_S``."""
+    verdict has marked its stacks complete, and no longer than ``PEERS_WAIT_S`` (on the
+    watchdog's clock, which only its naps move: the wait's length is what the rank did, not
+    how fast this machine went)."""
     w = Watchdog(tmp_path, 0, "n1", hang_timeout_s=LIMIT_S, dump_stacks=False, device="cpu",
                  init_timeout_s=LIMIT_S, watcher=False, beat_s=3600)
     hangs.stacks_path(tmp_path, 0).write_text(f"rank 0 stacks\n{END_OF_STACKS} 0\n")
     hangs.stacks_path(tmp_path, 1).write_text("rank 1 stacks, still being written\n")
-    naps = []
+    nap = clock.sleep
 
-    def nap(seconds):
-        naps.append(seconds)
-        if len(naps) == 1:       # rank 1 finishes its dump while rank 0 waits
+    def nap_while_rank_1_finishes(seconds):
+        nap(seconds)
+        if len(clock.naps) == 1:       # rank 1 finishes its dump while rank 0 waits
             with hangs.stacks_path(tmp_path, 1).open("a") as f:
                 f.write(f"{END_OF_STACKS} 1\n")
 
-    monkeypatch.setattr(watchdog.time, "sleep", nap)
+    clock.sleep = nap_while_rank_1_finishes
     w._wait_for_peers_stacks(a_verdict(ranks=(0, 1)))
-    assert len(naps) == 1
+    assert len(clock.naps) == 1
     # a peer that never dumps (its process is gone) is waited for until the bound, not forever
-    monkeypatch.setattr(watchdog, "PEERS_WAIT_S", 0.3)
-    naps.clear()
+    clock.naps.clear()
     w._wait_for_peers_stacks(a_verdict(ranks=(0, 1, 2)))
-    assert len(naps) > 1
+    waited = sum(clock.naps)
+    assert len(clock.naps) > 1
+    assert watchdog.PEERS_WAIT_S <= waited < watchdog.PEERS_WAIT_S + max(clock.naps), clock.naps
 
 
 def test_a_resumed_rank_keeps_the_start_up_limit_until_its_first_step(tmp_path):

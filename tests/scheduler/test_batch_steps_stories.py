@@ -66,6 +66,28 @@ def make_run(folder, *, spares: int = 1, restarts: int | None = 2):
                        folder / "runs")
 
 
+class StillClock:
+    """The ``time`` module as the batch steps see it, its wall clock standing at ``now`` (a
+    whole second, as Slurm's times are): how long a step takes to ask Slurm (a process
+    started on a loaded machine) does not move the time it decides by."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def still_clock(monkeypatch) -> StillClock:
+    clock = StillClock(float(int(time.time())))
+    monkeypatch.setattr(bs, "time", clock)
+    return clock
+
+
 @pytest.fixture
 def slurm(tmp_path, monkeypatch):
     """Job 51 on n1-n3 (two train, one spare), an hour left; n4 idle in the partition."""
@@ -110,15 +132,15 @@ def test_the_signal_waits_only_for_slurms_early_time_limit_warning_by_its_exact_
     assert bs.signal_action(end - lead - 10.25, end, lead, False, "USR1") == ("defer", 10.2)
 
 
-def test_the_batch_shell_holds_back_a_time_limit_warning_and_passes_a_preemption_on(slurm,
-                                                                                   tmp_path):
+def test_the_batch_shell_holds_back_a_time_limit_warning_and_passes_a_preemption_on(
+        slurm, tmp_path, still_clock):
     run = make_run(tmp_path)
-    slurm.state["jobs"][JOB]["EndTime"] = slurm_time(time.time() + 60)   # lead 30: 30 s early
+    slurm.state["jobs"][JOB]["EndTime"] = slurm_time(still_clock.now + 60)   # lead 30: 30 s early
     slurm.save()
     held = assignments(bs.cmd_signal(run, "USR1"))
     assert held["HPCTRAIN_SIGNAL_ACTION"] == "defer"
-    assert 20 <= int(held["HPCTRAIN_SIGNAL_DELAY"]) <= 30
-    slurm.state["jobs"][JOB]["PreemptTime"] = slurm_time(time.time() + 30)
+    assert held["HPCTRAIN_SIGNAL_DELAY"] == "30"
+    slurm.state["jobs"][JOB]["PreemptTime"] = slurm_time(still_clock.now + 30)
     slurm.save()
     assert assignments(bs.cmd_signal(run, "USR1")) == {"HPCTRAIN_SIGNAL_ACTION": "now",
                                                        "HPCTRAIN_SIGNAL_DELAY": "0"}
@@ -572,7 +594,7 @@ def test_fewer_spares_are_asked_for_in_proportion_and_never_fewer_nodes_than_tra
 # ---- the command line the batch shell runs -----------------------------------------------------
 
 
-def test_each_command_of_the_batch_shell_reaches_its_step(slurm, tmp_path, capsys):
+def test_each_command_of_the_batch_shell_reaches_its_step(slurm, tmp_path, capsys, still_clock):
     run = make_run(tmp_path, spares=0, restarts=None)
     assert bs.main(["begin", str(run.path)]) == 0
     assert assignments(capsys.readouterr().out)["HPCTRAIN_ATTEMPT"] == "1"
@@ -580,7 +602,7 @@ def test_each_command_of_the_batch_shell_reaches_its_step(slurm, tmp_path, capsy
     assert assignments(capsys.readouterr().out)["HPCTRAIN_SIGNAL_ACTION"] == "now"
     assert events(run, "signal")[0]["signal"] == "USR1"
     # near the end a USR1 waits for the lead time, a TERM (scancel, Slurm's kill) never does
-    slurm.state["jobs"][JOB]["EndTime"] = slurm_time(time.time() + 60)
+    slurm.state["jobs"][JOB]["EndTime"] = slurm_time(still_clock.now + 60)
     slurm.save()
     for name, action in (("SIGUSR1", "defer"), ("SIGTERM", "now"), ("term", "now")):
         assert bs.main(["signal", str(run.path), "--signal", name]) == 0

@@ -4,21 +4,23 @@ a free loopback port, started and killed (SIGKILL, as a crashed server) by the t
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from hpctrain.identity import free_port
+
 
 class MlflowServer:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        # outside the kernel's ephemeral range (hpctrain's own rendezvous port choice): a port
+        # from bind(0) is one the kernel also gives to outgoing connections, which may take it
+        # before the server binds it, or while it is down between a kill and its restart
+        self.port = free_port("127.0.0.1")
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 

@@ -414,9 +414,11 @@ class Checkpointer:
         self.last_published_step = step
         if self.ctx.is_rank0:
             kind = "background " if not info["sync"] else ""
+            # the time the event and result.json keep (rounded once): printed from the
+            # unrounded one, the line could differ from them in its last digit
             logger.info(f"checkpoint: saved step {step} ({info['reason']}, {kind}"
-                        f"{info.get('bytes', 0) / 1e6:.1f} MB in {info['total_seconds']:.2f}s) "
-                        f"-> {info.get('path')}")
+                        f"{info.get('bytes', 0) / 1e6:.1f} MB in "
+                        f"{round(info['total_seconds'], 3):.2f}s) -> {info.get('path')}")
             self._after_publish(step, info)
         collectives.barrier()
 
@@ -655,8 +657,9 @@ class Checkpointer:
                     f"{stats['items']} items verified by CRC32C in the same pass"
                     + (", weights equal to the digest taken at the save"
                        if stats.get("digest_checked") else "")) if stats.get("items") else ""
+            # the time result.json keeps (load_seconds, rounded once), as the save's line
             logger.info(f"checkpoint: resumed from {folder} (step {common['step']}, "
-                        f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in {seconds:.2f}s)"
-                        f"{read}{note}")
+                        f"{manifest.get('total_bytes', 0) / 1e6:.1f} MB in "
+                        f"{round(seconds, 3):.2f}s){read}{note}")
         return Loaded(step=int(common["step"]), path=folder, common=common, manifest=manifest,
                       seconds=seconds, same_layout=same_layout)
