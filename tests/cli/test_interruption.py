@@ -7,6 +7,7 @@ N-th call, the process sends the signal to itself (the moment a person's Ctrl-C 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,14 +22,17 @@ from tests.conftest import REPO
 # python -c: run `hpctrain ARGS` with MODULE.ATTR sending SIGNAL to this process at call N
 _SIGNALLED = textwrap.dedent("""
     import importlib, os, signal, sys, time
-    target, n, sig = sys.argv[1], int(sys.argv[2]), getattr(signal, sys.argv[3])
+    target, n, sig = sys.argv[1], int(sys.argv[2]), getattr(signal, sys.argv[3], None)
     module, attr = target.split(":")
     module = importlib.import_module(module)
     original = getattr(module, attr)
     calls = [0]
     def wrapped(*args, **kwargs):
         calls[0] += 1
-        if calls[0] == n:
+        if calls[0] == n and sig is None:     # another command runs to its end, then this call
+            import subprocess
+            subprocess.run(os.environ["HOOK_COMMAND"], shell=True, check=True)
+        elif calls[0] == n:
             os.kill(os.getpid(), sig)
             time.sleep(5)          # the handler raises here
             sys.exit("the signal did not stop the command")
@@ -39,10 +43,15 @@ _SIGNALLED = textwrap.dedent("""
 """)
 
 
-def signalled(target: str, n: int, sig: str, *args: str, root) -> subprocess.CompletedProcess:
+def signalled(target: str, n: int, sig: str, *args: str, root,
+              command: str = "") -> subprocess.CompletedProcess:
+    """``hpctrain ARGS`` in a process that, at the N-th call of ``target``, sends itself
+    ``sig`` (``"SIGINT"``, ``"SIGTERM"``), or with ``sig="RUN"`` runs the shell ``command`` to
+    its end first."""
     return subprocess.run([sys.executable, "-c", _SIGNALLED, target, str(n), sig, *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)})
+                          env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root),
+                               "HOOK_COMMAND": command})
 
 
 def hpctrain(*args: str, root) -> subprocess.CompletedProcess:
@@ -98,3 +107,82 @@ def test_sigterm_keeps_its_handler_out_of_the_caller():
     with pytest.raises(SystemExit):
         main(["profiles", "list"])
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def dry_runs(root, count: int) -> list[str]:
+    import hpctrain
+    return sorted(hpctrain.submit(str(REPO / "examples" / "tiny.yaml"), dry_run=True,
+                                  runs_dir=str(root)).id for _ in range(count))
+
+
+def test_two_prunes_at_once_both_end_well(tmp_path):
+    """Two `runs prune` at once: each folder is removed once, and the prune that finds it
+    gone says so. Before, the slower one ended with `Error: RUN -> .removing-...: does not
+    exist`, exit 2, half-way through its list."""
+    root = tmp_path / "runs"
+    runs = dry_runs(root, 3)
+    other = f"{sys.executable} -m hpctrain runs prune > {tmp_path}/other.out 2>&1"
+    proc = signalled("hpctrain.ops.cleanup:plan_removal", 1, "RUN", "runs", "prune", root=root,
+                     command=other)
+    assert (tmp_path / "other.out").read_text().splitlines() == [f"removed {root / r}"
+                                                                for r in runs]
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.splitlines() == [f"{root / r}: already removed (by another command "
+                                        "meanwhile)" for r in runs]
+    assert set(os.listdir(root)) - {".runs-index.json"} == set()
+
+
+def test_a_removal_stopped_half_way_is_finished_by_prune(tmp_path):
+    """`runs rm` stopped while it deletes (Ctrl-C) leaves the folder it had renamed to
+    `.removing-...`, no longer a run, with whatever it still held (checkpoints: gigabytes).
+    Before, nothing ever removed it; now `runs prune` finishes it, and only it."""
+    root = tmp_path / "runs"
+    gone, kept = dry_runs(root, 2)
+    (root / gone / "checkpoints" / "step-1").mkdir(parents=True)
+    (root / gone / "checkpoints" / "step-1" / "shard").write_bytes(b"x" * 4096)
+    hpctrain("submit", "examples/tiny.yaml", "--dry-run", root=root)   # a dry run to prune too
+    proc = signalled("shutil:rmtree", 1, "SIGINT", "runs", "rm", gone, root=root)
+    stopped(proc, "SIGINT")
+    (left,) = [p for p in os.listdir(root) if p.startswith(".removing-")]
+    listed = hpctrain("runs", "--json", root=root)
+    assert gone not in listed.stdout and kept in listed.stdout
+    proc = hpctrain("runs", "prune", "--dry-run", root=root)
+    assert proc.stdout.splitlines()[0] == (f"would finish removing {root / left} (a removal "
+                                           "stopped half-way)")
+    assert (root / left).is_dir()
+    proc = hpctrain("runs", "prune", root=root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == (f"finished removing {root / left} (a removal "
+                                           "stopped half-way)")
+    assert not os.path.lexists(root / left)
+    assert is_run_folder(root / kept) is False   # a dry run too: pruned with the third
+    assert [p for p in os.listdir(root) if not p.startswith(".")] == []
+
+
+def test_only_a_removal_whose_process_is_gone_is_abandoned(tmp_path):
+    """A removal under way (its process alive), one from another host, a link and a folder
+    that is not a removal's are left alone."""
+    from hpctrain.record.files import _host, abandoned_removals
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".removing-a-{dead.pid}@{_host()}").mkdir()
+    (tmp_path / f".removing-b-{os.getpid()}@{_host()}").mkdir()
+    (tmp_path / f".removing-c-{dead.pid}@elsewhere").mkdir()
+    (tmp_path / f".removing-d-{dead.pid}@{_host()}").symlink_to(tmp_path)
+    (tmp_path / "run-x").mkdir()
+    assert abandoned_removals(tmp_path) == [tmp_path / f".removing-a-{dead.pid}@{_host()}"]
+
+
+def test_a_folder_being_removed_is_not_listed(tmp_path):
+    """While `runs rm` deletes a big run, its folder is `.removing-...` and still holds its
+    run.yaml; `runs` (the full listing, through the runs index) listed it as a run of that
+    name, which no command could then act on. Now neither listing shows it."""
+    from hpctrain.record.files import _removing_name
+    root = tmp_path / "runs"
+    gone, kept = dry_runs(root, 2)
+    os.rename(root / gone, root / _removing_name(gone))   # what `runs rm` does first
+    for args in (["runs", "--json"], ["runs", "--json", "-n", "5"]):
+        proc = hpctrain(*args, root=root)
+        assert proc.returncode == 0, proc.stderr
+        assert [row["run"] for row in json.loads(proc.stdout)] == [kept]
