@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 from ..errors import HpcTrainError
 from ..exit_codes import ExitReason
-from ..file_door import printable
+from ..file_door import printable, show
 from .. import limits
 from ..record import reader
-from ..record.folder import RunFolder
+from ..record.folder import RunFolder, is_run_folder
 from ..scheduler.state import live_jobs
 
 # runtime.checkpoint.save_faults.TRACEBACK_HEADER (the view does not import the runtime)
@@ -158,6 +158,12 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
                     echo(line)
         for rec in held:
             echo(describe_attempt(rec))
+        if not is_run_folder(run.path):
+            # removed meanwhile (`runs rm`, by hand): its records are gone with it, so "no job
+            # is running" would be read from nothing and the follow end as if the run had
+            raise HpcTrainError(f"run folder {show(run.path)} was removed while it was being "
+                                "followed; stopped following (`hpctrain runs` lists the runs "
+                                "there are)")
         ledger = run.ledger()
         held = ledger[seen_ledger:]
         seen_ledger = len(ledger)

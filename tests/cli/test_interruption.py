@@ -186,3 +186,38 @@ def test_a_folder_being_removed_is_not_listed(tmp_path):
         proc = hpctrain(*args, root=root)
         assert proc.returncode == 0, proc.stderr
         assert [row["run"] for row in json.loads(proc.stdout)] == [kept]
+
+
+def test_logs_follow_says_when_its_run_folder_is_removed(tmp_path):
+    """`logs -f` on a running run whose folder is removed meanwhile: before, it read "no job
+    is running" from the records gone with the folder and ended with exit 0, as if the run
+    had ended; now one line says the folder was removed, exit 1."""
+    import time
+    from hpctrain.record.folder import RunFolder
+    root = tmp_path / "runs"
+    (rid,) = dry_runs(root, 1)
+    run = RunFolder(root / rid)
+    # a stand-in for the local controller: what `status` and `logs -f` take for a live job
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                   "hpctrain.scheduler.local.controller", str(run.submitit_dir)])
+    try:
+        run.update_meta(dry_run=False)
+        run.add_job_id(str(controller.pid))
+        log = run.rank_log(run.begin_attempt(), 0)
+        log.write_text("step 1\n")
+        follower = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", "-f", rid],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)})
+        assert follower.stdout.readline() == "step 1\n"
+        from hpctrain.record.files import remove_run_folder
+        remove_run_folder(run.path)
+        start = time.time()
+        out, err = follower.communicate(timeout=60)
+        assert time.time() - start < 30
+        assert follower.returncode == 1, err
+        assert err.splitlines() == [f"Error: run folder {run.path} was removed while it was "
+                                    "being followed; stopped following (`hpctrain runs` lists "
+                                    "the runs there are)"]
+    finally:
+        controller.kill()
+        controller.wait()
