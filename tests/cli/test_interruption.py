@@ -32,6 +32,10 @@ _SIGNALLED = textwrap.dedent("""
         if calls[0] == n and sig is None:     # another command runs to its end, then this call
             import subprocess
             subprocess.run(os.environ["HOOK_COMMAND"], shell=True, check=True)
+        elif calls[0] == n and os.environ.get("HOOK_GROUP"):   # a terminal's Ctrl-C: the
+            os.killpg(os.getpgid(0), sig)                        # whole process group
+            time.sleep(5)
+            sys.exit("the signal did not stop the command")
         elif calls[0] == n:
             os.kill(os.getpid(), sig)
             time.sleep(5)          # the handler raises here
@@ -44,14 +48,16 @@ _SIGNALLED = textwrap.dedent("""
 
 
 def signalled(target: str, n: int, sig: str, *args: str, root,
-              command: str = "") -> subprocess.CompletedProcess:
+              command: str = "", group: bool = False) -> subprocess.CompletedProcess:
     """``hpctrain ARGS`` in a process that, at the N-th call of ``target``, sends itself
-    ``sig`` (``"SIGINT"``, ``"SIGTERM"``), or with ``sig="RUN"`` runs the shell ``command`` to
-    its end first."""
+    ``sig`` (``"SIGINT"``, ``"SIGTERM"``; ``group``: to its whole process group, in a session
+    of its own, as a terminal's Ctrl-C reaches every process of a command), or with
+    ``sig="RUN"`` runs the shell ``command`` to its end first."""
     return subprocess.run([sys.executable, "-c", _SIGNALLED, target, str(n), sig, *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300,
+                          start_new_session=group,
                           env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root),
-                               "HOOK_COMMAND": command})
+                               "HOOK_COMMAND": command, "HOOK_GROUP": "1" if group else ""})
 
 
 def hpctrain(*args: str, root) -> subprocess.CompletedProcess:
@@ -221,3 +227,20 @@ def test_logs_follow_says_when_its_run_folder_is_removed(tmp_path):
     finally:
         controller.kill()
         controller.wait()
+
+
+def test_data_prepare_with_workers_stops_on_ctrl_c_in_one_line(tmp_path):
+    """Ctrl-C at a terminal reaches `data prepare --workers 2` and its tokenizer processes:
+    before, each worker printed its KeyboardInterrupt traceback (and the pool's closing
+    thread an EOFError one) around the command's `Interrupted.`; now one line, and no output
+    file, temporary or not, is left."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n"
+                              for i in range(20000)))
+    out = tmp_path / "out" / "corpus"
+    out.parent.mkdir()
+    proc = signalled("hpctrain.data.prepare:_write", 3, "SIGINT", "data", "prepare",
+                     str(corpus), "--output", str(out), "--workers", "2", root=tmp_path,
+                     group=True)
+    stopped(proc, "SIGINT")
+    assert os.listdir(out.parent) == []
