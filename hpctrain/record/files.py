@@ -21,7 +21,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import UsageError
 
@@ -93,7 +93,8 @@ def _removing_name(name: str) -> str:
 
 def _host() -> str:
     import socket
-    return "".join(c for c in socket.gethostname() if c.isascii() and (c.isalnum() or c in ".-"))[:64]
+    name = socket.gethostname()
+    return "".join(c for c in name if c.isascii() and (c.isalnum() or c in ".-"))[:64]
 
 
 def abandoned_removals(root: Path) -> list[Path]:
@@ -145,9 +146,11 @@ os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 @contextlib.contextmanager
-def folder_lock(lock_file: Path, what: str) -> Iterator[None]:
+def folder_lock(lock_file: Path, what: str,
+                waiting: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold ``flock`` on ``lock_file`` (created 0600). Reentrant within a thread; other threads
-    and processes wait."""
+    and processes wait (``waiting`` is called first when they must: a person is told why
+    nothing happens)."""
     key = (threading.get_ident(), str(lock_file))
     entry = _held.get(key)
     if entry is not None:
@@ -163,7 +166,14 @@ def folder_lock(lock_file: Path, what: str) -> Iterator[None]:
         raise RunFileError(f"cannot lock {what} ({lock_file.name}): {e.strerror}") from None
     entry = [fd, 1, os.getpid()]
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if waiting is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX)
         _held[key] = entry
         yield
     finally:

@@ -25,6 +25,9 @@ _SIGNALLED = textwrap.dedent("""
     target, n, sig = sys.argv[1], int(sys.argv[2]), getattr(signal, sys.argv[3], None)
     module, attr = target.split(":")
     module = importlib.import_module(module)
+    *owners, attr = attr.split(".")            # module:function or module:Class.method
+    for owner in owners:
+        module = getattr(module, owner)
     original = getattr(module, attr)
     calls = [0]
     def wrapped(*args, **kwargs):
