@@ -247,3 +247,33 @@ def test_data_prepare_with_workers_stops_on_ctrl_c_in_one_line(tmp_path):
                      group=True)
     stopped(proc, "SIGINT")
     assert os.listdir(out.parent) == []
+
+
+def test_data_prepared_again_and_stopped_before_its_record_is_not_trusted(tmp_path):
+    """`data prepare` publishes .bin/.idx, then PREFIX.meta.json. Stopped between the two
+    (Ctrl-C), the prefix held the new corpus beside the previous one's record, and a job
+    preparing from the previous files took the new data for theirs without a word. Now the
+    record's counts are checked against the files: one line, exit 2, naming the fix."""
+    from hpctrain.config import yamlio
+    from tests.conftest import one_error_line
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("".join(f"first corpus, paragraph {i}: {'words ' * 30}\n\n"
+                             for i in range(3000)))
+    second.write_text("".join(f"second, {i}: {'other words ' * 20}\n\n" for i in range(3000)))
+    prefix = tmp_path / "data" / "corpus"
+    prefix.parent.mkdir()
+    done = hpctrain("data", "prepare", str(first), "--output", str(prefix), root=tmp_path)
+    assert done.returncode == 0, done.stderr
+    job = yamlio.read_mapping(REPO / "examples" / "tiny.yaml")
+    job["data"] = {"path": str(prefix), "prepare_from": [str(first)], "split": "969,30,1",
+                   "tokenizer": "byte"}
+    job_file = tmp_path / "job.yaml"
+    yamlio.write_atomic(job_file, yamlio.dump(job))
+    assert hpctrain("validate", str(job_file), root=tmp_path).returncode == 0
+    proc = signalled("hpctrain.outputs:write_atomic", 1, "SIGINT", "data", "prepare",
+                     str(second), "--output", str(prefix), root=tmp_path)
+    stopped(proc, "SIGINT")
+    one_error_line(hpctrain("validate", str(job_file), root=tmp_path),
+                   f"data.path: {prefix}.meta.json does not describe {prefix}.bin/.idx",
+                   "a `data prepare` stopped between its files",
+                   f"remove {prefix}.bin/.idx/.meta.json to prepare it again")
