@@ -219,7 +219,7 @@ def _keep_as_numbered(run: RunFolder, current: Path, stem: str) -> Path:
     while (run.path / f"{stem}.{n}.yaml").exists():
         n += 1
     kept = run.path / f"{stem}.{n}.yaml"
-    yamlio.write_atomic(kept, _run_text(current))
+    yamlio.write_atomic(kept, _run_text(current), within=run.path)
     return kept
 
 
@@ -228,7 +228,7 @@ def _archive_job(run: RunFolder, job, overrides: dict) -> str:
     overrides in ``run.yaml`` (under the run's lock)."""
     with run.lock():
         kept = _keep_as_numbered(run, run.job_file, "job")
-        yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
+        yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)), within=run.path)
         history = list(run.meta().get("job_history", []))
         history.append({"file": kept.name, "overrides": dict(overrides), "until": now_iso()})
         run.update_meta(job_history=history, total_steps=job.train.steps,
@@ -253,7 +253,7 @@ def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, r
     the run's lock: a read-modify-write of the run's files)."""
     with run.lock():
         kept = _keep_as_numbered(run, run.profile_file, "profile")
-        yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
+        yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)), within=run.path)
         meta = run.meta()
         history = list(meta.get("profile_history", []))
         history.append({"file": kept.name, "profile": old.name, "world_size": old.world_size,

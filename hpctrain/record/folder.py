@@ -258,7 +258,7 @@ class RunFolder:
 
     def _write_meta(self, meta: dict) -> None:
         try:
-            yamlio.write_atomic(self.run_file, yamlio.dump(meta))
+            yamlio.write_atomic(self.run_file, yamlio.dump(meta), within=self.path)
         except OSError as e:
             raise RunFileError(f"cannot write {self.run_file}: {e.strerror}") from None
 
@@ -306,7 +306,8 @@ class RunFolder:
                              if not (k in changes and v is None)}
             try:
                 yamlio.write_atomic(self.ledger_file,
-                                    "".join(json.dumps(r) + "\n" for r in ledger))
+                                    "".join(json.dumps(r) + "\n" for r in ledger),
+                                    within=self.path)
             except OSError as e:
                 raise RunFileError(f"cannot write {self.ledger_file}: {e.strerror}") from None
             return True

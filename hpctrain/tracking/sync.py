@@ -65,7 +65,7 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
     # One sync of a run at a time: two at once both found no tracker run recorded and each
     # started one (two MLflow runs, each with every metric), or both sent the same steps.
     # The second waits, then finds what the first sent.
-    tracking_dir(run.path).mkdir(parents=True, exist_ok=True)
+    tracking_dir(run.path).mkdir(exist_ok=True)    # in the run folder, never making it again
     with folder_lock(tracking_dir(run.path) / SYNC_LOCK, f"run {run.id}'s trackers",
                      waiting=lambda: say(f"waiting for another `hpctrain sync` of {run.shown} "
                                          "to end ...")):

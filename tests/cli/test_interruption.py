@@ -277,3 +277,23 @@ def test_data_prepared_again_and_stopped_before_its_record_is_not_trusted(tmp_pa
                    f"data.path: {prefix}.meta.json does not describe {prefix}.bin/.idx",
                    "a `data prepare` stopped between its files",
                    f"remove {prefix}.bin/.idx/.meta.json to prepare it again")
+
+
+@pytest.mark.parametrize("args", [["report", "{run}"], ["runs"], ["status", "{run}"]])
+def test_a_run_removed_while_a_command_reads_it_is_not_made_again(tmp_path, args):
+    """`runs rm` while `report`, `runs` or `status` reads the run: before, the write door
+    made the removed folder again for what they write there (report.png, the listing's kept
+    row), a folder holding one file that was no run, listed by nothing and refused by
+    `runs rm`. Now nothing is written: `report` says the folder does not exist (exit 2), the
+    listing and `status` answer from what they read."""
+    root = tmp_path / "runs"
+    (rid,) = dry_runs(root, 1)
+    remove = f"{sys.executable} -m hpctrain runs rm {rid} > /dev/null"
+    proc = signalled("hpctrain.record.folder:RunFolder.ledger", 1, "RUN",
+                     *[a.format(run=rid) for a in args], root=root, command=remove)
+    if args[0] == "report":
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == [f"Error: {root / rid}: does not exist"]
+    else:
+        assert proc.returncode == 0, proc.stderr
+    assert set(os.listdir(root)) - {".runs-index.json"} == set()
