@@ -77,7 +77,10 @@ class LazyGroup(click.Group):
             ctx.exit(err.exit_code)
         except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (Terminated): the same clean-up ran
             signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-            click.echo("Terminated." if signum == signal.SIGTERM else "Interrupted.", err=True)
+            word = "Terminated" if signum == signal.SIGTERM else "Interrupted"
+            note = getattr(e, "note", None)     # what the interrupted code says of it
+            from ..file_door import printable
+            click.echo(f"{word}: {printable(note)}" if note else f"{word}.", err=True)
             ctx.exit(128 + signum)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise

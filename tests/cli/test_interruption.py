@@ -297,3 +297,38 @@ def test_a_run_removed_while_a_command_reads_it_is_not_made_again(tmp_path, args
     else:
         assert proc.returncode == 0, proc.stderr
     assert set(os.listdir(root)) - {".runs-index.json"} == set()
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_on_a_follow_says_the_run_goes_on(tmp_path, sig):
+    """Ctrl-C on `logs -f` (or on `submit`'s follow of a local run) stops the following, not
+    the run: before, the line was a bare `Interrupted.`, which reads as if training stopped;
+    now it says the run goes on and how to follow or stop it. The run's job is untouched."""
+    import time
+    from hpctrain.record.folder import RunFolder
+    from hpctrain.scheduler.state import live_jobs
+    root = tmp_path / "runs"
+    (rid,) = dry_runs(root, 1)
+    run = RunFolder(root / rid)
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                   "hpctrain.scheduler.local.controller", str(run.submitit_dir)])
+    try:
+        run.update_meta(dry_run=False)
+        run.add_job_id(str(controller.pid))
+        run.rank_log(run.begin_attempt(), 0).write_text("step 1\n")
+        follower = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", "-f", rid],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)})
+        assert follower.stdout.readline() == "step 1\n"
+        time.sleep(0.5)
+        follower.send_signal(getattr(signal, sig))
+        out, err = follower.communicate(timeout=60)
+        word, code = ("Interrupted", 130) if sig == "SIGINT" else ("Terminated", 143)
+        assert follower.returncode == code, err
+        assert err.splitlines() == [f"{word}: stopped following; run {rid} goes on (`hpctrain "
+                                    f"logs {rid} -f` follows it again, `hpctrain cancel {rid}` "
+                                    "stops it)"]
+        assert controller.poll() is None and live_jobs(run)
+    finally:
+        controller.kill()
+        controller.wait()
