@@ -157,6 +157,13 @@ class AtomicFile:
             raise type(e)(e.errno, e.strerror, str(self.path)) from e
         self.done = False
 
+    def write(self, data) -> int:
+        """Write ``data`` to the temporary file; a fault that names no file (a write's ENOSPC,
+        EDQUOT, EIO) is raised naming ``path``, the file being written. Writers that stream
+        write here, not to :attr:`file`, so their one error line says where."""
+        with _naming(self.path):
+            return self.file.write(data)
+
     def commit(self) -> None:
         """Publish what was written (once; later calls do nothing)."""
         if self.done:
