@@ -183,6 +183,23 @@ def folder_lock(lock_file: Path, what: str,
             os.close(fd)                  # releases the lock
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while the block changes one record in several files (a
+    job archived, rewritten and recorded in run.yaml): delivered when it ends, so a command
+    stopped there stops after the change, never half-way through it. Main thread only (the
+    one Python delivers signals to); hold it for file writes, never for a wait."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 

@@ -39,6 +39,8 @@ _SIGNALLED = textwrap.dedent("""
             os.killpg(os.getpgid(0), sig)                        # whole process group
             time.sleep(5)
             sys.exit("the signal did not stop the command")
+        elif calls[0] == n and os.environ.get("HOOK_CONTINUE"):   # the call goes on: the
+            os.kill(os.getpid(), sig)                               # signal lands when it may
         elif calls[0] == n:
             os.kill(os.getpid(), sig)
             time.sleep(5)          # the handler raises here
@@ -50,17 +52,19 @@ _SIGNALLED = textwrap.dedent("""
 """)
 
 
-def signalled(target: str, n: int, sig: str, *args: str, root,
-              command: str = "", group: bool = False) -> subprocess.CompletedProcess:
+def signalled(target: str, n: int, sig: str, *args: str, root, command: str = "",
+              group: bool = False, go_on: bool = False) -> subprocess.CompletedProcess:
     """``hpctrain ARGS`` in a process that, at the N-th call of ``target``, sends itself
     ``sig`` (``"SIGINT"``, ``"SIGTERM"``; ``group``: to its whole process group, in a session
     of its own, as a terminal's Ctrl-C reaches every process of a command), or with
-    ``sig="RUN"`` runs the shell ``command`` to its end first."""
+    ``sig="RUN"`` runs the shell ``command`` to its end first. ``go_on``: the call is made
+    after the signal is sent (where signals are held, it lands after the held part)."""
     return subprocess.run([sys.executable, "-c", _SIGNALLED, target, str(n), sig, *args],
                           capture_output=True, text=True, cwd=REPO, timeout=300,
                           start_new_session=group,
                           env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root),
-                               "HOOK_COMMAND": command, "HOOK_GROUP": "1" if group else ""})
+                               "HOOK_COMMAND": command, "HOOK_GROUP": "1" if group else "",
+                               "HOOK_CONTINUE": "1" if go_on else ""})
 
 
 def hpctrain(*args: str, root) -> subprocess.CompletedProcess:
@@ -332,3 +336,29 @@ def test_ctrl_c_on_a_follow_says_the_run_goes_on(tmp_path, sig):
     finally:
         controller.kill()
         controller.wait()
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_resume_stopped_while_it_rewrites_the_job_changes_all_of_it_or_nothing(tmp_path, sig):
+    """`resume --steps` keeps the job as job.N.yaml, writes the new job.yaml, and records it
+    in run.yaml. Stopped between the last two, the run's job said 120 steps while run.yaml
+    said 60 and kept no history of the change. Now the signal lands after the three: the
+    record is whole, and nothing is submitted."""
+    from hpctrain.config import yamlio
+    from hpctrain.record.folder import RunFolder
+    root = tmp_path / "runs"
+    (rid,) = dry_runs(root, 1)
+    run = RunFolder(root / rid)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run.update_meta(dry_run=False)
+    run.add_job_id(str(dead.pid))          # a local job that ended
+    # write_atomic's calls: job.1.yaml, job.yaml, run.yaml
+    proc = signalled("hpctrain.config.yamlio:write_atomic", 3, sig, "resume", rid, "--steps",
+                     "120", root=root, go_on=True)
+    stopped(proc, sig)
+    meta = run.meta()
+    assert yamlio.read_mapping(run.job_file)["train"]["steps"] == 120
+    assert meta["total_steps"] == 120
+    assert [h["file"] for h in meta["job_history"]] == ["job.1.yaml"]
+    assert run.job_ids() == [str(dead.pid)]
