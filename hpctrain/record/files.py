@@ -188,7 +188,9 @@ def signals_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM held back while the block changes one record in several files (a
     job archived, rewritten and recorded in run.yaml): delivered when it ends, so a command
     stopped there stops after the change, never half-way through it. Main thread only (the
-    one Python delivers signals to); hold it for file writes, never for a wait."""
+    one Python delivers signals to); hold it for file writes, never for a wait, and never
+    around starting a process (a child inherits the blocked signals, and would not stop on
+    Ctrl-C, `hpctrain cancel` or Slurm's SIGTERM)."""
     import signal
     if threading.current_thread() is not threading.main_thread():
         yield
