@@ -141,10 +141,10 @@ class AtomicFile:
     the errors are :func:`write_atomic`'s."""
 
     def __init__(self, path: str | os.PathLike, *, durable: bool = True,
-                 exclusive: bool = False) -> None:
+                 exclusive: bool = False, within: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         self.durable, self.exclusive = durable, exclusive
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(self.path.parent, within)
         refuse_special(self.path)
         try:
             self.file, self.tmp = _create(self.path.parent, f".{self.path.name}.",
@@ -156,6 +156,13 @@ class AtomicFile:
                 raise
             raise type(e)(e.errno, e.strerror, str(self.path)) from e
         self.done = False
+
+    def write(self, data) -> int:
+        """Write ``data`` to the temporary file; a fault that names no file (a write's ENOSPC,
+        EDQUOT, EIO) is raised naming ``path``, the file being written. Writers that stream
+        write here, not to :attr:`file`, so their one error line says where."""
+        with _naming(self.path):
+            return self.file.write(data)
 
     def commit(self) -> None:
         """Publish what was written (once; later calls do nothing)."""
@@ -194,8 +201,29 @@ class AtomicFile:
         self.commit()
 
 
+def make_folders(folder: Path, within: str | os.PathLike | None = None) -> None:
+    """The missing folders up to ``folder``. ``within`` (a run folder): only those below it,
+    which must exist. A run folder removed while a command still writes into it (a `report`,
+    a listing's row, a tracker's state while `runs rm` deletes the run) is never made again,
+    holding one file, neither a run nor anything `runs rm` could remove: the write fails with
+    ENOENT naming ``within``."""
+    if within is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        return
+    within = Path(within)
+    if not os.path.isdir(within):
+        raise FileNotFoundError(errno.ENOENT, "removed meanwhile", str(within))
+    below = folder.relative_to(within)
+    for part in below.parts:     # one level at a time: never the run folder itself
+        within = within / part
+        try:
+            os.mkdir(within)
+        except FileExistsError:
+            pass
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, durable: bool = True,
-                 exclusive: bool = False) -> None:
+                 exclusive: bool = False, within: str | os.PathLike | None = None) -> None:
     """Write ``data`` (text is UTF-8 encoded) to ``path``: temporary file, fsync, rename over
     the target, fsync of the folder. The file gets the mode an ordinary write would (the
     umask's), not mkstemp's 0600. ``durable=False`` skips the fsyncs (still never a part: the
@@ -204,8 +232,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, durable: bool = 
     (``FileExistsError``), so of two writers one wins (claiming a folder). Raises
     :class:`NotRegularFileError` for a special file at ``path``, and an ``OSError`` naming
     ``path`` for the storage's faults; a failed write leaves the old file and no temporary
-    one."""
-    with AtomicFile(path, durable=durable, exclusive=exclusive) as f:
+    one. ``within``: the run folder ``path`` lies in, which a write never creates again
+    (:func:`make_folders`)."""
+    with AtomicFile(path, durable=durable, exclusive=exclusive, within=within) as f:
         f.write(data.encode() if isinstance(data, str) else data)
 
 

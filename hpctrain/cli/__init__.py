@@ -4,14 +4,18 @@ Commands are registered by name and imported only when used (or listed by ``--he
 command module imports torch or megatron at import time: ``hpctrain --help`` and
 ``hpctrain render`` must start fast. Every ``HpcTrainError`` becomes ``Error: <message>`` on
 stderr with the error's exit code (2 for usage errors); an unexpected exception becomes a
-one-line internal error (``HPCTRAIN_DEBUG=1`` shows the traceback).
+one-line internal error (``HPCTRAIN_DEBUG=1`` shows the traceback); Ctrl-C and SIGTERM stop a
+command through the same door (``Interrupted.``/``Terminated.``, exit 130/143), after what it
+cleans up on the way out.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import click
 
@@ -53,10 +57,12 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(f"{__name__}.{module_name}"), attr)
 
     def invoke(self, ctx):
+        previous = _stop_on_sigterm()
         try:
             try:
                 return super().invoke(ctx)
             finally:
+                _restore_sigterm(previous)
                 sys.stdout.flush()   # a closed pipe shows here, not at interpreter exit
         except BrokenPipeError:
             end_on_closed_pipe()
@@ -69,9 +75,13 @@ class LazyGroup(click.Group):
             err = from_os_error(e)
             error_line(err)
             ctx.exit(err.exit_code)
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (Terminated): the same clean-up ran
+            signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+            word = "Terminated" if signum == signal.SIGTERM else "Interrupted"
+            note = getattr(e, "note", None)     # what the interrupted code says of it
+            from ..file_door import printable
+            click.echo(f"{word}: {printable(note)}" if note else f"{word}.", err=True)
+            ctx.exit(128 + signum)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # a bug in hpctrain: say so in one line, keep the traceback opt-in
@@ -80,6 +90,36 @@ class LazyGroup(click.Group):
             click.echo(f"Error: internal error: {type(e).__name__}: {e} "
                        "(set HPCTRAIN_DEBUG=1 for the traceback)", err=True)
             ctx.exit(1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a session ending) stops a command the way Ctrl-C does:
+    raised where the command is, so what it cleans up on an interruption (a run folder it was
+    preparing, a temporary file) is cleaned up, then one line and exit 143. Python's default
+    for SIGTERM ends the process at once, leaving such things half-made."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+def _stop_on_sigterm():
+    """Install the SIGTERM handler for the command's run (main thread only; a command that
+    installs its own handlers keeps them); the previous handler, to restore, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None   # someone chose already (ignored, or a handler of a caller's)
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def error_line(error: Exception) -> None:

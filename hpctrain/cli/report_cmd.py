@@ -4,6 +4,7 @@ several runs (a sweep's) in one PNG."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import click
@@ -60,7 +61,9 @@ def report(run_refs, output, size, runs_dir, as_json):
                               format_summary, summarize, write_png)
     path = check_report_output((output or run.path / REPORT_FILE).absolute(), "--output", run)
     data = collect(run)
-    write_png(build_figure(data, width, height), path)
+    inside = Path(os.path.realpath(run.path))
+    write_png(build_figure(data, width, height), path,
+              within=inside if inside in Path(os.path.realpath(path)).parents else None)
     summary = summarize(data)
     if as_json:
         echo_json({"report": str(path), "width": width, "height": height, **summary})

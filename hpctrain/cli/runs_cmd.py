@@ -80,11 +80,18 @@ def runs_prune(dry_run, runs_dir):
       hpctrain runs prune --dry-run
       hpctrain runs prune
     """
-    from ..ops.cleanup import dry_run_folders, plan_removal
+    from ..ops.cleanup import abandoned, dry_run_folders, finish, plan_removal
     root = runs_root(_group_runs_dir(runs_dir))
     found = dry_run_folders(root)
+    left = abandoned(root)
+    for folder in left:    # what a `runs rm` or `prune` stopped half-way had already let go
+        if not dry_run:
+            finish(folder)
+        click.echo(f"{'would finish' if dry_run else 'finished'} removing {show(folder)} (a "
+                   "removal stopped half-way)")
     if not found:
-        click.echo(f"No dry-run folders under {show(root)}.")
+        if not left:
+            click.echo(f"No dry-run folders under {show(root)}.")
         return
     _remove(plan_removal(found), dry_run)
 
@@ -94,9 +101,12 @@ def _remove(removals, dry_run: bool) -> None:
     for item in removals:
         kept = (f" (checkpoints kept in {show(item.checkpoints_kept)})" if item.checkpoints_kept
                 else "")
-        if not dry_run:
-            remove([item])
-        click.echo(f"{'would remove' if dry_run else 'removed'} {show(item.run.path)}{kept}")
+        if dry_run:
+            click.echo(f"would remove {show(item.run.path)}{kept}")
+        elif remove([item])[0]:
+            click.echo(f"removed {show(item.run.path)}{kept}")
+        else:
+            click.echo(f"{show(item.run.path)}: already removed (by another command meanwhile)")
 
 
 def _group_runs_dir(runs_dir):

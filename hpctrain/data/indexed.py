@@ -69,7 +69,7 @@ class IndexedDatasetWriter:
         if self.dtype not in CODES:
             raise ValueError(f"unsupported token dtype {self.dtype}")
         self._bin_file = AtomicFile(bin_path(self.prefix))
-        self._bin = self._bin_file.file
+        self._bin = self._bin_file        # its write names the file in a storage fault
         self._idx_file: AtomicFile | None = None
         self._lengths: list[int] = []
         self._doc_starts: list[int] = [0]
@@ -104,7 +104,7 @@ class IndexedDatasetWriter:
         if len(lengths):
             np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
         self._idx_file = AtomicFile(idx_path(self.prefix))
-        f = self._idx_file.file
+        f = self._idx_file                # its write names the file in a storage fault
         f.write(HEADER)
         f.write(struct.pack("<Q", VERSION))
         f.write(struct.pack("<B", CODES[self.dtype]))

@@ -9,6 +9,7 @@ and we read its files. A sidecar ``PREFIX.meta.json`` records the tokenizer and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -147,6 +148,8 @@ _worker_tokenizer = None
 
 def _init_worker(spec: str) -> None:
     global _worker_tokenizer
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the command stops them (see _Encoder)
     _worker_tokenizer = load_tokenizer(spec)
 
 
@@ -164,7 +167,11 @@ class _Encoder:
     looks every ``POLL_S`` at whether the pool's workers are still the ones it started, and
     stops with an error when one was replaced. Closing the pool is bounded too
     (``CLOSE_WAIT_S``, then its workers are killed): nothing is written after an error, so
-    nothing is lost by not waiting longer."""
+    nothing is lost by not waiting longer.
+
+    A Ctrl-C at a terminal reaches every process of the command; the workers ignore it (from
+    their start: they are spawned with SIGINT ignored, which a new Python keeps), and the
+    command, interrupted, stops them: one line, not a traceback from each worker."""
 
     POLL_S = 1.0
     CLOSE_WAIT_S = 30.0
@@ -174,8 +181,9 @@ class _Encoder:
         if workers > 1:
             import multiprocessing
             # spawn: a forked child would inherit the tokenizer libraries' threads
-            self.pool = multiprocessing.get_context("spawn").Pool(
-                workers, initializer=_init_worker, initargs=(spec,))
+            with _sigint_ignored():
+                self.pool = multiprocessing.get_context("spawn").Pool(
+                    workers, initializer=_init_worker, initargs=(spec,))
             self.started = self._worker_pids()
 
     def _worker_pids(self) -> set:
@@ -222,6 +230,22 @@ class _Encoder:
         if closing.is_alive():
             for worker in getattr(pool, "_pool", []):
                 worker.kill()
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while processes are started, so they start ignoring it (main thread
+    only: elsewhere signals are not this code's to change)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _append(arr, value):

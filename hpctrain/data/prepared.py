@@ -46,9 +46,31 @@ def check_prepared(job, field: str, prefix: str, sources: list) -> None:
     missing) when its record says it was prepared with another tokenizer or from other files
     than the job names, or with a vocabulary ``model.vocab_size`` cannot hold."""
     meta = read_meta(prefix)
+    _check_record_is_of_the_files(field, prefix, sources, meta)
     _check_tokenizer(job, field, prefix, sources, meta.get("tokenizer"))
     _check_sources(field, prefix, sources, meta.get("sources"), meta.get("input_bytes"))
     check_vocab(job, meta.get("vocab_size"))
+
+
+def _check_record_is_of_the_files(field: str, prefix: str, sources: list, meta: dict) -> None:
+    """``PREFIX.meta.json`` is written after ``.bin``/``.idx`` are published: a ``data prepare``
+    stopped between them (Ctrl-C, a kill), or two at once into one prefix, leaves the new
+    files beside the previous record, which would vouch for data made from other files. The
+    counts the record holds must be the files' (``.idx`` header, ``.bin`` size)."""
+    from .fingerprint import corpus_shape
+    recorded = (meta.get("documents"), meta.get("tokens"))
+    if not all(type(v) is int for v in recorded):
+        return
+    shape = corpus_shape(prefix)
+    if shape is None or (shape["documents"], shape["tokens"]) == recorded:
+        return
+    fix = (_prepare_again(field, prefix) if sources else
+           f"prepare it again with `hpctrain data prepare FILES --output {show(prefix)}`")
+    raise UsageError(f"{field}: {show(prefix)}.meta.json does not describe "
+                     f"{show(prefix)}.bin/.idx ({recorded[0]:,} documents and {recorded[1]:,} "
+                     f"tokens recorded, {shape['documents']:,} and {shape['tokens']:,} there): "
+                     f"a `data prepare` stopped between its files, or two wrote that prefix at "
+                     f"once; {fix}")
 
 
 def _check_tokenizer(job, field: str, prefix: str, sources: list, recorded) -> None:

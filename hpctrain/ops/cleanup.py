@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..file_door import show
-from ..record.files import RUN_FILE, RunFileError, remove_run_folder
+from ..record.files import (RUN_FILE, RunFileError, abandoned_removals, finish_removal,
+                            remove_run_folder)
 from ..record.folder import RunFolder, expanded, is_run_folder, iter_runs
 
 
@@ -126,9 +127,19 @@ def plan_removal(runs: list[RunFolder]) -> list[Removal]:
     return [Removal(r, _checkpoints_outside(r)) for r in runs]
 
 
-def remove(removals: list[Removal]) -> None:
-    for item in removals:
-        remove_run_folder(item.run.path)
+def remove(removals: list[Removal]) -> list[bool]:
+    """Remove each run folder; for each, False when another command removed it meanwhile."""
+    return [remove_run_folder(item.run.path) for item in removals]
+
+
+def abandoned(root: Path) -> list[Path]:
+    """What removals stopped half-way (Ctrl-C, a kill) left under ``root``: run folders
+    already renamed to be deleted, whose remover is gone. ``runs prune`` finishes them."""
+    return abandoned_removals(root)
+
+
+def finish(folder: Path) -> None:
+    finish_removal(folder)
 
 
 def _checkpoints_outside(run: RunFolder) -> Path | None:

@@ -17,7 +17,7 @@ from .. import limits
 from ..config import ClusterProfile, Resolved, load_profile, resolve, yamlio
 from ..config.schema import to_dict
 from ..errors import ConfigError, UsageError
-from ..record.files import RunFileError, now_iso
+from ..record.files import RunFileError, now_iso, signals_held
 from ..record.folder import RunFolder
 from ..scheduler.choose import backend_for, backend_named, backend_of
 from ..scheduler.state import live_jobs
@@ -219,16 +219,16 @@ def _keep_as_numbered(run: RunFolder, current: Path, stem: str) -> Path:
     while (run.path / f"{stem}.{n}.yaml").exists():
         n += 1
     kept = run.path / f"{stem}.{n}.yaml"
-    yamlio.write_atomic(kept, _run_text(current))
+    yamlio.write_atomic(kept, _run_text(current), within=run.path)
     return kept
 
 
 def _archive_job(run: RunFolder, job, overrides: dict) -> str:
     """Keep the job the run ran with so far as ``job.N.yaml``; write the new one and record the
     overrides in ``run.yaml`` (under the run's lock)."""
-    with run.lock():
+    with run.lock(), signals_held():
         kept = _keep_as_numbered(run, run.job_file, "job")
-        yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)))
+        yamlio.write_atomic(run.job_file, yamlio.dump(to_dict(job)), within=run.path)
         history = list(run.meta().get("job_history", []))
         history.append({"file": kept.name, "overrides": dict(overrides), "until": now_iso()})
         run.update_meta(job_history=history, total_steps=job.train.steps,
@@ -251,9 +251,9 @@ def _resolve_for(run: RunFolder, profile: ClusterProfile, job=None) -> Resolved:
 def _archive_profile(run: RunFolder, old: ClusterProfile, new: ClusterProfile, resolved: Resolved) -> str:
     """Keep the profile the run ran on so far as ``profile.N.yaml``; write the new one (under
     the run's lock: a read-modify-write of the run's files)."""
-    with run.lock():
+    with run.lock(), signals_held():
         kept = _keep_as_numbered(run, run.profile_file, "profile")
-        yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)))
+        yamlio.write_atomic(run.profile_file, yamlio.dump(to_dict(new)), within=run.path)
         meta = run.meta()
         history = list(meta.get("profile_history", []))
         history.append({"file": kept.name, "profile": old.name, "world_size": old.world_size,

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import HpcTrainError
+from ..record.files import REMOVING_PREFIX
 from ..record.folder import RunFolder, is_run_folder
 from .fmt import format_age, format_number, format_table, parse_iso
 
@@ -32,9 +33,12 @@ def newest_folders(root: Path) -> list[os.DirEntry]:
     """The folders under ``root`` (run folders or not), newest first, by creation time: the
     one a run id carries (``<name>-<YYYYMMDD-HHMMSS>-<hex>``, the local time ``run.yaml``'s
     ``created`` also records), so ordering reads no file; ``run.yaml``'s ``created`` for a
-    folder named otherwise; ties by name."""
+    folder named otherwise; ties by name. A folder being removed (``REMOVING_PREFIX``, still
+    holding its ``run.yaml`` while ``runs rm`` deletes it, or left by a removal stopped
+    half-way) is none of them."""
     try:
-        entries = [e for e in os.scandir(root) if e.is_dir()]
+        entries = [e for e in os.scandir(root)
+                   if e.is_dir() and not e.name.startswith(REMOVING_PREFIX)]
     except OSError:
         return []
     # the path is made a Path only for a folder whose name carries no time (10,000 Path

@@ -181,12 +181,13 @@ def build_figure(data: ReportData, width_px: int = WIDTH_PX, height_px: int = HE
     return fig
 
 
-def write_png(fig, path: Path) -> None:
+def write_png(fig, path: Path, within: Path | None = None) -> None:
     """Save ``fig`` as a PNG at ``path`` through the write door (``outputs.AtomicFile``): a
     reader sees the old picture or the new one, and a link planted at ``path`` or at a
-    temporary name is never written through."""
+    temporary name is never written through. ``within``: the run folder ``path`` lies in,
+    never made again if it was removed meanwhile."""
     from ..outputs import AtomicFile
-    with AtomicFile(path) as f:
+    with AtomicFile(path, within=within) as f:
         # no bbox_inches="tight": the PNG keeps the asked-for size
         fig.savefig(f, format="png", dpi=fig.dpi)
 

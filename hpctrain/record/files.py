@@ -21,7 +21,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import UsageError
 
@@ -39,37 +39,88 @@ def is_run_folder(path: Path) -> bool:
             and os.path.lexists(os.path.join(path, RUN_FILE)))
 
 
-def remove_run_folder(path: Path) -> None:
-    """Remove one run folder, also while someone lists the runs.
+def remove_run_folder(path: Path) -> bool:
+    """Remove one run folder, also while someone lists the runs; False when it was gone
+    already (another ``runs rm`` or ``runs prune`` removed it meanwhile).
 
     A listing keeps each run's row in the run's folder (``view.summary_cache``), so deleting
     the folder where it is could race with a row being written into it (``rmtree`` then fails
     with "Directory not empty"). The folder is first renamed beside it, to a name no listing
     takes for a run (``REMOVING_PREFIX``; one atomic step: a row being written then fails
-    quietly), then deleted."""
+    quietly), then deleted. A removal stopped half-way (Ctrl-C, a kill) leaves that folder,
+    which :func:`abandoned_removals` finds and ``runs prune`` finishes."""
     path = Path(path)
     if os.path.islink(path):       # renamed, the link would be kept and rmtree refuse it
         raise RunFileError(f"{path} is a symbolic link, not a run folder; nothing was removed")
     doomed = path.with_name(_removing_name(path.name))
-    os.rename(path, doomed)
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise
+        return False               # of two removals at once, the other one renamed it first
+    finish_removal(doomed)
+    return True
+
+
+def finish_removal(doomed: Path) -> None:
+    """Delete a folder already renamed to ``REMOVING_PREFIX``."""
     for tries_left in range(20, -1, -1):
         try:
             shutil.rmtree(doomed)
             return
+        except FileNotFoundError:
+            if not os.path.lexists(doomed):   # another process finished it
+                return
+            if not tries_left:
+                raise
         except OSError as e:
             # a row whose write began before the rename lands in the folder (the write door
             # works in its folder by descriptor): it is written once, so a retry finishes
             if e.errno != errno.ENOTEMPTY or not tries_left:
                 raise
-            time.sleep(0.05)
+        time.sleep(0.05)
 
 
 def _removing_name(name: str) -> str:
-    """``.removing-<name>-<pid>``, the run's name cut to fit a file name (255 bytes: a run
-    folder named near the limit is removed too)."""
-    suffix = f"-{os.getpid()}"
+    """``.removing-<name>-<pid>@<host>``, the run's name cut to fit a file name (255 bytes: a
+    run folder named near the limit is removed too): who is removing it, so a later ``runs
+    prune`` can tell a removal under way from one whose process is gone."""
+    suffix = f"-{os.getpid()}@{_host()}"
     room = 255 - len(REMOVING_PREFIX) - len(suffix)
     return f"{REMOVING_PREFIX}{os.fsdecode(os.fsencode(name)[:room])}{suffix}"
+
+
+def _host() -> str:
+    import socket
+    name = socket.gethostname()
+    return "".join(c for c in name if c.isascii() and (c.isalnum() or c in ".-"))[:64]
+
+
+def abandoned_removals(root: Path) -> list[Path]:
+    """Folders in ``root`` that a removal renamed (``REMOVING_PREFIX``) and then stopped
+    deleting: the process named in the name (``-<pid>@<host>``, this host) is gone. A removal
+    under way, or one from another host (whose processes cannot be seen from here), is not
+    listed; neither is a symbolic link."""
+    found = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(REMOVING_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid, _, host = entry.name.rpartition("-")[2].partition("@")
+        if not pid.isdigit() or not pid.isascii() or host != _host():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue                  # its remover is still at work
+        except ProcessLookupError:
+            found.append(Path(entry.path))
+        except (PermissionError, OverflowError, ValueError):
+            continue                  # another user's process, or not a pid at all
+    return sorted(found)
 
 
 class RunFileError(UsageError):
@@ -95,9 +146,11 @@ os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 @contextlib.contextmanager
-def folder_lock(lock_file: Path, what: str) -> Iterator[None]:
+def folder_lock(lock_file: Path, what: str,
+                waiting: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold ``flock`` on ``lock_file`` (created 0600). Reentrant within a thread; other threads
-    and processes wait."""
+    and processes wait (``waiting`` is called first when they must: a person is told why
+    nothing happens)."""
     key = (threading.get_ident(), str(lock_file))
     entry = _held.get(key)
     if entry is not None:
@@ -113,7 +166,14 @@ def folder_lock(lock_file: Path, what: str) -> Iterator[None]:
         raise RunFileError(f"cannot lock {what} ({lock_file.name}): {e.strerror}") from None
     entry = [fd, 1, os.getpid()]
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if waiting is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX)
         _held[key] = entry
         yield
     finally:
@@ -121,6 +181,25 @@ def folder_lock(lock_file: Path, what: str) -> Iterator[None]:
             if _held.get(key) is entry:
                 del _held[key]
             os.close(fd)                  # releases the lock
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while the block changes one record in several files (a
+    job archived, rewritten and recorded in run.yaml): delivered when it ends, so a command
+    stopped there stops after the change, never half-way through it. Main thread only (the
+    one Python delivers signals to); hold it for file writes, never for a wait, and never
+    around starting a process (a child inherits the blocked signals, and would not stop on
+    Ctrl-C, `hpctrain cancel` or Slurm's SIGTERM)."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def now_iso() -> str:

@@ -47,7 +47,7 @@ from .. import file_door, limits
 from ..file_door import kind_of, show
 from . import reader
 from .files import (JOB_KINDS, METRIC_KINDS, REMOVING_PREFIX, RUN_FILE, RunFileError,
-                    append_jsonl, folder_lock, is_run_folder, now_iso, record_kind)
+                    _why, append_jsonl, folder_lock, is_run_folder, now_iso, record_kind)
 
 
 def checked_metric_kind(kind, *, allow_all: bool) -> str | None:
@@ -318,9 +318,9 @@ class RunFolder:
 
     def _write_meta(self, meta: dict) -> None:
         try:
-            yamlio.write_atomic(self.run_file, yamlio.dump(meta))
+            yamlio.write_atomic(self.run_file, yamlio.dump(meta), within=self.path)
         except OSError as e:
-            raise RunFileError(f"cannot write {self.run_file}: {e.strerror}") from None
+            raise RunFileError(f"cannot write {self.run_file}: {_why(e)}") from None
 
     def update_meta(self, **changes: Any) -> dict:
         with self.lock():
@@ -371,9 +371,10 @@ class RunFolder:
                              if not (k in changes and v is None)}
             try:
                 yamlio.write_atomic(self.ledger_file,
-                                    "".join(json.dumps(r) + "\n" for r in ledger))
+                                    "".join(json.dumps(r) + "\n" for r in ledger),
+                                    within=self.path)
             except OSError as e:
-                raise RunFileError(f"cannot write {self.ledger_file}: {e.strerror}") from None
+                raise RunFileError(f"cannot write {self.ledger_file}: {_why(e)}") from None
             return True
 
     def events(self) -> list[dict]:

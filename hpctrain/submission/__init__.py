@@ -178,25 +178,25 @@ def submit(job_file: str | Path | Mapping | JobConfig,
                   dry_run=dry_run)
     run = prepare_run(resolved, runs_root_for(runs_dir, resolved.profile),
                       source=job_source(job_file))
-    if overrides:
-        run.update_meta(overrides=overrides)
-    if dry_run:
-        script = None
-        if backend.batch_script:
-            write_script(run, script_inputs(run, resolved.profile), resolved=resolved)
-            script = run.script_file
-        run.update_meta(dry_run=True)
-        return Submission(resolved, [run], dry_run=True, script=script)
     try:
+        if overrides:
+            run.update_meta(overrides=overrides)
+        if dry_run:
+            script = None
+            if backend.batch_script:
+                write_script(run, script_inputs(run, resolved.profile), resolved=resolved)
+                script = run.script_file
+            run.update_meta(dry_run=True)
+            return Submission(resolved, [run], dry_run=True, script=script)
         subs = submit_chain(resolved, run, chain)
     except SubmissionError as e:
         # sbatch refused the first job: the run never reached the scheduler
         raise refusal(e, remove_refused_run(run), "the run folder prepared for it") from None
     except BaseException:
-        # The claim of the checkpoint folder was refused (another submission claimed
-        # checkpoint.dir after prepare_run checked it; a folder that cannot be made), or the
-        # submission was stopped before a job reached the scheduler: remove the run folder
-        # this call created, and nothing else (a run that records a job is kept).
+        # Interrupted or refused before a job reached the scheduler (the claim of the
+        # checkpoint folder refused: another submission claimed checkpoint.dir after
+        # prepare_run checked it, or the folder cannot be made): remove the run folder this
+        # call created, and nothing else (a run that records a job is kept); no half run is left
         remove_refused_run(run)
         raise
     script = run.script_file if backend.batch_script else None
@@ -220,19 +220,23 @@ def _submit_sweep(job_file, overrides: dict, profile: ClusterProfile, specs: lis
                 warn=warn if dry_run else None, dry_run=dry_run)
     sweep_dir, sweep_runs = prepare_sweep(points, runs_root_for(runs_dir, profile),
                                           source=job_source(job_file))
-    if overrides:
-        for r in sweep_runs:
-            r.run.update_meta(overrides=overrides)
     out = Submission(points[0].resolved, [r.run for r in sweep_runs], dry_run=dry_run,
                      sweep_dir=sweep_dir, sweep_runs=sweep_runs)
     if backend.arrays:
         out.script = sweep_dir / "sbatch.sh"
-    if dry_run:
-        if backend.arrays:
-            write_array_script(sweep_dir, sweep_runs, max_parallel=max_parallel)
-        for r in sweep_runs:
-            r.run.update_meta(dry_run=True)
-        return out
+    try:
+        if overrides:
+            for r in sweep_runs:
+                r.run.update_meta(overrides=overrides)
+        if dry_run:
+            if backend.arrays:
+                write_array_script(sweep_dir, sweep_runs, max_parallel=max_parallel)
+            for r in sweep_runs:
+                r.run.update_meta(dry_run=True)
+            return out
+    except BaseException:
+        remove_refused_sweep(sweep_dir, sweep_runs)   # interrupted or refused before any job
+        raise
     if backend.arrays:
         try:
             out.array_job_id = submit_sweep_array(sweep_dir, sweep_runs,

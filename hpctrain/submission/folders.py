@@ -94,8 +94,12 @@ def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",
                         total_steps=job.train.steps,
                         checkpoint_dir=str(checkpoint_location(run, job, profile)), jobs=[])
         run.logs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        remove_refused_run(run)     # the storage refused it (full, read-only): no half run left
+    except BaseException:
+        # the storage refused it (full, read-only), a value was refused on its way to a file,
+        # or the command was interrupted (Ctrl-C, SIGTERM): no half run is left, in particular
+        # no folder without its run.yaml, which `hpctrain runs` would not list nor `runs rm`
+        # and `runs prune` remove
+        remove_refused_run(run)
         raise
     return run
 
@@ -186,13 +190,19 @@ def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,
                              profile=p.resolved.profile)
     sweep_dir = new_sweep_dir(runs_root, points[0].resolved.job.name,
                               folder_mode(profile.storage.group_readable))
-    runs = []
-    for p in points:
-        run = prepare_run(p.resolved, runs_root, source=source, own_checkpoint_folder=True)
-        run.update_meta(sweep={"id": sweep_dir.name, "dir": str(sweep_dir), "index": p.index,
-                               "values": p.values})
-        runs.append(SweepRun(p, run))
-    write_sweep_file(sweep_dir, runs, source=source, profile=profile.name)
+    runs: list[SweepRun] = []
+    try:
+        for p in points:
+            run = prepare_run(p.resolved, runs_root, source=source, own_checkpoint_folder=True)
+            runs.append(SweepRun(p, run))
+            run.update_meta(sweep={"id": sweep_dir.name, "dir": str(sweep_dir),
+                                   "index": p.index, "values": p.values})
+        write_sweep_file(sweep_dir, runs, source=source, profile=profile.name)
+    except BaseException:
+        # refused or interrupted half-way: neither the runs prepared so far nor the sweep's
+        # folder (without its sweep.yaml) are left behind
+        remove_refused_sweep(sweep_dir, runs)
+        raise
     return sweep_dir, runs
 
 

@@ -35,6 +35,7 @@ def already_sent(entry: dict, record: dict) -> bool:
 
 class TrackingState:
     def __init__(self, run_path: Path) -> None:
+        self.run_path = Path(run_path)
         self.path = tracking_dir(run_path) / "state.json"
         try:
             data = json.loads(self.path.read_text())
@@ -58,4 +59,5 @@ class TrackingState:
         return entry
 
     def save(self) -> None:
-        yamlio.write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+        yamlio.write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n",
+                            within=self.run_path)

@@ -22,10 +22,14 @@ from typing import Callable
 from ..config.schema import to_dict
 from ..config.tracking import effective
 from ..errors import UsageError
+from ..record.files import folder_lock
 from ..record.folder import RunFolder
 from .backends import RunInfo, backends_for, sweep_folder_for
 from .sender import SYNC_VOICE, TrackerThread
-from .state import TrackingState
+from .state import TrackingState, tracking_dir
+
+
+SYNC_LOCK = ".sync.lock"   # in RUN/tracking: held by a sync for its whole run
 
 
 def final_step(run: RunFolder) -> int:
@@ -58,6 +62,18 @@ def sync_run(run: RunFolder, say: Callable[[str], None], *, wandb_upload: bool =
     if not backends:
         raise UsageError(f"run {run.id} names no tracker (tracking.wandb / tracking.mlflow in "
                          "its job or profile)")
+    # One sync of a run at a time: two at once both found no tracker run recorded and each
+    # started one (two MLflow runs, each with every metric), or both sent the same steps.
+    # The second waits, then finds what the first sent.
+    tracking_dir(run.path).mkdir(exist_ok=True)    # in the run folder, never making it again
+    with folder_lock(tracking_dir(run.path) / SYNC_LOCK, f"run {run.id}'s trackers",
+                     waiting=lambda: say(f"waiting for another `hpctrain sync` of {run.shown} "
+                                         "to end ...")):
+        return _sync(run, say, job, profile, section, backends, wandb_upload)
+
+
+def _sync(run: RunFolder, say: Callable[[str], None], job, profile, section, backends,
+          wandb_upload: bool) -> int:
     # MLflow logs its database's setup at INFO, lines that read as sync's own: only its
     # warnings (unless the user asked for its INFO lines), whether it is imported yet or not
     if "MLFLOW_LOGGING_LEVEL" not in os.environ:

@@ -8,16 +8,17 @@ restart at any time without touching the job.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import HpcTrainError
 from ..exit_codes import ExitReason
-from ..file_door import printable
+from ..file_door import printable, show
 from .. import limits
 from ..record import reader
-from ..record.folder import RunFolder
+from ..record.folder import RunFolder, is_run_folder
 from ..scheduler.state import live_jobs
 
 # runtime.checkpoint.save_faults.TRACEBACK_HEADER (the view does not import the runtime)
@@ -141,39 +142,47 @@ def follow(run: RunFolder, is_active: Callable[[], bool], echo: Callable[[str], 
     # the requeue decision, so the logs read in the next round hold the lines that came
     # before it (read in the same round, the record could print before "no requeue: ...").
     held: list[dict] = []
-    while True:
-        attempts = [attempt] if attempt else [n for n in run.attempts_started()
-                                               if from_attempt is None or n >= from_attempt]
-        for n in attempts:
-            if rank is not None:
-                if n not in tails:
-                    tails[n] = tail(run.rank_log(n, rank))
-                for line in tails[n].lines():
-                    if line_filter(line):
+    with _stopping_follow(run):
+        while True:
+            attempts = [attempt] if attempt else [
+                n for n in run.attempts_started() if from_attempt is None or n >= from_attempt]
+            for n in attempts:
+                if rank is not None:
+                    if n not in tails:
+                        tails[n] = tail(run.rank_log(n, rank))
+                    for line in tails[n].lines():
+                        if line_filter(line):
+                            echo(line)
+                if n not in batch_tails:
+                    batch_tails[n] = tail(run.attempt_dir(n) / "batch.log")
+                for line in batch_tails[n].lines():
+                    if batch_filter(line):
                         echo(line)
-            if n not in batch_tails:
-                batch_tails[n] = tail(run.attempt_dir(n) / "batch.log")
-            for line in batch_tails[n].lines():
-                if batch_filter(line):
-                    echo(line)
-        for rec in held:
+            for rec in held:
+                echo(describe_attempt(rec))
+            if not is_run_folder(run.path):
+                # removed meanwhile (`runs rm`, by hand): its records are gone with it, so "no
+                # job is running" would be read from nothing and the follow end as if the run
+                # had
+                raise HpcTrainError(f"run folder {show(run.path)} was removed while it was "
+                                    "being followed; stopped following (`hpctrain runs` "
+                                    "lists the runs there are)")
+            ledger = run.ledger()
+            held = ledger[seen_ledger:]
+            seen_ledger = len(ledger)
+            if not is_active():
+                idle_rounds += 1
+                if idle_rounds >= 2:  # one more round to drain the logs after the job ended
+                    break
+            else:
+                idle_rounds = 0
+            if timeout_s is not None and time.time() - start > timeout_s:
+                break
+            time.sleep(poll_s)
+        for rec in held:              # seen in the last round: after every line there was
             echo(describe_attempt(rec))
         ledger = run.ledger()
-        held = ledger[seen_ledger:]
-        seen_ledger = len(ledger)
-        if not is_active():
-            idle_rounds += 1
-            if idle_rounds >= 2:  # one more round to drain the logs after the job ended
-                break
-        else:
-            idle_rounds = 0
-        if timeout_s is not None and time.time() - start > timeout_s:
-            break
-        time.sleep(poll_s)
-    for rec in held:              # seen in the last round: after every line there was
-        echo(describe_attempt(rec))
-    ledger = run.ledger()
-    return ledger[-1] if ledger else {}
+        return ledger[-1] if ledger else {}
 
 
 def describe_attempt(rec: dict) -> str:
@@ -192,6 +201,18 @@ def _describe_attempt(rec: dict) -> str:
         why += f"\n[hpctrain]   {rec['note']}"
     return (f"[hpctrain] attempt {rec.get('attempt')} ended: {rec.get('exit_reason')} ({steps}, "
             f"{rec.get('duration_s')} s); {then}{why}")
+
+
+@contextlib.contextmanager
+def _stopping_follow(run: RunFolder):
+    """Ctrl-C (or SIGTERM) while following stops the following, never the run: the CLI's
+    interruption line says so (the note on the exception) instead of a bare "Interrupted."."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        e.note = (f"stopped following; run {run.shown} goes on (`hpctrain logs {run.id} -f` "
+                  f"follows it again, `hpctrain cancel {run.id}` stops it)")
+        raise
 
 
 # ---- following a run to its end ---------------------------------------------------------------
@@ -217,8 +238,9 @@ def follow_run(run: RunFolder, echo: Callable[[str], None] | None = None, *,
                                f"{timeout_s:g} s")
         return running
     if echo is None:   # nothing to show: only the scheduler's view, no log reading
-        while active():
-            time.sleep(poll_s)
+        with _stopping_follow(run):
+            while active():
+                time.sleep(poll_s)
         time.sleep(min(poll_s, 1.0))   # the ledger record is written as the job ends
         if not last_record:
             return {}

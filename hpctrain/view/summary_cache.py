@@ -126,7 +126,8 @@ def keep_row(run: RunFolder, print_: list, row: dict) -> None:
     from ..config import yamlio
     data = {"format": FORMAT, "fingerprint": print_, "row": bare(row)}
     try:
-        yamlio.write_atomic(run.path / CACHE_FILE, json.dumps(data), durable=False)
+        yamlio.write_atomic(run.path / CACHE_FILE, json.dumps(data), durable=False,
+                            within=run.path)
     except (OSError, ValueError, TypeError):
         pass
 

@@ -152,3 +152,49 @@ def test_a_runs_folder_the_user_cannot_write(tmp_path):
     assert proc.returncode == 0, proc.stderr
     _storage_refused(tmp_path / "out", 2, f"{base}/runs", "permission denied",
                      "give your user access to it")
+
+
+def test_data_prepare_onto_a_full_file_system_names_the_file(tmp_path):
+    """`data prepare` streams its .bin: a write's ENOSPC names no file, and the line said
+    `Error: a file: no space left ...`. Now it names PREFIX.bin, and nothing is left."""
+    from tests.faulty_storage import CLI, cli_result, run_in_namespace
+    (tmp_path / "out").mkdir()
+    (tmp_path / "mnt").mkdir()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"paragraph {i}: {'words ' * 40}\n\n" for i in range(2000)))
+    proc = run_in_namespace(CLI + 'mount -t tmpfs -o size=64k tmpfs "$1" || exit 9\n'
+                            'cli prepare data prepare "$2" --output "$1/corpus"\n'
+                            'ls -A "$1" > "$OUT/left"\n',
+                            str(tmp_path / "mnt"), str(corpus), out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    rc, _, err = cli_result(tmp_path / "out", "prepare")
+    assert rc == 1 and err.splitlines() == [
+        f"Error: {tmp_path}/mnt/corpus.bin: no space left on the device; free space on that "
+        "file system or choose another one"], (rc, err)
+    assert (tmp_path / "out" / "left").read_text() == ""
+
+
+def test_run_yaml_refused_by_a_full_file_system_is_said_with_the_fix(tmp_path):
+    """The storage fills between a submission's job.yaml and its run.yaml: the line named
+    run.yaml with the C library's words (`No space left on device`); now with the door's words
+    and the fix, like every other storage fault, and no half run is left."""
+    from tests.cli.test_interruption import _SIGNALLED
+    from tests.faulty_storage import CLI, cli_result, run_in_namespace
+    (tmp_path / "out").mkdir()
+    (tmp_path / "mnt").mkdir()
+    script = tmp_path / "signalled.py"
+    script.write_text(_SIGNALLED)
+    proc = run_in_namespace(
+        CLI + 'mount -t tmpfs -o size=256k tmpfs "$1" || exit 9\n'
+        'export HOOK_COMMAND="dd if=/dev/zero of=$1/fill bs=4k 2>/dev/null; true"\n'
+        'cd "$2" && "$PY" "$3" hpctrain.config.yamlio:write_atomic 3 RUN submit '
+        'examples/tiny.yaml --dry-run --runs-dir "$1/runs" >"$OUT/s.out" 2>"$OUT/s.err"\n'
+        'echo $? > "$OUT/s.rc"; ls -A "$1/runs" > "$OUT/left"\n',
+        str(tmp_path / "mnt"), str(REPO), str(script), out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    rc, _, err = cli_result(tmp_path / "out", "s")
+    (line,) = err.splitlines()
+    assert line.startswith(f"Error: cannot write {tmp_path}/mnt/runs/") and line.endswith(
+        "/run.yaml: no space left on the device; free space on that file system or choose "
+        "another one"), line
+    assert (tmp_path / "out" / "left").read_text() == ""

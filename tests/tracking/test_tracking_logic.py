@@ -227,3 +227,42 @@ def test_sync_speaks_of_itself_not_of_an_attempt_of_training(tmp_path):
     assert "mlflow cannot be reached" in said and "did not receive 1 record(s)" in said, said
     assert "training continues" not in said and "the next attempt" not in said, said
     assert f"`hpctrain sync {run.id}` run again sends them" in said, said
+
+
+def test_two_syncs_of_one_run_at_once_make_one_tracker_run(tmp_path):
+    """Two `hpctrain sync RUN` at once: before, both found no MLflow run recorded, each
+    started one and sent every step to it (two runs in the experiment, one of them recorded
+    nowhere). Now the second waits for the first, says so, and finds everything sent."""
+    import time
+    import mlflow
+    from hpctrain.config import yamlio
+    from tests.cli.test_interruption import signalled
+    from tests.ops.helpers import crafted_run
+    root = tmp_path / "runs"
+    run = crafted_run(root, metrics=[{"step": s, "loss": 3.0 - s / 10, "time": 1.7e9 + s}
+                                     for s in range(1, 6)],
+                      events=[{"event": "checkpoint_saved", "step": 5}])
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    job = yamlio.read_mapping(run.job_file)
+    job["tracking"]["mlflow"] = {"tracking_uri": uri, "experiment": "two"}
+    yamlio.write_atomic(run.job_file, yamlio.dump(job))
+    mlflow.set_tracking_uri(uri)       # the database made once (MLflow's own setup is no race
+    mlflow.set_experiment("two")       # of hpctrain's)
+    second = tmp_path / "second.out"
+    # when the first sync has read what was sent and opens the MLflow run, the second
+    # starts: it waits (now) or runs to its end (before); the first goes on when either shows
+    command = (f"{sys.executable} -m hpctrain sync {run.id} --no-upload > {second} 2>&1 & "
+               f"echo $! > {tmp_path}/second.pid; "
+               f"while kill -0 $! 2>/dev/null && ! grep -q waiting {second}; do sleep 0.2; done")
+    first = signalled("hpctrain.tracking.backends:MlflowBackend.open", 1, "RUN", "sync",
+                      run.id, "--no-upload", root=root, command=command)
+    assert first.returncode == 0, first.stderr
+    pid = int((tmp_path / "second.pid").read_text())
+    deadline = time.time() + 120
+    while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+        time.sleep(0.2)
+    runs = mlflow.search_runs(experiment_names=["two"])
+    assert len(runs) == 1, runs
+    said = second.read_text().splitlines()
+    assert said[0] == f"waiting for another `hpctrain sync` of {run.id} to end ...", said
+    assert "mlflow: steps up to 5 sent" in said
