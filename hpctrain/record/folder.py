@@ -221,11 +221,13 @@ def runs_root(runs_dir: str | Path | None = None) -> Path:
 REOPEN_EVENTS = ("resume", "requeue")
 
 
-@dataclass
+@dataclass(eq=False)
 class RunFolder:
     """A run folder: everything it holds, read when asked. ``hpctrain.Run`` (the API's handle,
     :class:`hpctrain.api.Run`) is a RunFolder that can also ask the scheduler (state, status,
-    wait); the library passes RunFolders around.
+    wait); the library passes RunFolders around. Two handles on one folder are equal and hash
+    alike (a set of runs, a dict keyed by run): by the absolute path each was given, taken when
+    it was made, so a later ``chdir`` changes neither.
 
     Cheap to create: it only holds the path, and every question reads the folder when it is
     asked. ``RunFolder("runs/tiny-gpt-...")`` opens an existing run folder.
@@ -235,6 +237,15 @@ class RunFolder:
 
     def __post_init__(self) -> None:
         self.path = expanded(self.path)
+        self._key = os.path.abspath(self.path)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunFolder):
+            return NotImplemented
+        return self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
     # ---- files -------------------------------------------------------------------------
     @property

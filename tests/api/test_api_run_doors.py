@@ -7,6 +7,8 @@ TypeError from inside."""
 
 from __future__ import annotations
 
+import os
+
 import math
 
 import numpy as np
@@ -110,6 +112,16 @@ def test_the_right_arguments_give_what_the_run_holds(run):
     assert run.cancelled(events) is run.cancelled() is True
     assert run.finished(ledger, events) is run.finished() is False
     assert run.checkpoint_dir(run.resolved_job(), run.resolved_profile()) == run.checkpoint_dir()
+
+
+def test_handles_on_one_run_are_equal_and_hash_alike(run, tmp_path):
+    """``set(hpctrain.runs())``, or a dict keyed by run, needs a hashable handle: two handles
+    on one folder (one given relative, one absolute) are one key; another run is another."""
+    import hpctrain
+    again = hpctrain.Run(os.path.relpath(run.path))
+    assert again == run and hash(again) == hash(run) and len({run, again}) == 1
+    other = hpctrain.Run(tmp_path / "elsewhere")
+    assert other != run and {run: 1, other: 2}[again] == 1
 
 
 def test_only_the_attempts_the_door_takes_are_listed_as_started(run):
