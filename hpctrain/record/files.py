@@ -185,21 +185,43 @@ def folder_lock(lock_file: Path, what: str,
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM held back while the block changes one record in several files (a
-    job archived, rewritten and recorded in run.yaml): delivered when it ends, so a command
-    stopped there stops after the change, never half-way through it. Main thread only (the
-    one Python delivers signals to); hold it for file writes, never for a wait, and never
-    around starting a process (a child inherits the blocked signals, and would not stop on
-    Ctrl-C, `hpctrain cancel` or Slurm's SIGTERM)."""
+    """Ctrl-C and SIGTERM held back while the block makes one change that must not be cut in
+    two: a job archived, rewritten and recorded in run.yaml; a job queued and its id recorded
+    (a job running that its run does not record would be deleted with the folder by `runs
+    rm`). The first one is delivered when the block ends, so a command stopped there stops
+    after the change, never half-way through it; a second one stops it at once, as without
+    the hold. Main thread only (the one Python delivers signals to).
+
+    Held by a handler that only notes the signal, not by the signal mask: a process started
+    inside the block (sbatch, the local controller) starts with the default handling, as it
+    would outside (exec resets handlers; a blocked mask would be inherited, and the child
+    would not stop on Ctrl-C, `hpctrain cancel` or Slurm's SIGTERM)."""
     import signal
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in wanted} \
+        if threading.current_thread() is threading.main_thread() else {}
+    # a handler set outside Python (None) cannot be put back; an ignored signal stays ignored
+    previous = {s: h for s, h in previous.items() if h is not None and h != signal.SIG_IGN}
+    arrived: list[int] = []
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    def hold(signum, frame) -> None:
+        arrived.append(signum)
+        if len(arrived) > 1:                 # asked twice: stop now
+            restore()
+            signal.raise_signal(signum)
+
+    for s in previous:
+        signal.signal(s, hold)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        restore()
+        if len(arrived) == 1:
+            signal.raise_signal(arrived[0])
 
 
 def now_iso() -> str:

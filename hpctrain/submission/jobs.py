@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ..config import ClusterProfile, Resolved
 from ..errors import HpcTrainError, UsageError
+from ..record.files import signals_held
 from ..record.folder import RunFolder, folder_mode
 from ..scheduler.choose import backend_for
 from .scripts import script_inputs, write_script
@@ -53,19 +54,24 @@ def submit_function(run: RunFolder, profile: ClusterProfile, function: Callable,
     """
     backend = backend_for(profile)
     claimed = claim_checkpoints(run, profile) if kind == "train" else False
-    try:
-        script = None
-        if backend.batch_script:
-            script = write_script(run, script_inputs(run, profile, kind=kind, dependency=dependency),
-                                  resolved=resolved, profile=profile)
-        job = backend.submit(run, profile, function, args, script=script, env=env)
-    except BaseException:
-        if claimed:
-            release_checkpoints(run)
-        raise
-    run.add_job_id(job.job_id, kind=kind)
-    run.event("submitted", job_id=job.job_id, job_kind=kind, scheduler=backend.name,
-              dependency=dependency)
+    # queued and recorded, or neither: a Ctrl-C between the two would leave a job running that
+    # its run does not record (`runs rm` would delete its folder under it); the signal lands
+    # once the job id is in run.yaml
+    with signals_held():
+        try:
+            script = None
+            if backend.batch_script:
+                script = write_script(run, script_inputs(run, profile, kind=kind,
+                                                         dependency=dependency),
+                                      resolved=resolved, profile=profile)
+            job = backend.submit(run, profile, function, args, script=script, env=env)
+        except BaseException:
+            if claimed:
+                release_checkpoints(run)
+            raise
+        run.add_job_id(job.job_id, kind=kind)
+        run.event("submitted", job_id=job.job_id, job_kind=kind, scheduler=backend.name,
+                  dependency=dependency)
     return Submitted(run=run, job_id=job.job_id, job=job)
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..config import yamlio
 from ..errors import HpcTrainError, UsageError
+from ..record.files import signals_held
 from ..record.folder import RunFolder
 from ..scheduler.backend import Backend
 from ..scheduler.choose import backend_for
@@ -67,24 +68,25 @@ def submit_sweep_array(sweep_dir: Path, runs: list[SweepRun], *,
     from ..runtime.entry import train_main
     calls = [functools.partial(train_main, str(r.run.path)) for r in runs]
     claimed = []
-    try:
-        for r in runs:
-            if claim_checkpoints(r.run, profile):
-                claimed.append(r.run)
-        jobs = backend.submit_array(sweep_dir / "submitit", profile, script, calls,
-                                    [r.run.submitit_dir for r in runs])
-    except BaseException:
-        for run in claimed:
-            release_checkpoints(run)
-        raise
-    array_id = jobs[0].job_id.split("_")[0]
-    for r, job in zip(runs, jobs):
-        r.job_id = job.job_id
-        r.run.add_job_id(job.job_id, kind="train")
-        r.run.event("submitted", job_id=job.job_id, job_kind="train", scheduler=backend.name,
-                    array_job_id=array_id, sweep=sweep_dir.name)
-    write_sweep_file(sweep_dir, runs, profile=profile.name, array_job_id=array_id,
-                     max_parallel=max_parallel)
+    with signals_held():       # queued and recorded in every run, or neither (submit_function)
+        try:
+            for r in runs:
+                if claim_checkpoints(r.run, profile):
+                    claimed.append(r.run)
+            jobs = backend.submit_array(sweep_dir / "submitit", profile, script, calls,
+                                        [r.run.submitit_dir for r in runs])
+        except BaseException:
+            for run in claimed:
+                release_checkpoints(run)
+            raise
+        array_id = jobs[0].job_id.split("_")[0]
+        for r, job in zip(runs, jobs):
+            r.job_id = job.job_id
+            r.run.add_job_id(job.job_id, kind="train")
+            r.run.event("submitted", job_id=job.job_id, job_kind="train",
+                        scheduler=backend.name, array_job_id=array_id, sweep=sweep_dir.name)
+        write_sweep_file(sweep_dir, runs, profile=profile.name, array_job_id=array_id,
+                         max_parallel=max_parallel)
     return SweepSubmission(sweep_dir, array_id, runs)
 
 

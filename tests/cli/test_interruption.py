@@ -354,3 +354,59 @@ def test_resume_stopped_while_it_rewrites_the_job_changes_all_of_it_or_nothing(t
     assert meta["total_steps"] == 120
     assert [h["file"] for h in meta["job_history"]] == ["job.1.yaml"]
     assert run.job_ids() == [str(dead.pid)]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_job_queued_as_the_command_is_stopped_is_recorded_in_its_run(tmp_path, sig, sweep):
+    """Stopped after sbatch queued the job and before its id reached run.yaml, the run showed
+    NOT SUBMITTED while its job ran, and was removed as a run that never reached the scheduler
+    (`runs rm` would have deleted it under the job too). The signal now lands once the id is
+    recorded: the run keeps its job, and the command still stops in one line."""
+    import stat as stat_modes
+    from hpctrain.record.folder import RunFolder, iter_runs
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"             # Slurm's words when it queues a job
+    sbatch.write_text("#!/bin/bash\necho 'Submitted batch job 4242'\n")
+    sbatch.chmod(sbatch.stat().st_mode | stat_modes.S_IXUSR)
+    root = tmp_path / "runs"
+    extra = ["--sweep", "train.lr=1e-3,2e-3"] if sweep else []
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED, "hpctrain.record.folder:RunFolder.add_job_id", "1",
+         sig, "submit", "examples/tiny.yaml", "-p", "dev-slurm", "--force", *extra],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+        env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root), "HOOK_COMMAND": "",
+             "HOOK_GROUP": "", "HOOK_CONTINUE": "1",
+             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    stopped(proc, sig)
+    runs = list(iter_runs(root))
+    assert len(runs) == (2 if sweep else 1)
+    ids = sorted(RunFolder(r.path).job_ids() for r in runs)
+    assert ids == ([["4242_0"], ["4242_1"]] if sweep else [["4242"]]), ids
+    assert all(any(e["event"] == "submitted" for e in r.events()) for r in runs)
+
+
+def test_a_held_signal_lands_at_the_end_and_a_second_one_at_once():
+    """``signals_held``: the first Ctrl-C waits for the block's end; a second is not held
+    (the user insists); a process started inside starts with neither blocked nor ignored."""
+    from hpctrain.record.files import signals_held
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)
+            done.append("after the first")
+    assert done == ["after the first"]
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            done.append("after the second")
+    assert done == ["after the first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with signals_held():
+        child = subprocess.run(
+            [sys.executable, "-c", "import signal; print(sorted(signal.pthread_sigmask("
+             "signal.SIG_BLOCK, [])), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)"],
+            capture_output=True, text=True, check=True)
+    assert child.stdout.split() == ["[]", "True"]
