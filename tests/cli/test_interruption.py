@@ -23,6 +23,9 @@ from tests.conftest import REPO
 # python -c: run `hpctrain ARGS` with MODULE.ATTR sending SIGNAL to this process at call N
 _SIGNALLED = textwrap.dedent("""
     import importlib, os, signal, sys, time
+    # Ctrl-C reaches the command, as at a terminal: a shell that starts the suite in the
+    # background (`.ci/run &`) has SIGINT ignored, and that is inherited down to here
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target, n, sig = sys.argv[1], int(sys.argv[2]), getattr(signal, sys.argv[3], None)
     module, attr = target.split(":")
     module = importlib.import_module(module)
@@ -51,6 +54,13 @@ _SIGNALLED = textwrap.dedent("""
     from hpctrain.cli import main
     main(sys.argv[4:])
 """)
+
+
+def sigint_as_at_a_terminal() -> None:
+    """A child's SIGINT handled by default (Python then raises KeyboardInterrupt), as under a
+    terminal: the suite may run under a shell that ignores it (started in the background), and
+    an ignored signal stays ignored in every process started below."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def signalled(target: str, n: int, sig: str, *args: str, root, command: str = "",
@@ -218,7 +228,8 @@ def followed_running_run(root):
         run.rank_log(run.begin_attempt(), 0).write_text("step 1\n")
         follower = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", "-f", rid],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)})
+                                    cwd=REPO, env={**os.environ, "HPCTRAIN_RUNS_DIR": str(root)},
+                                    preexec_fn=sigint_as_at_a_terminal)
         try:
             assert follower.stdout.readline() == "step 1\n"
             yield rid, run, controller, follower
@@ -392,6 +403,21 @@ def test_a_held_signal_lands_at_the_end_and_a_second_one_at_once():
     (the user insists); a process started inside starts with neither blocked nor ignored."""
     from hpctrain.record.files import signals_held
     done = []
+    # as at a terminal (a suite started in the background runs with SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _held_signals_land(signals_held, done)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with signals_held():
+        child = subprocess.run(
+            [sys.executable, "-c", "import signal; print(sorted(signal.pthread_sigmask("
+             "signal.SIG_BLOCK, [])), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)"],
+            capture_output=True, text=True, check=True)
+    assert child.stdout.split() == ["[]", "True"]
+
+
+def _held_signals_land(signals_held, done: list) -> None:
     with pytest.raises(KeyboardInterrupt):
         with signals_held():
             signal.raise_signal(signal.SIGINT)
@@ -404,9 +430,3 @@ def test_a_held_signal_lands_at_the_end_and_a_second_one_at_once():
             done.append("after the second")
     assert done == ["after the first"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with signals_held():
-        child = subprocess.run(
-            [sys.executable, "-c", "import signal; print(sorted(signal.pthread_sigmask("
-             "signal.SIG_BLOCK, [])), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)"],
-            capture_output=True, text=True, check=True)
-    assert child.stdout.split() == ["[]", "True"]
