@@ -1200,10 +1200,11 @@ EQUIVALENT.update({
      'def prepare_run(resolved: Resolved, runs_root: Path, *, source: str = "",'): _SF_KEYWORDS,
     (_SF, "core/ReplaceBinaryOperator_Mul_Div",
      "def prepare_sweep(points: list[SweepPoint], runs_root: Path, *,"): _SF_KEYWORDS,
-    (_SF, "core/ReplaceTrueWithFalse",
-     "run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there"):
-        "`create_run` made the folder a moment before and makes no `logs` in it: the folder "
-        "is new either way",
+    **{(_SF, "core/ReplaceTrueWithFalse", line):
+       "`create_run` made the run folder a moment before and makes no `logs` in it: the "
+       "folder is new either way" for line in (
+           "run.logs_dir.mkdir(parents=True, exist_ok=True)  # the batch script logs there",
+           "run.logs_dir.mkdir(parents=True, exist_ok=True)")},
     (_SF, "core/NumberReplacer", "profile = points[0].resolved.profile"):
         "every point of a sweep is resolved on the one profile of the submission (a sweep "
         "varies job keys only), and there is at least one point: any point's profile is it",
