@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 from .. import file_door, limits
 from ..config.profile import SCHEDULERS
 from ..errors import HpcTrainError
-from .files import RunFileError
+from .files import METRIC_KINDS, RunFileError
 
 class DamagedFile(RunFileError):
     """A run-folder file that exists but is not what hpctrain writes there."""
@@ -487,7 +487,11 @@ EVENT_KIND_TYPES = {
     "hang": {"rank": INT, "node": NAME},
 }
 EVENT_KIND_NOT_NULL = {"in_job_restart": RESTART_NOT_NULL}
-METRIC_TYPES = {"step": COUNT, "attempt": INT, "kind": TEXT, "loss": LOSS, "grad_norm": LOSS,
+# a metrics record's kind decides which records a question reads and the names a tracker is
+# sent (`<kind>/loss`): any other word would reach W&B or MLflow as a metric's name
+METRIC_KIND = (Kind(" or ".join(repr(k) for k in METRIC_KINDS),
+                    lambda v: isinstance(v, str) and v in METRIC_KINDS),)
+METRIC_TYPES = {"step": COUNT, "attempt": INT, "kind": METRIC_KIND, "loss": LOSS, "grad_norm": LOSS,
                 "lr": NUMBER, "tokens_per_s": NUMBER, "step_time_s": NUMBER, "mfu": NUMBER,
                 "time": NUMBER, "stragglers": (ListOf(STRAGGLER, "a list of straggler nodes"),)}
 # run.yaml: what ``submit`` and ``resume`` write there

@@ -243,6 +243,29 @@ def test_a_run_file_naming_no_scheduler_hpctrain_has_is_damage(tmp_path, schedul
     assert run.meta().get("scheduler") is None and run.state() != "DAMAGED"
 
 
+@pytest.mark.parametrize("kind", ["bogus", "Train", "val/../x", ""])
+def test_a_metrics_record_of_no_kind_hpctrain_writes_is_damage(tmp_path, kind):
+    """A record's kind picks what ``metrics()`` returns and the names ``sync`` sends a tracker
+    (``<kind>/loss``): any other word was left out of ``metrics()`` without a word, and sent to
+    W&B or MLflow as a metric called ``bogus/loss``. Now the line is damage naming the file."""
+    import json
+    from hpctrain.record.reader import DamagedFile
+    from hpctrain.tracking.records import metric_values
+    run = hpctrain.submit(JOB, dry_run=True, runs_dir=tmp_path / "runs")
+    good = [{"kind": k, "step": 2, "loss": 2.5} for k in ("train", "validation", "test")]
+    run.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in good))
+    assert [r["kind"] for r in run.metrics(kind=None)] == ["train", "validation", "test"]
+    assert sorted(n for r in good for n in metric_values(r)) == [
+        "test/loss", "train/loss", "validation/loss"]
+    with run.metrics_file.open("a") as f:
+        f.write(json.dumps({"kind": kind, "step": 3, "loss": 2.0}) + "\n")
+    with pytest.raises(DamagedFile) as err:
+        run.metrics(kind=None)
+    assert err.value.path == run.metrics_file and "expected 'train' or 'validation' or " \
+        "'test'" in str(err.value)
+    assert run.state() == "DAMAGED"
+
+
 def test_the_schedulers_a_run_file_may_name_are_those_with_a_backend():
     from hpctrain.config.profile import SCHEDULERS
     from hpctrain.scheduler.choose import BACKENDS

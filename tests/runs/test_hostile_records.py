@@ -381,7 +381,8 @@ def _passing(kinds: tuple) -> st.SearchStrategy:
         else:
             candidates = [0, 1, 2 ** 63 - 1, -2 ** 63 + 1, 1e100, -1e100, 5e-324, 0.5,
                           reader.MAX_EPOCH, "nan", "inf", "-inf", "", "n1", "a b", "\u00b2",
-                          "step-\u00b2", "\n", "/", "/ck/a b\u00b2", "slurm", "local"]
+                          "step-\u00b2", "\n", "/", "/ck/a b\u00b2", "slurm", "local",
+                          "train", "validation", "test"]
             fits = [c for c in candidates if kind.test(c)]
             options.append(st.sampled_from(fits) | st.integers(0, 10 ** 6).filter(kind.test))
     return st.one_of(options)
