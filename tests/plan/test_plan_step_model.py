@@ -286,6 +286,20 @@ def test_the_local_specs_fused_attention_is_priced_by_the_torch_kernel_that_runs
     assert attention_s("local", "local") == pytest.approx(per_layer[8e-3])
 
 
+def test_every_shipped_table_loads_and_is_named_after_the_gpu_it_was_measured_on():
+    """Each table in the package is a measured one, read by the one table reader, its file
+    named after the GPU that measured it (``NVIDIA H200`` -> ``nvidia-h200``), with GEMMs,
+    attention and a bandwidth to plan from."""
+    import re
+    from hpctrain.config.kernel_table import BUILTIN_DIR, builtin_tables, load_table
+    assert {"nvidia-h100-80gb-hbm3", "nvidia-h200"} <= set(builtin_tables())
+    for name in builtin_tables():
+        raw = json.loads((BUILTIN_DIR / f"{name}.json").read_text())
+        assert re.sub(r"[^a-z0-9]+", "-", raw["device"].lower()).strip("-") == name
+        assert raw["gemm"] and raw["attention"] and raw["bandwidth_gbs"] > 0
+        load_table(BUILTIN_DIR / f"{name}.json")
+
+
 def test_a_profile_names_a_table_hpctrain_ships_and_nothing_else_by_that_prefix(tmp_path):
     """``builtin:NAME`` is one of the tables in the package (measured by tools/gpu_check on
     that GPU kind); a name it does not ship, or a path dressed as one, is refused naming the
