@@ -10,6 +10,7 @@ from a user's number can run away.
 from __future__ import annotations
 
 import math
+import operator
 
 from .config.job import MAX_LAYERS
 from .config.profile import MAX_GPUS_PER_NODE, MAX_NODES, MAX_WORLD_SIZE
@@ -57,23 +58,37 @@ INTEGERS = {
 }
 
 
-def integer(name: str, value, *, optional: bool = True, argument: bool = False):
-    """``value`` if it is an integer (not a bool, not a string) within ``name``'s range;
-    UsageError naming the option (with ``argument``, the Python argument and its option) and
-    the range otherwise. None passes when ``optional``."""
+def integer(name: str, value, *, optional: bool = True, argument: bool = False,
+            label: str | None = None, fix: str | None = None):
+    """``value`` as a plain int if it is an integer within ``name``'s range: an int or a type
+    that says it is one (``__index__``: numpy's, as a DataFrame's column gives them), never a
+    bool, a float or text. UsageError otherwise, naming the option (with ``argument``, the
+    Python argument and its option; ``label``, what the caller calls it) and the range, then
+    ``fix`` where given. None passes when ``optional``."""
     option, low, high = INTEGERS[name]
-    if argument:
+    if label is not None:
+        option = label
+    elif argument:
         option = f"{name} ({option})"
     if value is None and optional:
         return None
-    if not isinstance(value, int) or isinstance(value, bool):
+    tail = f"; {fix}" if fix else ""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        # the plain int it holds: an int subclass's own comparisons or str, which may raise,
+        # are never asked, and the caller goes on with the plain value
+        number = int.__index__(value)
+    elif not isinstance(value, (bool, float, str, bytes)):
+        try:
+            number = operator.index(value)
+        except Exception:  # noqa: BLE001 - no __index__, or a caller's that raises
+            number = None
+    if number is None:
         raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got "
-                         f"{shown(value)}")
-    # the plain int it holds: an int subclass's own comparisons or str, which may raise, are
-    # never asked, and the caller goes on with the plain value
-    number = int.__index__(value)
+                         f"{shown(value)}{tail}")
     if not low <= number <= high:
-        raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got {number:,}")
+        raise UsageError(f"{option}: expected an integer from {low:,} to {high:,}, got "
+                         f"{number:,}{tail}")
     return number
 
 

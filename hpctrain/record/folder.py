@@ -29,7 +29,6 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import json
-import operator
 import os
 import re
 import secrets
@@ -66,33 +65,16 @@ def attempt_number(attempt) -> int:
     --attempt`` (``limits.INTEGERS["log_attempt"]``). The one door of attempt numbers: the
     number is written into a path (``logs/attempt-N``), so anything else (``-1``, ``True``,
     ``1.5``, ``"../.."``) would name a folder no attempt has, or one outside the logs folder."""
-    return _whole_number("attempt", attempt, "log_attempt",
-                         "attempts are numbered from 1; run.attempts_started() lists them")
+    return limits.integer("log_attempt", attempt, optional=False, label="attempt",
+                          fix="attempts are numbered from 1; run.attempts_started() lists them")
 
 
 def rank_number(rank) -> int:
     """``rank`` as a caller names a rank of an attempt (``Run.rank_log``): a whole number from 0
     below the largest world size (``limits.INTEGERS["log_rank"]``, the bound of ``hpctrain logs
     --rank``). The one door of rank numbers, for the same reason as :func:`attempt_number`."""
-    return _whole_number("rank", rank, "log_rank", "ranks are numbered from 0")
-
-
-def _whole_number(name: str, value, bound: str, fix: str) -> int:
-    """``value`` as a plain int within ``limits.INTEGERS[bound]``: an int or an integer type
-    that says it is one (``__index__``: numpy's, as a DataFrame's column gives them), never a
-    bool, a float or text. Anything else, an ``__index__`` that raises included, is one
-    UsageError naming ``name``, the range and ``fix``."""
-    _, low, high = limits.INTEGERS[bound]
-    number = None
-    if not isinstance(value, (bool, float, str, bytes)):
-        try:
-            number = operator.index(value)
-        except Exception:  # noqa: BLE001 - no __index__, or a caller's that raises
-            number = None
-    if number is None or not low <= number <= high:
-        raise UsageError(f"{name}: expected an integer from {low:,} to {high:,}, got "
-                         f"{limits.shown(value)}; {fix}")
-    return number
+    return limits.integer("log_rank", rank, optional=False, label="rank",
+                          fix="ranks are numbered from 0")
 
 
 def checked_job_kind(kind, *, allow_all: bool) -> str | None:
