@@ -24,6 +24,10 @@ planner stays a pure-Python CLI. It holds:
 * ``memory``: what ``torch.cuda.max_memory_allocated`` does not see, measured while training:
   bytes used outside PyTorch's allocator (CUDA context, NCCL, library handles) and the
   allocator's slack (reserved minus allocated at the peak, as a fraction of the peak).
+* ``host`` (optional): the host's time to issue one microbatch's forward and backward passes
+  (``hpctrain.bench.host_issue``), per layer and per microbatch, for each kind of layer it
+  measured (``local``: megatron-core's local spec as it comes; ``torch``: hpctrain's defaults,
+  torch's fused attention); a step whose kernels take less than that is bound by the host.
 """
 
 from __future__ import annotations
@@ -60,6 +64,34 @@ class MemoryOverheads:
 
 
 @dataclass(frozen=True)
+class HostIssue:
+    """Seconds the host takes to issue one microbatch's forward and backward passes: per
+    transformer layer, and once per microbatch (embedding, output layer, loss, the schedule),
+    by kind of layer (``HOST_KINDS``)."""
+
+    per_layer_s: dict
+    per_microbatch_s: dict
+
+    def seconds(self, kind: str, layers: int) -> float | None:
+        """One microbatch through ``layers`` layers of ``kind``; None when not measured."""
+        if kind not in self.per_layer_s:
+            return None
+        return layers * self.per_layer_s[kind] + self.per_microbatch_s[kind]
+
+
+HOST_KINDS = ("local", "torch")
+
+
+def host_kind(attention_backend: str) -> str | None:
+    """Which measured kind of layer stands for a job's attention: megatron-core's unfused
+    ``local``, or torch's fused kernels in the local spec (``torch-*``); Transformer Engine's
+    layers (``auto``, ``flash``, ``fused``, ``unfused``) are not measured (None)."""
+    if attention_backend == "local":
+        return "local"
+    return "torch" if attention_backend.startswith("torch") else None
+
+
+@dataclass(frozen=True)
 class GpuTable:
     device: str                              # the GPU's name as torch reports it
     dtype: str                               # bfloat16, float16 or float32
@@ -69,6 +101,7 @@ class GpuTable:
     memory: MemoryOverheads | None = None
     measured: dict = field(default_factory=dict)    # date, tool, versions: provenance
     source: str = ""                                # the file it was read from
+    host: HostIssue | None = None                   # the host's time to issue the work
 
     def describe(self) -> str:
         when = self.measured.get("date", "date unknown")
@@ -127,7 +160,8 @@ class GpuTable:
                          for op, m, n, k, t in self.gemm],
                 "attention": [asdict(p) for p in self.attention],
                 "bandwidth_gbs": self.bandwidth_gbs,
-                "memory": None if self.memory is None else asdict(self.memory)}
+                "memory": None if self.memory is None else asdict(self.memory),
+                "host": None if self.host is None else asdict(self.host)}
 
 
 def _grid(gemm):
@@ -192,6 +226,7 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
             raise TypeError(f"measured is a JSON {type(measured).__name__}, expected an object")
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise fail(f"malformed entry ({type(e).__name__}: {e})") from None
+    host = _host_from_json(data.get("host"), fail)
     numbers = [t for *_, t in gemm] + [x for p in attention for x in (p.forward_s, p.backward_s)]
     numbers += [] if bandwidth is None else [bandwidth]
     numbers += [] if memory is None else [memory.allocator_slack_fraction]
@@ -240,4 +275,35 @@ def table_from_json(data: dict, source: str = "") -> GpuTable:
     measured = {k: (show(v, 60) if isinstance(v, str) else v) for k, v in measured.items()}
     return GpuTable(show(str(data.get("device", "unknown")), 80),
                     show(str(data.get("dtype", "unknown")), 40), gemm,
-                    attention, bandwidth, memory, measured, source)
+                    attention, bandwidth, memory, measured, source, host)
+
+
+def _host_from_json(host, fail) -> HostIssue | None:
+    """The ``host`` section: absent or null, or per kind of layer (``HOST_KINDS``) a time
+    per layer and per microbatch, each a finite number of seconds, at most one second per
+    layer (a host a thousand times slower than measured ones is a wrong unit, not a host)."""
+    if host is None:
+        return None
+    if not isinstance(host, dict) or set(host) != {"per_layer_s", "per_microbatch_s"}:
+        raise fail("host: expected {\"per_layer_s\": {KIND: seconds}, \"per_microbatch_s\": "
+                   "{KIND: seconds}} (write it with `hpctrain bench kernels`), or null")
+    parts = {}
+    for name in ("per_layer_s", "per_microbatch_s"):
+        part = host[name]
+        if not isinstance(part, dict) or not part or set(part) - set(HOST_KINDS):
+            raise fail(f"host.{name}: expected an object of seconds by kind of layer "
+                       f"({', '.join(HOST_KINDS)})")
+        for kind, value in part.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not (math.isfinite(value) and 0 <= value <= 1.0):
+                raise fail(f"host.{name}.{kind}: expected seconds from 0 to 1, got "
+                           f"{show_value(value)}")
+        parts[name] = {kind: float(value) for kind, value in part.items()}
+    if set(parts["per_layer_s"]) != set(parts["per_microbatch_s"]):
+        raise fail("host: per_layer_s and per_microbatch_s must name the same kinds of layer")
+    return HostIssue(parts["per_layer_s"], parts["per_microbatch_s"])
+
+
+def show_value(value) -> str:
+    from .file_door import show
+    return show(repr(value), 40)

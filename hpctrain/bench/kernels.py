@@ -17,7 +17,9 @@ runs:
   lengths and head sizes;
 * bandwidth: a large device-to-device copy (read + write bytes per second);
 * memory overheads, from a training process (``memory_overheads``): what the process uses
-  outside PyTorch's allocator, and the allocator's slack at the peak.
+  outside PyTorch's allocator, and the allocator's slack at the peak;
+* the host's time to issue a layer's and a microbatch's work (``host_issue``): hpctrain's
+  build of the model at tiny widths, for each kind of layer the planner tells apart.
 
 On a GPU each kernel is timed with CUDA events (median of the repeats after a warm-up); on
 the CPU (the tests' tables) with the process clock's minimum over repeats, the estimate least
@@ -34,7 +36,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from ..gpu_table import FORMAT, GEMM_LAYOUTS
+from ..gpu_table import FORMAT, GEMM_LAYOUTS, HOST_KINDS
 
 DTYPES = ("bfloat16", "float16", "float32")
 GPU_GRID = (512, 1024, 2048, 4096, 8192, 16384)
@@ -325,9 +327,11 @@ def versions() -> dict:
 def measure_table(*, device: str = "cuda", dtype: str = "bfloat16", grid=GPU_GRID,
                   attention=GPU_ATTENTION, backends=("local",) + TORCH_BACKENDS + TE_BACKENDS,
                   memory: dict | None = None, tool: str = "hpctrain bench kernels",
-                  budget_s: float | None = None, timer: Timer | None = None) -> dict:
+                  budget_s: float | None = None, timer: Timer | None = None,
+                  host_kinds=HOST_KINDS) -> dict:
     """Measure this machine's table; returns its JSON (``gpu_table.table_from_json`` reads
-    it). ``memory``: overheads measured while training (``memory_overheads``), if any."""
+    it). ``memory``: overheads measured while training (``memory_overheads``), if any;
+    ``host_kinds``: the kinds of layer whose issue time is measured (none: no host section)."""
     import torch
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -341,12 +345,32 @@ def measure_table(*, device: str = "cuda", dtype: str = "bfloat16", grid=GPU_GRI
                                   timer=timer)
     rows, skipped = measure_attention(device, torch_dtype, attention, backends, timer=timer,
                                       deadline=deadline)
+    host = measure_host(device, host_kinds, deadline) if host_kinds else None
     measured = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "tool": tool,
                 "seconds": round(time.monotonic() - started, 1), **versions()}
     if skipped:
         measured["attention_not_measured"] = skipped
     return {"format": FORMAT, "device": name, "dtype": dtype, "measured": measured,
-            "gemm": gemm, "attention": rows, "bandwidth_gbs": bandwidth, "memory": memory}
+            "gemm": gemm, "attention": rows, "bandwidth_gbs": bandwidth, "memory": memory,
+            "host": host}
+
+
+def measure_host(device: str, kinds=HOST_KINDS, deadline: float | None = None) -> dict | None:
+    """The table's ``host`` section (``host_issue.measure_host_issue``), on this process's
+    parallel state."""
+    from .host_issue import measure_host_issue
+    _init_parallel_state(device)
+    return measure_host_issue(device, kinds, deadline)
+
+
+def add_host(path, device: str) -> None:
+    """Measure the host section into an existing table file that has none (tools/gpu_check
+    with a table measured before: the host of this machine, without the GEMM grid again)."""
+    from ..outputs import write_atomic
+    table = json.loads(open(path, encoding="utf-8").read())
+    if table.get("host") is None:
+        table["host"] = measure_host(device)
+        write_atomic(path, json.dumps(table, indent=1) + "\n")
 
 
 def write_table(table: dict, path) -> None:
@@ -363,15 +387,18 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["te-attention"]:
         _te_attention_main(json.loads(argv[1]))
         return 0
-    if argv[:1] == ["table"] and len(argv) == 3:
+    if argv[:1] in (["table"], ["host"]) and len(argv) == 3:
         spec = json.loads(argv[1])
         if spec.get("device") == "cpu":
             from ..runtime import cpu_shim
             cpu_shim.install()
-        write_table(measure_table(**spec), argv[2])
+        if argv[0] == "host":
+            add_host(argv[2], spec.get("device", "cuda"))
+        else:
+            write_table(measure_table(**spec), argv[2])
         return 0
-    print("usage: python -m hpctrain.bench.kernels te-attention SPEC | table SPEC FILE "
-          "(internal; use `hpctrain bench kernels`)", file=sys.stderr)
+    print("usage: python -m hpctrain.bench.kernels te-attention SPEC | table SPEC FILE | "
+          "host SPEC FILE (internal; use `hpctrain bench kernels`)", file=sys.stderr)
     return 2
 
 

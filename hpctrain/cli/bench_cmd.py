@@ -82,8 +82,9 @@ def scaling(job_file, profile_name, nodes_text, steps, warmup, strong, runs_dir,
               help="Stop measuring after this many seconds (an error).")
 def kernels(output, dtype, budget_s):
     """Measure this GPU kind's kernel table (GEMMs per shape, attention by backend, memory
-    bandwidth) on the GPU this runs on, for a profile's node.kernel_table: the planner then
-    prices steps from it. Run it once per GPU kind, on one GPU of a node, e.g. in a job.
+    bandwidth, the host's time to issue a layer) on the GPU this runs on, for a profile's
+    node.kernel_table: the planner then prices steps from it. Run it once per GPU kind and
+    node type, on one GPU of a node, e.g. in a job.
 
     \b
     Example:
@@ -107,5 +108,7 @@ def kernels(output, dtype, budget_s):
     table = measure_table(device="cuda", dtype=dtype, budget_s=budget_s)
     write_table(table, path)
     click.echo(f"wrote {path}: {len(table['gemm'])} GEMMs, {len(table['attention'])} attention "
-               f"points, {table['bandwidth_gbs']:.0f} GB/s ({table['device']}); set the "
+               f"points, {table['bandwidth_gbs']:.0f} GB/s, "
+               f"{'the host measured' if table.get('host') else 'no host measurement'} "
+               f"({table['device']}); set the "
                f"profile's node.kernel_table: {path}")

@@ -124,7 +124,9 @@ class LayoutPlan:
                 "compute_with_bubble": step.compute_s, "tensor_parallel_comm": step.tp_comm_s,
                 "pipeline_parallel_comm": step.pp_comm_s, "data_parallel_comm": step.dp_comm_s,
                 "optimizer_step": step.optimizer_s, "microbatch_slots": step.slots,
-                "one_microbatch": step.microbatch.to_json() if step.microbatch else None,
+                "host_issue_exposed": step.host_s,
+                "one_microbatch": None if step.microbatch is None else {
+                    **step.microbatch.to_json(), "host_issue": step.host_microbatch_s},
                 "source": step.source, "notes": list(step.notes)},
             "checkpoint_interval": None if self.checkpointing is None else
             self.checkpointing.to_json(),

@@ -240,10 +240,14 @@ def step_lines(plan: LayoutPlan, job: JobConfig) -> list[str]:
     out = [f"  step ≈ {s.total_s:.2f} s ({s.source}): {s.slots:g} microbatch slots × "
            f"{mb.total_s * 1e3:.1f} ms on the slowest pipeline rank = compute "
            f"{s.compute_s:.2f} + exposed TP {s.tp_comm_s:.2f}; exposed PP {s.pp_comm_s:.2f}, "
-           f"DP {s.dp_comm_s:.2f}; optimizer step {s.optimizer_s:.2f}; MFU ≈ {plan.mfu:.0%}",
+           f"DP {s.dp_comm_s:.2f}; optimizer step {s.optimizer_s:.2f}"
+           + (f"; the host beyond the kernels {s.host_s:.2f}" if s.host_s else "")
+           + f"; MFU ≈ {plan.mfu:.0%}",
            f"    one microbatch: GEMMs {mb.gemm_s * 1e3:.1f} ms, attention "
            f"{mb.attention_s * 1e3:.1f} ms, element-wise/norm/loss {mb.memory_s * 1e3:.1f} ms, "
-           f"exposed TP {mb.tp_exposed_s * 1e3:.1f} ms"]
+           f"exposed TP {mb.tp_exposed_s * 1e3:.1f} ms"
+           + ("" if s.host_microbatch_s is None else
+              f"; the host issues it in {s.host_microbatch_s * 1e3:.1f} ms")]
     steps = job.train.steps
     hours = steps * s.total_s / 3600
     out.append(f"  train.steps {steps:,}: {hours:,.1f} h of training = "

@@ -31,6 +31,15 @@ One microbatch through one pipeline rank is priced kernel by kernel:
 The step is ``(m + (p − 1)/v)`` microbatch slots of the slowest pipeline rank (the bubble),
 plus the exposed DP communication and the optimizer step (its memory traffic).
 
+**The host.** The GPU runs kernels only as fast as the host issues them. Where the table
+measured the host (its ``host`` section, ``hpctrain.bench.host_issue``: seconds to issue one
+layer's forward and backward, and a microbatch's own work, for the job's kind of layer), a
+microbatch slot takes the longer of the two: the GPU's kernels, or the host issuing them
+(``host_s``: what the host adds beyond the kernels, over all slots). Without that measurement
+the plan says when a layout has so little GPU work per layer and microbatch that the host
+bounded such steps on an H100 and an H200 (``HOST_BOUND_BELOW_S``), and prices the kernels
+alone.
+
 Without a table (``node.kernel_table`` unset) the same structure runs on assumptions, all
 stated: GEMMs and attention at ``MATMUL_EFFICIENCY`` of the profile's peak FLOP/s (attention's
 FLOPs: the causal half, backward twice the forward, Megatron-LM's count), and element-wise work
@@ -43,14 +52,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import flops as model_flops
-from ..gpu_table import GpuTable
+from ..gpu_table import GpuTable, host_kind
 from ..model_shape import ModelShape
 
 MATMUL_EFFICIENCY = 0.70     # the assumption without a measured table
 # Below this much GPU work per layer and microbatch (forward + backward, as the table prices
 # it), the host issuing the kernels, not the GPU, bounded the step on an H100 (tools/gpu_check,
 # 2026-11-27: 1.8-4.5 ms per layer ran 1.09-2.26x the modelled time; 6.9 ms and more ran
-# 0.91-1.04x). The model does not price the host; the plan says so instead.
+# 0.91-1.04x) and on an H200 (2026-11-29: the host issued forward and backward in 4.6-5.7 ms
+# per layer and microbatch). Without the table's host measurement the plan says so instead.
 HOST_BOUND_BELOW_S = 5e-3
 FP32 = 4
 
@@ -116,10 +126,13 @@ class StepTime:
     microbatch: MicrobatchTime | None = None   # of the slowest pipeline rank
     source: str = ""          # the kernel table, or the assumption used
     slots: float = 0.0        # microbatch slots per step: m + (p − 1)/v
+    host_s: float = 0.0       # what issuing the work on the host adds beyond the kernels
+    host_microbatch_s: float | None = None   # the host's time per microbatch (measured)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s + self.optimizer_s
+        return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s
+                + self.optimizer_s + self.host_s)
 
 
 def _allreduce_s(nbytes: float, n: int, busbw_gbs: float) -> float:
@@ -395,14 +408,11 @@ def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp
               fused_wgrad_accumulation=fused_wgrad_accumulation)
     micro = max((microbatch_time(shape, rates, hw, first=f, last=la, **kw) for f, la in stages),
                 key=lambda t: t.total_s)
-    per_layer = micro.total_s / max(layers, 1)
-    if table is not None and table.device != "cpu" and per_layer < HOST_BOUND_BELOW_S:
-        notes.append(f"{per_layer * 1e3:.1f} ms of GPU work per layer and microbatch: below "
-                     f"{HOST_BOUND_BELOW_S * 1e3:.0f} ms the host issuing the kernels, not the "
-                     f"GPU, bounded the step on an H100 (1.1-2.3x this model's time); a larger "
-                     f"micro-batch moves the bound back to the GPU")
     v = vpp or 1
     slots = num_microbatches + (pp - 1) / v
+    host_mb = _host_microbatch_s(table, attention_backend, layers)
+    host_s = slots * max(0.0, host_mb - micro.total_s) if host_mb is not None else 0.0
+    notes += _host_notes(table, micro, layers, host_mb, attention_backend)
 
     intra, inter, gpn = hw.intra_node_busbw_gbs, hw.inter_node_busbw_gbs, hw.gpus_per_node
     if tp > 1 and not intra:
@@ -449,4 +459,35 @@ def estimate_step_time(shape: ModelShape, hw: Hardware, *, tp: int, pp: int, vpp
         optimizer_s = optimizer_traffic(optimizer_elements, grad_buffer_bytes, act_bytes,
                                         grad_bytes_per_element) / bandwidth
     return StepTime(micro.compute_s * slots, micro.tp_exposed_s * slots, pp_comm, dp_comm,
-                    tuple(notes), optimizer_s, micro, source, slots)
+                    tuple(notes), optimizer_s, micro, source, slots, host_s, host_mb)
+
+
+def _host_microbatch_s(table: GpuTable | None, attention_backend: str,
+                       layers: int) -> float | None:
+    """The host's time to issue one microbatch through ``layers`` layers, from the table's
+    host measurement of the job's kind of layer (None: not measured)."""
+    kind = host_kind(attention_backend)
+    if table is None or table.host is None or kind is None:
+        return None
+    return table.host.seconds(kind, layers)
+
+
+def _host_notes(table: GpuTable | None, micro: MicrobatchTime, layers: int,
+                host_mb: float | None, attention_backend: str) -> list[str]:
+    """What the plan says about the host: which bounds the step where the host is measured,
+    else a warning where the GPU's work per layer is under ``HOST_BOUND_BELOW_S``."""
+    if host_mb is not None:
+        if host_mb <= micro.total_s:
+            return []
+        return [f"the host issues a microbatch in {host_mb * 1e3:.1f} ms and the GPU runs it in "
+                f"{micro.total_s * 1e3:.1f} ms: the host bounds the step (the kernel table's host "
+                f"measurement, {host_kind(attention_backend)} layers); a larger micro-batch moves "
+                f"the bound back to the GPU"]
+    per_layer = micro.total_s / max(layers, 1)
+    if table is None or table.device == "cpu" or per_layer >= HOST_BOUND_BELOW_S:
+        return []
+    return [f"{per_layer * 1e3:.1f} ms of GPU work per layer and microbatch: below "
+            f"{HOST_BOUND_BELOW_S * 1e3:.0f} ms the host issuing the kernels, not the GPU, "
+            f"bounded the step on an H100 and an H200 (1.1-3.1x this model's time; the table "
+            f"has no host measurement of these layers: `hpctrain bench kernels`); a larger "
+            f"micro-batch moves the bound back to the GPU"]

@@ -101,7 +101,8 @@ def main(job_path: str, grid_path: str, out_path: str) -> None:
         if i in (0, STEPS // 2):                       # the table between the steps
             measured = measure_table(device="cpu", dtype="float32", grid=spec["grid"],
                                      attention=spec["attention"], backends=("local",),
-                                     timer=timer, tool="tests/plan/step_probe.py")
+                                     timer=timer, tool="tests/plan/step_probe.py",
+                                     host_kinds=())
             table = measured if table is None else _faster(table, measured)
     with open(out_path, "w") as f:
         json.dump({"table": table, "gemm_calls": calls, "gemm_seconds": per_call,

@@ -88,6 +88,11 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert table.device == "cpu" and kernels["attention_backends"] == ["local", "torch-flash"]
     assert len(table.gemm) == 3 * len(tool_grid()) ** 3 and table.bandwidth_gbs > 0
     assert kernels["predicted_step_time_s"] > 0
+    # this machine's host, both kinds of layer, in the table and in the report
+    assert set(table.host.per_layer_s) == {"local", "torch"}
+    assert kernels["host"]["per_layer_s"] == table.host.per_layer_s
+    assert any(r[:2] == ["kernels", "host issue per layer | per microbatch"]
+               for r in report["table"])
     assert any(r[:2] == ["step", "plan from the table | measured"] for r in report["table"])
     # the planner's variants, all trained in one process: each model freed before the next,
     # each measured beside the plan (on the CPU the kept-for-backward count is exact)
@@ -98,6 +103,7 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
         assert v["released"] is True, name
         assert 0 < v["host_issue_s"] <= v["step_time_s"] + 1e-3, name   # within the step
         assert v["step_time_s"] > 0 and v["predicted_step_time_s"] > 0, name
+        assert v["predicted_host_issue_s"] > 0, name   # the plan's host, from the table
         assert v["saved_first_microbatch_bytes"] == v["predicted_saved_bytes"], name
         assert v["attention"].startswith("torch sdpa" if name.endswith("fused") else "local")
     assert parts["variants"]["planned_with"] == "kernel table"
