@@ -263,7 +263,20 @@ class RunFolder:
 
     @property
     def logs_dir(self) -> Path:
-        return self.path / "logs"
+        """``logs/``, a folder of this run's own (:meth:`_own_folder`)."""
+        return self._own_folder(self.path / "logs")
+
+    @staticmethod
+    def _own_folder(path: Path) -> Path:
+        """``path``, a folder a run keeps its own files in: a symbolic link there (to another
+        run's logs, or anywhere) would have hpctrain read and write another folder's files as
+        this run's, so it is damage, named (:class:`~hpctrain.record.reader.DamagedFile`),
+        never followed. hpctrain never makes one."""
+        if os.path.islink(path):
+            raise reader.DamagedFile(path, "is a symbolic link; a run's logs are in folders of "
+                                           "its own, never another's (replace the link with "
+                                           "the folder, or move the run folder away)")
+        return path
 
     @property
     def ledger_file(self) -> Path:
@@ -278,8 +291,9 @@ class RunFolder:
         return self.path / "metrics.jsonl"
 
     def attempt_dir(self, attempt: int) -> Path:
-        """``logs/attempt-N``: where attempt ``attempt`` (:func:`attempt_number`) logs."""
-        return self.logs_dir / f"attempt-{attempt_number(attempt)}"
+        """``logs/attempt-N``: where attempt ``attempt`` (:func:`attempt_number`) logs; a link
+        at ``logs`` or there is damage (:meth:`_own_folder`)."""
+        return self._own_folder(self.logs_dir / f"attempt-{attempt_number(attempt)}")
 
     def rank_log(self, attempt: int, rank: int) -> Path:
         """``logs/attempt-N/rank-R.log``: the log of rank ``rank`` (:func:`rank_number`) in
@@ -449,14 +463,15 @@ class RunFolder:
     def attempts_started(self) -> list[int]:
         """The attempts that have a log folder, in order: ``logs/attempt-N`` for each N that
         :func:`attempt_number` takes (a folder ``attempt-0`` or ``attempt-0001`` made by hand
-        names no attempt, and every number listed here can be asked about)."""
+        names no attempt, and every number listed here can be asked about); an attempt's folder
+        that is a link is damage (:meth:`_own_folder`)."""
         if not self.logs_dir.is_dir():
             return []
         _, low, high = limits.INTEGERS["log_attempt"]
         nums = []
         for d in self.logs_dir.iterdir():
             m = re.fullmatch(r"attempt-([1-9]\d{0,17})", d.name)
-            if m and low <= int(m.group(1)) <= high and d.is_dir():
+            if m and low <= int(m.group(1)) <= high and self._own_folder(d).is_dir():
                 nums.append(int(m.group(1)))
         return sorted(nums)
 
