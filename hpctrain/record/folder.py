@@ -324,6 +324,7 @@ class RunFolder:
         return meta
 
     def _write_meta(self, meta: dict) -> None:
+        meta = _writable(meta, reader.meta_problem, self.run_file)
         try:
             yamlio.write_atomic(self.run_file, yamlio.dump(meta), within=self.path)
         except OSError as e:
@@ -357,6 +358,7 @@ class RunFolder:
         return reader.read_jsonl(self.ledger_file, check=reader.ledger_problem)
 
     def append_ledger(self, record: dict) -> None:
+        record = _writable(record, reader.ledger_problem, self.ledger_file)
         with self.lock():   # update_ledger_record replaces the file: never append beside it
             append_jsonl(self.ledger_file, record)
 
@@ -374,8 +376,9 @@ class RunFolder:
             if index is None:
                 return False
             record = {**ledger[index], **changes}
-            ledger[index] = {k: v for k, v in record.items()
-                             if not (k in changes and v is None)}
+            ledger[index] = _writable({k: v for k, v in record.items()
+                                       if not (k in changes and v is None)},
+                                      reader.ledger_problem, self.ledger_file)
             try:
                 yamlio.write_atomic(self.ledger_file,
                                     "".join(json.dumps(r) + "\n" for r in ledger),
@@ -388,7 +391,8 @@ class RunFolder:
         return reader.read_jsonl(self.events_file, check=reader.event_problem)
 
     def event(self, kind: str, **data: Any) -> dict:
-        record = {"time": now_iso(), "event": kind, **data}
+        record = _writable({"time": now_iso(), "event": kind, **data}, reader.event_problem,
+                           self.events_file)
         append_jsonl(self.events_file, record)
         return record
 
@@ -519,6 +523,28 @@ class RunFolder:
         if profile is None and self.profile_file.is_file():
             profile = self.resolved_profile()
         return checkpoint_location(self, job, profile)
+
+
+def _writable(record: dict, problem: Callable[[dict], str | None], path: Path) -> dict:
+    """``record`` as its reader will read it back, if that reader takes it: what hpctrain
+    writes into a run folder passes the same checks as what it reads there (``reader``'s
+    ``*_problem``), so no caller (the runtime, a command, the Python API) can write a record
+    that makes the run DAMAGED. Else a UsageError naming the file and the field; nothing is
+    written. JSON (without NaN or infinities, which the reader refuses) is the format of every
+    record, run.yaml's fields included."""
+    if not isinstance(record, dict):
+        raise UsageError(f"cannot write {path.name}: a record is a mapping, not "
+                         f"{type(record).__name__}; nothing was written")
+    try:
+        read_back = file_door.loads(json.dumps(record, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise UsageError(f"cannot write {path.name}: {show(str(e), 200)} (records are JSON "
+                         "without NaN or infinities); nothing was written") from None
+    found = problem(read_back)
+    if found:
+        raise UsageError(f"cannot write {path.name}: {found} (its reader would refuse the "
+                         "record); nothing was written")
+    return read_back
 
 
 def checkpoint_root_folder(root: str) -> Path:
