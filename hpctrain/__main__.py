@@ -1,3 +1,3 @@
-from .cli import main
+from .cli_start import main
 
 main()

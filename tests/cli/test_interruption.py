@@ -430,3 +430,63 @@ def _held_signals_land(signals_held, done: list) -> None:
             done.append("after the second")
     assert done == ["after the first"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# python -c: the console script's start, with SIGNAL sent to this process as `click` is imported
+# (while the command line is still being imported); argv[2]: "ignored" to start with the
+# signal ignored, as a shell's background job does
+_EARLY = textwrap.dedent("""
+    import importlib.abc, os, signal, sys
+    sig = getattr(signal, sys.argv[1])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.argv[2] == "ignored":
+        signal.signal(sig, signal.SIG_IGN)
+    class Trip(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "click":
+                os.kill(os.getpid(), sig)
+            return None
+    sys.meta_path.insert(0, Trip())
+    from hpctrain.cli_start import main
+    main(["--version"])
+""")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_command_line_is_imported_is_one_line(sig):
+    """Before, a Ctrl-C in the command's first tens of milliseconds (importing click and the
+    CLI) printed an import traceback; SIGTERM ended it with no word. Now both end as later."""
+    proc = subprocess.run([sys.executable, "-c", _EARLY, sig, "default"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    stopped(proc, sig)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_the_caller_ignores_stays_ignored_while_the_command_starts(sig):
+    proc = subprocess.run([sys.executable, "-c", _EARLY, sig, "ignored"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and "hpctrain, version" in proc.stdout, proc.stderr
+
+
+def test_the_console_script_and_python_m_start_through_the_early_door():
+    """``hpctrain`` (setup.cfg's console script) and ``python -m hpctrain`` both start in
+    ``hpctrain.cli_start``, whose handlers are gone once the CLI has been imported."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    assert "hpctrain = hpctrain.cli_start:main" in cfg["options.entry_points"]["console_scripts"]
+    assert (REPO / "hpctrain" / "__main__.py").read_text().startswith(
+        "from .cli_start import main")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import signal
+        from hpctrain import cli_start
+        try:
+            cli_start.main(["--version"])
+        except SystemExit:
+            pass
+        print(signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+              signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    """)], capture_output=True, text=True, cwd=REPO, timeout=120,
+        preexec_fn=sigint_as_at_a_terminal)
+    assert proc.stdout.split()[-2:] == ["True", "True"], (proc.stdout, proc.stderr)

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # what a person does: submit, operate on runs, benchmark
     ("use cases", ("submission", "ops", "bench")),
     # the faces: the Python API and the command line, thin over the use cases
-    ("faces", ("api", "cli", "__main__")),
+    ("faces", ("api", "cli", "cli_start", "__main__")),
 ]
 
 
