@@ -170,7 +170,14 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the resume's parallel read: every item verified in the pass, the bytes torch's reader
     # would load, the memory given back
     "resume_reader": ("hpctrain/runtime/checkpoint/reader.py", [
-        "tests/runtime/test_resume_reader.py", "tests/runtime/test_checkpoint_staging.py"]),
+        "tests/runtime/test_resume_reader.py", "tests/runtime/test_resume_streaming.py",
+        "tests/runtime/test_checkpoint_staging.py"]),
+    # one item: its length and CRC32C checked, its tensor's record found (whole or by its tail)
+    "resume_items": ("hpctrain/runtime/checkpoint/items.py", [
+        "tests/runtime/test_resume_reader.py", "tests/runtime/test_resume_streaming.py"]),
+    # the streaming path: chunks in order, every byte checksummed, record bytes where they go
+    "resume_streaming": ("hpctrain/runtime/checkpoint/streaming.py", [
+        "tests/runtime/test_resume_streaming.py", "tests/runtime/test_resume_reader.py"]),
     # a save's staging and writing: the checksum of the bytes meant to be written, per item
     # and per file, the staged copy written, a storage error naming its file
     "checkpoint_writer": ("hpctrain/runtime/checkpoint/writer.py", [
@@ -729,16 +736,16 @@ EQUIVALENT.update({
         "a remainder by a positive interval is never negative: `<= 0` holds where `== 0` does",
 })
 
-_RD = "hpctrain/runtime/checkpoint/reader.py"
+_RD = "hpctrain/runtime/checkpoint/items.py"
 EQUIVALENT.update({
     (_RD, "core/ReplaceComparisonOperator_LtE_NotEq",
-     "return start if start + nbytes <= len(view) else None"):
+     "return start if start + nbytes <= archive.size else None"):
         "a zip archive ends with its central directory, after every record: a record's data "
         "never ends exactly at the archive's end, so `!=` holds where `<=` does (and a view "
         "cut before it fails zipfile first)",
-    (_RD, "core/NumberReplacer", "n = max(0, min(len(b), len(self.view) - self.pos))"):
+    (_RD, "core/NumberReplacer", "n = max(0, min(len(b), self.size - self.pos))"):
         "only a read past the end differs: `max(1, ...)` then raises ValueError where 0 gives "
-        "zipfile a short read and BadZipFile; raw_record returns None for both",
+        "zipfile a short read and BadZipFile; record_start returns None for both",
 })
 _TS = "hpctrain/tracking/sender.py"
 EQUIVALENT.update({

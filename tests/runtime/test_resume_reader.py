@@ -57,11 +57,12 @@ def saved(tmp_path):
     return folder, {"checksum": writer.CHECKSUM, "files": files}, storage
 
 
-def _load(folder, manifest, threads=3, zero_copy=True, arena=None):
+def _load(folder, manifest, threads=3, zero_copy=True, arena=None, streamed=True):
+    """``streamed``: the streaming path for the items it takes (False: every item whole)."""
     if arena is None:
         arena = staging.HostArena(pin=False, segment_bytes=1 << 16)
     r = reader._reader_class()(str(folder), reader.manifest_items(manifest), arena, threads,
-                               zero_copy)
+                               zero_copy, streamed)
     got = _blank()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -75,23 +76,26 @@ def _equal(a: dict, b: dict) -> bool:
         else a[k] == b[k] for k in a)
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
 @pytest.mark.parametrize("threads", [1, 2, 8])
-def test_a_parallel_read_loads_what_torchs_own_reader_loads_bit_for_bit(saved, threads):
+def test_a_parallel_read_loads_what_torchs_own_reader_loads_bit_for_bit(saved, threads,
+                                                                         streamed):
     folder, manifest, storage = saved
     own = _blank()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(own, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
-    got, stats = _load(folder, manifest, threads)
+    got, stats = _load(folder, manifest, threads, streamed=streamed)
     assert _equal(got, _state()) and _equal(got, own)
     state = _state()
     read = [k for k in storage if not torch.is_tensor(state[k.fqn]) or state[k.fqn].numel()]
     tensors = sum(1 for k in read if torch.is_tensor(state[k.fqn]))
     assert stats["items"] == stats["verified"] == len(read) == 5     # an empty tensor: no read
     assert stats["bytes"] == sum(storage[k].length for k in read)
-    # every tensor taken from the item's bytes where it lies, without torch.load
-    assert stats["zero_copy"] == tensors == 3
-    assert stats["read_seconds"] > 0
+    # every tensor streamed into its target, or taken from the item's bytes where it lies
+    # without torch.load; the objects (bytes) always read whole
+    assert (stats["streamed"], stats["zero_copy"]) == ((3, 0) if streamed else (0, 3))
+    assert tensors == 3 and stats["read_seconds"] > 0
 
 
 def test_without_recorded_checksums_the_same_state_loads_through_torch_load(saved):
@@ -100,7 +104,8 @@ def test_without_recorded_checksums_the_same_state_loads_through_torch_load(save
     folder, manifest, storage = saved
     got, stats = _load(folder, {"files": manifest["files"]}, zero_copy=False)
     assert _equal(got, _state())
-    assert stats["verified"] == stats["zero_copy"] == 0 and stats["items"] == len(storage) - 1
+    assert stats["verified"] == stats["zero_copy"] == stats["streamed"] == 0
+    assert stats["items"] == len(storage) - 1
 
 
 def test_the_memory_read_into_is_given_back_whether_the_load_succeeds_or_fails(saved):
@@ -124,52 +129,65 @@ def _damage(folder, info, at: int | None = None) -> None:
     path.write_bytes(bytes(data))
 
 
-def _mismatch(folder, manifest) -> str:
+def _mismatch(folder, manifest, streamed=True) -> str:
     """What the load raised: torch wraps the reader's exception, with its text."""
     with pytest.raises(CheckpointException) as raised:
-        _load(folder, manifest)
+        _load(folder, manifest, streamed=streamed)
     return str(raised.value)
 
 
+BOTH_PATHS = pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
+
+
+@BOTH_PATHS
 @pytest.mark.parametrize("which", ["w", "ids", "step", "name"])
-def test_one_flipped_byte_in_any_item_stops_the_load_naming_the_file_and_byte(saved, which):
+def test_one_flipped_byte_in_any_item_stops_the_load_naming_the_file_and_byte(saved, which,
+                                                                              streamed):
     folder, manifest, storage = saved
     (info,) = [i for k, i in storage.items() if k.fqn == which]
     recorded = {o: c for o, _, c in manifest["files"][info.relative_path]["items"]}[info.offset]
     _damage(folder, info)
-    text = _mismatch(folder, manifest)
+    text = _mismatch(folder, manifest, streamed)
     assert (f"{info.relative_path}: the item at byte {info.offset} ({info.length} bytes) has "
             f"CRC32C ") in text and f"its writer recorded {recorded}" in text, text
 
 
-def test_a_flip_in_an_items_first_or_last_byte_is_caught(saved):
+@BOTH_PATHS
+def test_a_flip_in_an_items_first_or_last_byte_is_caught(saved, streamed):
     folder, manifest, storage = saved
     (info,) = [i for k, i in storage.items() if k.fqn == "w"]
     _damage(folder, info, at=0)
-    assert "its writer recorded" in _mismatch(folder, manifest)
+    assert "its writer recorded" in _mismatch(folder, manifest, streamed)
     _damage(folder, info, at=0)               # mended
     _damage(folder, info, at=info.length - 1)
-    assert "its writer recorded" in _mismatch(folder, manifest)
+    assert "its writer recorded" in _mismatch(folder, manifest, streamed)
 
 
-def test_a_file_cut_short_is_refused_naming_where_it_should_have_gone_on(saved):
+@BOTH_PATHS
+def test_a_file_cut_short_is_refused_naming_where_it_should_have_gone_on(saved, streamed):
     folder, manifest, storage = saved
     state = _state()
     last = max((i for k, i in storage.items() if not torch.is_tensor(state[k.fqn])
                 or state[k.fqn].numel()), key=lambda i: (i.relative_path, i.offset))
     path = folder / last.relative_path
     path.write_bytes(path.read_bytes()[:last.offset + last.length - 1])
-    text = _mismatch(folder, manifest)
+    text = _mismatch(folder, manifest, streamed)
     assert f"{last.relative_path}: ends before byte {last.offset + last.length}" in text, text
 
 
-def test_an_item_whose_length_is_not_the_recorded_one_is_refused(saved):
+@BOTH_PATHS
+def test_an_item_whose_length_is_not_the_recorded_one_is_refused(saved, streamed):
     folder, manifest, storage = saved
-    name = next(iter(manifest["files"]))
-    offset, length, _ = manifest["files"][name]["items"][0]
-    manifest["files"][name]["items"][0][1] += 1
-    assert (f"{name}: the item at byte {offset} is {length} bytes, its writer recorded "
-            f"{length + 1}") in _mismatch(folder, manifest)
+    unread = {(i.relative_path, i.offset) for k, i in storage.items() if k.fqn == "none"}
+    for name, info in manifest["files"].items():
+        for entry in info["items"]:           # every item read: tensors and objects
+            if (name, entry[0]) in unread:    # (the empty tensor: nothing to read)
+                continue
+            entry[1] += 1
+            offset, length = entry[0], entry[1] - 1
+            assert (f"{name}: the item at byte {offset} is {length} bytes, its writer "
+                    f"recorded {length + 1}") in _mismatch(folder, manifest, streamed)
+            entry[1] -= 1
 
 
 def test_a_manifest_as_read_from_disk_is_verified(saved):
@@ -284,6 +302,9 @@ def test_what_hpctrains_writer_wrote_reads_back_bit_for_bit_without_a_copy(tmp_p
     manifest = _write_with_hpctrain(folder, _state(), files)
     assert sorted(manifest["files"]) == [f"__0_{n}.distcp" for n in range(files)]
     got, stats = _load(folder, manifest)
+    assert _equal(got, _state())
+    assert stats["items"] == stats["verified"] == 5 and stats["streamed"] == 3
+    got, stats = _load(folder, manifest, streamed=False)
     assert _equal(got, _state())
     assert stats["items"] == stats["verified"] == 5 and stats["zero_copy"] == 3
     own = _blank()                          # torch's own reader reads the same files alike

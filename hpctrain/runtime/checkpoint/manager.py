@@ -151,12 +151,15 @@ def _checksum_failures(error: BaseException) -> list[str]:
 
 
 def _read_stats(readers, seconds: float) -> dict:
-    stats = {"bytes": 0, "items": 0, "verified": 0, "zero_copy": 0, "threads": 0,
-             "seconds": round(seconds, 3)}
+    """The load's reads on this rank: sums over its readers (megatron makes one per load), the
+    most threads and the largest streaming ring (page-locked on CUDA) any of them used."""
+    stats = {"bytes": 0, "items": 0, "verified": 0, "zero_copy": 0, "streamed": 0,
+             "threads": 0, "ring_bytes": 0, "seconds": round(seconds, 3)}
     for r in readers:
-        for k in ("bytes", "items", "verified", "zero_copy"):
+        for k in ("bytes", "items", "verified", "zero_copy", "streamed"):
             stats[k] += r.stats[k]
         stats["threads"] = max(stats["threads"], r.threads)
+        stats["ring_bytes"] = max(stats["ring_bytes"], r.stats["ring_bytes"])
     stats["gb_per_s"] = stats["bytes"] / 1e9 / seconds if seconds > 0 else 0.0
     return stats
 
@@ -654,7 +657,8 @@ class Checkpointer:
             stats = self.read_stats
             read = (f"; read {stats['bytes'] / 1e6:.1f} MB on rank 0 by {stats['threads']} "
                     f"threads at {stats['gb_per_s']:.2f} GB/s, {stats['verified']} of "
-                    f"{stats['items']} items verified by CRC32C in the same pass"
+                    f"{stats['items']} items verified by CRC32C in the same pass, "
+                    f"{stats['streamed']} streamed"
                     + (", weights equal to the digest taken at the save"
                        if stats.get("digest_checked") else "")) if stats.get("items") else ""
             # the time result.json keeps (load_seconds, rounded once), as the save's line
