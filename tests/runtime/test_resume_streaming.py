@@ -286,3 +286,36 @@ def test_an_item_streams_into_its_target_whatever_the_chunk_size(numel, chunk, d
             1, chunk, streaming.HostCopies(streaming.BUFFERS_PER_THREAD * chunk))
         streaming.stream_item(job, landing, 0, chunk, threading.Event())
     assert job.streamed and torch.equal(target, tensor)
+
+
+# ------------------------------------------------- what a set-aside checkpoint leaves behind
+def test_a_checkpoint_that_fails_its_digest_never_restores_its_rng_streams(monkeypatch):
+    """A checkpoint set aside after it was applied (its weights not the save's digest) has
+    its weights and optimizer state overwritten by the previous checkpoint's load; its RNG
+    streams would not be where the previous one was saved on another layout (those restart
+    from the seed): they are restored only after the digest check passed."""
+    from types import SimpleNamespace
+
+    from hpctrain.runtime.checkpoint import manager
+    calls = []
+    monkeypatch.setattr(manager.ckstate, "load_model_state", lambda *a: calls.append("model"))
+    monkeypatch.setattr(manager.ckstate, "load_optimizer_state",
+                        lambda *a: calls.append("optimizer"))
+    monkeypatch.setattr(manager.rng, "restore", lambda *a: calls.append("rng"))
+    monkeypatch.setattr(manager, "stored_weights_digest", lambda modules: "b" * 64)
+    ck = object.__new__(manager.Checkpointer)
+    ck.ctx = SimpleNamespace(device="cpu", layout=SimpleNamespace(data_parallel_size=1))
+    ck.mo = SimpleNamespace(model=[], optimizer=None, modules=[])
+    ck.read_stats = {}
+
+    def apply(digest: str):
+        loaded = {"hpctrain": {"optimizer_updates": 3}, "optimizer": {},
+                  "rng": {"device": "cpu"}}
+        return ck._apply(loaded, {"device": "cpu", "weights_digest": digest}, {},
+                         same_layout=True, impl="local", want_distopt=True)
+    with pytest.raises(manager.CheckpointDamaged, match="are not the weights saved"):
+        apply("a" * 64)
+    assert calls == ["model", "optimizer"]
+    calls.clear()
+    assert apply("b" * 64) == (True, "") and calls == ["model", "optimizer", "rng"]
+    assert ck.read_stats["digest_checked"]

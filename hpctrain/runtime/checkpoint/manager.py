@@ -565,7 +565,6 @@ class Checkpointer:
             logger.info(f"note: {note}")
 
     def load(self, folder: Path, manifest: dict) -> Loaded:
-        import torch
         from megatron.core import dist_checkpointing
         self.ctx.progress(f"load: {folder.name}")
 
@@ -614,32 +613,10 @@ class Checkpointer:
         self.read_stats = _read_stats(readers, time.monotonic() - read_started)
         self.read_stats["host_memory_wait_s"] = round(arena_wait, 3)
         phases["read_s"] = time.monotonic() - read_started
-        mark = time.monotonic()
         common = loaded["hpctrain"]
         cross_device.put_back(loaded, kept)
-        ckstate.load_model_state(self.mo.model, loaded)
-        ckstate.load_optimizer_state(self.mo.optimizer, loaded["optimizer"],
-                                     int(common["optimizer_updates"]))
-        restore_rng, why_not = cross_device.restore_rng_here(
-            manifest, loaded.get("rng"), self.ctx.device, same_layout)
-        if restore_rng:
-            rng.restore(loaded["rng"], self.ctx.device)
-        del loaded
-        if self.ctx.device == "cuda":
-            torch.cuda.synchronize()
-        phases["apply_s"] = time.monotonic() - mark   # into the model and the optimizer
-        mark = time.monotonic()
-        saved_digest = manifest.get("weights_digest")
-        # one stored copy per replicated weight: data-parallel replicas are equal by
-        # construction only with the distributed optimizer (it all-gathers one update)
-        one_copy = want_distopt or self.ctx.layout.data_parallel_size == 1
-        if saved_digest and same_layout and one_copy and cross_device.saved_impl(manifest) == impl:
-            digest = stored_weights_digest(self.mo.modules)
-            if digest != saved_digest:
-                raise CheckpointDamaged(f"the weights loaded (digest {digest[:12]}) are not the "
-                                        f"weights saved (digest {saved_digest[:12]})")
-            self.read_stats["digest_checked"] = True
-        phases["digest_s"] = time.monotonic() - mark
+        restore_rng, why_not = self._apply(loaded, manifest, phases, same_layout=same_layout,
+                                           impl=impl, want_distopt=want_distopt)
         self.read_stats["phases_s"] = {k: round(v, 3) for k, v in phases.items()}
         seconds = time.monotonic() - started
         self.last_published_step = int(common["step"])
@@ -667,3 +644,47 @@ class Checkpointer:
                         f"{round(seconds, 3):.2f}s){read}{note}")
         return Loaded(step=int(common["step"]), path=folder, common=common, manifest=manifest,
                       seconds=seconds, same_layout=same_layout)
+
+    def _apply(self, loaded: dict, manifest: dict, phases: dict, *, same_layout: bool,
+               impl: str, want_distopt: bool) -> tuple[bool, str]:
+        """Put the loaded state into the model and the optimizer, check the weights against
+        the save's digest, and only then restore the RNG streams; returns whether they were
+        restored, and why not. A checkpoint that fails the digest is set aside with its weights
+        and optimizer state applied, and the previous checkpoint's load overwrites all of
+        them; but the RNG streams are restored only on the layout they were saved on, so a
+        previous checkpoint saved on another layout would leave the damaged one's streams in
+        place of the seed's. Restored last, they are never the damaged checkpoint's."""
+        import torch
+        mark = time.monotonic()
+        ckstate.load_model_state(self.mo.model, loaded)
+        ckstate.load_optimizer_state(self.mo.optimizer, loaded["optimizer"],
+                                     int(loaded["hpctrain"]["optimizer_updates"]))
+        restore_rng, why_not = cross_device.restore_rng_here(
+            manifest, loaded.get("rng"), self.ctx.device, same_layout)
+        rng_state = loaded.get("rng") if restore_rng else None
+        loaded.clear()              # the loaded tensors go (the model holds its own copies)
+        if self.ctx.device == "cuda":
+            torch.cuda.synchronize()
+        phases["apply_s"] = time.monotonic() - mark   # into the model and the optimizer
+        mark = time.monotonic()
+        self._check_digest(manifest, same_layout=same_layout, impl=impl,
+                           want_distopt=want_distopt)
+        phases["digest_s"] = time.monotonic() - mark
+        if restore_rng:
+            rng.restore(rng_state, self.ctx.device)
+        return restore_rng, why_not
+
+    def _check_digest(self, manifest: dict, *, same_layout: bool, impl: str,
+                      want_distopt: bool) -> None:
+        """The weights loaded against the digest taken at the save (where it compares like
+        with like); a difference is damage found while loading (CheckpointDamaged)."""
+        saved_digest = manifest.get("weights_digest")
+        # one stored copy per replicated weight: data-parallel replicas are equal by
+        # construction only with the distributed optimizer (it all-gathers one update)
+        one_copy = want_distopt or self.ctx.layout.data_parallel_size == 1
+        if saved_digest and same_layout and one_copy and cross_device.saved_impl(manifest) == impl:
+            digest = stored_weights_digest(self.mo.modules)
+            if digest != saved_digest:
+                raise CheckpointDamaged(f"the weights loaded (digest {digest[:12]}) are not the "
+                                        f"weights saved (digest {saved_digest[:12]})")
+            self.read_stats["digest_checked"] = True
