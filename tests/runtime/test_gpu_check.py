@@ -53,6 +53,10 @@ def test_cpu_rehearsal_runs_every_part_and_writes_the_table(tmp_path):
     assert resume["start_step"] == 44 and resume["end_step"] == 48
     assert resume["loaded"].endswith("step-00000044") and resume["digest_checked"]
     assert resume["read"]["verified"] == resume["read"]["items"] > 0
+    # the model's weights load whole: streamed, on the CPU straight into them (no ring)
+    assert 0 < resume["streamed"] <= resume["read"]["items"] and resume["ring_bytes"] == 0
+    assert any(r[1] == "resume: load | read" and "streamed straight into their tensors" in r[2]
+               for r in report["table"])
     assert resume["read_gb_per_s"] > 0
     assert parts["plan"]["predicted_peak_bytes"] > 0
     # what the reference loop's first microbatch kept for backward on the train column's job

@@ -18,8 +18,6 @@ import os
 import struct
 import zipfile
 
-import crc32c
-
 from .writer import crc_hex
 
 ZIP_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")     # 30 bytes, then name and extra field
@@ -47,10 +45,6 @@ def check_crc(name: str, offset: int, length: int, crc: int, expected) -> None:
     if got != expected[1]:
         raise ChecksumMismatch(f"{name}: the item at byte {offset} ({length} bytes) has "
                                f"CRC32C {got}, its writer recorded {expected[1]}")
-
-
-def item_crc(view) -> int:
-    return crc32c.crc32c(view)
 
 
 def read_exactly(fd: int, view, at: int, name: str, end: int) -> None:

@@ -105,7 +105,13 @@ def read_data(reader, plan, planner) -> None:
     """torch's ``read_data`` contract (``planner.load_bytes`` for each object,
     ``resolve_tensor``, the copy, ``commit_tensor`` for each tensor), over both paths at once:
     the streaming workers start, this thread reads the other items meanwhile, then the
-    streamed tensors are committed once every copy is complete (:meth:`.Streaming.finish`)."""
+    streamed tensors are committed once every copy is complete (:meth:`.Streaming.finish`).
+
+    The order on CUDA: a streamed copy is enqueued on its worker's stream, which first waited
+    for this thread's stream; ``finish`` waits on every worker's stream from the host, so
+    when ``commit_tensor`` runs every byte is in place, for any stream that reads it next
+    (megatron's, the model's). The whole path copies on this thread's stream and synchronizes
+    before it lets the arena go. Nothing is committed after a failure."""
     started = time.monotonic()
     try:
         jobs, rest = _streaming_jobs(reader, plan, planner)

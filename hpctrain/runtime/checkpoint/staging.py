@@ -25,8 +25,10 @@ shared mapping: a forked child sees the parent's later writes).
 * page-locking is slow (about 1.4 GB/s on an H100 host: 10.5 s for 14.7 GB) and holds a
   driver-wide lock that the CUDA memory calls of every process on the node wait for. So it
   never runs while a resume builds its optimizer state and copies the checkpoint to the GPU
-  (the resume reads into the memory as it is: a copy from pageable memory is synchronous, and
-  still far faster than locking the pages first), nor during the first step, when the
+  (the resume reads the items it reads whole into the memory as it is: a copy from pageable
+  memory is synchronous, and still far faster than locking the pages first; the items it
+  streams go through a small ring of their own, :mod:`.streaming`), nor during the first
+  step, when the
   caching allocator is still asking CUDA for memory. A save's placement waits for it (a save
   before the first step starts it);
 * :meth:`acquire` places tensors in it for one owner (a save, or the resume) and refuses to
