@@ -101,9 +101,8 @@ def test_a_streamed_resume_loads_what_megatrons_own_reader_loads_bit_for_bit(
                                    * chunk)
 
 
-def _item(folder, manifest, fqn_bytes: int) -> tuple[str, int, int, str]:
-    """(file, offset, length, recorded crc) of the item ``fqn_bytes`` long or longer: the
-    largest (``w``'s)."""
+def _largest(manifest) -> tuple[str, int, int, str]:
+    """(file, offset, length, recorded crc) of the largest item (``w``'s)."""
     return max(((name, o, n, c) for name, info in manifest["files"].items()
                 for o, n, c in info["items"]), key=lambda i: i[2])
 
@@ -122,7 +121,7 @@ def test_a_flipped_byte_anywhere_in_a_streamed_item_is_named(written, landing, m
                                                               where):
     folder, manifest, state = written
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 1000)      # the record spans many chunks
-    name, offset, length, crc = _item(folder, manifest, 0)
+    name, offset, length, crc = _largest(manifest)
     item = memoryview((folder / name).read_bytes())[offset:offset + length]
     nbytes = state["w"].numel() * 4
     start = items.raw_record(item, nbytes)
@@ -147,7 +146,7 @@ def test_a_record_its_tail_does_not_locate_is_read_whole_and_verified(written, l
     monkeypatch.setattr(items, "TAIL_BYTES", 16)
     got, stats = _streamed(folder, manifest, state)
     assert _equal(got, state) and stats["streamed"] == 0 and stats["verified"] == TENSORS + 2
-    name, offset, length, crc = _item(folder, manifest, 0)
+    name, offset, length, crc = _largest(manifest)
     _flip(folder, name, offset + length // 2)
     with pytest.raises(CheckpointException, match=f"its writer recorded {crc}"):
         _streamed(folder, manifest, state)
@@ -210,7 +209,7 @@ def test_a_failed_load_has_joined_every_worker_before_it_raises(written, monkeyp
     raises, no streaming thread is left."""
     folder, manifest, state = written
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 512)
-    name, offset, length, _ = _item(folder, manifest, 0)
+    name, offset, length, _ = _largest(manifest)
     storage = dcp.FileSystemReader(str(folder)).read_metadata().storage_data
     (b,) = [i for k, i in storage.items() if k.fqn == "b"]      # a small tensor, streamed
     small = (b.relative_path, b.offset, b.length)
