@@ -309,3 +309,18 @@ else:
         max_examples=int(os.environ.get("HPCTRAIN_HYPOTHESIS_EXAMPLES", "60")),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     _hypothesis_settings.load_profile("hpctrain")
+
+
+def dry_run_folders(root: Path, n: int = 2) -> list[Path]:
+    """``n`` real run folders under ``root`` (``hpctrain submit --dry-run`` of the tiny job on
+    the local profile, through the CLI), oldest first."""
+    from click.testing import CliRunner
+
+    from hpctrain.cli import cli
+    for _ in range(n):
+        result = CliRunner().invoke(cli, ["submit", str(REPO / "examples" / "tiny.yaml"),
+                                          "--dry-run"], env={"HPCTRAIN_RUNS_DIR": str(root)})
+        assert result.exit_code == 0, result.output
+    runs = sorted(p for p in root.iterdir() if (p / "run.yaml").is_file())
+    assert len(runs) == n
+    return runs

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from hpctrain.cli import cli
 from hpctrain.ops.report import PNG_SIGNATURE
-from tests.conftest import REPO
+from tests.conftest import REPO, dry_run_folders
 
 TINY = str(REPO / "examples" / "tiny.yaml")
 
@@ -21,12 +21,7 @@ TINY = str(REPO / "examples" / "tiny.yaml")
 @pytest.fixture
 def two_runs(tmp_path):
     root = tmp_path / "runs"
-    for _ in range(2):
-        result = CliRunner().invoke(cli, ["submit", TINY, "--dry-run"],
-                                    env={"HPCTRAIN_RUNS_DIR": str(root)})
-        assert result.exit_code == 0, result.output
-    runs = sorted(p for p in root.iterdir() if (p / "run.yaml").is_file())
-    assert len(runs) == 2
+    runs = dry_run_folders(root)
     (runs[0] / "ledger.jsonl").write_text('{"attempt": 1, "exit_reason": "preempted"}\n')
     return root, runs[0], runs[1]
 

@@ -15,9 +15,8 @@ import hpctrain
 from hpctrain.cli import cli
 from hpctrain.record.folder import RunFolder
 from hpctrain.record.reader import DamagedFile
-from tests.conftest import REPO
+from tests.conftest import dry_run_folders
 
-TINY = str(REPO / "examples" / "tiny.yaml")
 SECRET = "the other run's own line"
 
 
@@ -25,11 +24,7 @@ SECRET = "the other run's own line"
 def two_runs(tmp_path):
     """Two real run folders (dry runs on the local profile); the second has a rank log."""
     root = tmp_path / "runs"
-    for _ in range(2):
-        result = CliRunner().invoke(cli, ["submit", TINY, "--dry-run"],
-                                    env={"HPCTRAIN_RUNS_DIR": str(root)})
-        assert result.exit_code == 0, result.output
-    linked, other = sorted(p.name for p in root.iterdir())
+    linked, other = (p.name for p in dry_run_folders(root))
     other_attempt = root / other / "logs" / "attempt-1"
     other_attempt.mkdir(parents=True)
     (other_attempt / "rank-0.log").write_text(SECRET + "\n")
