@@ -13,9 +13,8 @@ from click.testing import CliRunner
 
 from hpctrain.cli import cli
 from hpctrain.ops.report import PNG_SIGNATURE
-from tests.conftest import REPO, dry_run_folders
+from tests.conftest import dry_run_folders
 
-TINY = str(REPO / "examples" / "tiny.yaml")
 
 
 @pytest.fixture
