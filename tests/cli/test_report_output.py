@@ -16,7 +16,6 @@ from hpctrain.ops.report import PNG_SIGNATURE
 from tests.conftest import dry_run_folders
 
 
-
 @pytest.fixture
 def two_runs(tmp_path):
     root = tmp_path / "runs"
