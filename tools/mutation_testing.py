@@ -747,6 +747,26 @@ EQUIVALENT.update({
         "only a read past the end differs: `max(1, ...)` then raises ValueError where 0 gives "
         "zipfile a short read and BadZipFile; record_start returns None for both",
 })
+_ST = "hpctrain/runtime/checkpoint/streaming.py"
+_CUDA_ONLY = ("runs only where a target is on a GPU (the ring's CUDA copies, streaming_cuda): "
+              "no test here has one; gpu_check's resume part runs it")
+_TUNING = ("a size of the streaming ring, chosen for speed: any positive size streams the same "
+           "bytes with the same checks (the tests set their own chunk sizes, 64 B to 1 MiB)")
+_RING = "workers, BUFFERS_PER_THREAD, workers * BUFFERS_PER_THREAD * chunk, device))"
+EQUIVALENT.update({
+    (_ST, "core/ReplaceBinaryOperator_Mul_Sub", _RING): _CUDA_ONLY,
+    (_ST, "core/ReplaceBinaryOperator_Mul_FloorDiv", _RING): _CUDA_ONLY,
+    (_ST, "core/ReplaceBinaryOperator_Mul_Add", _RING): _CUDA_ONLY,
+    (_ST, "core/ReplaceBinaryOperator_Mul_Pow", _RING): _CUDA_ONLY,
+    (_ST, "core/ReplaceBinaryOperator_Mul_Mod", _RING): _CUDA_ONLY,
+    (_ST, "core/ReplaceBinaryOperator_Mul_Div", _RING): _CUDA_ONLY,
+    (_ST, "core/ReplaceComparisonOperator_Eq_Lt",
+     "return target.device.index == torch.cuda.current_device()"): _CUDA_ONLY,
+    (_ST, "core/ReplaceBinaryOperator_LShift_Mul", "CHUNK_BYTES = 16 << 20"): _TUNING,
+    (_ST, "core/NumberReplacer", "CHUNK_BYTES = 16 << 20"): _TUNING,
+    (_ST, "core/NumberReplacer", "BUFFERS_PER_THREAD = 2"): _TUNING + " (one buffer per "
+        "worker too: a buffer is read into again only after the copy out of it is done)",
+})
 _TS = "hpctrain/tracking/sender.py"
 EQUIVALENT.update({
     (_TS, "core/NumberReplacer", "self.committed = 0"):

@@ -318,3 +318,64 @@ def test_a_checkpoint_that_fails_its_digest_never_restores_its_rng_streams(monke
     calls.clear()
     assert apply("b" * 64) == (True, "") and calls == ["model", "optimizer", "rng"]
     assert ck.read_stats["digest_checked"]
+
+
+# ------------------------------------------------- items of another form, read whole by a worker
+PLANTED = []
+
+
+def _plant(marker: str):
+    """What a pickle in a damaged or planted checkpoint would run on loading: here, a note."""
+    PLANTED.append(marker)
+    return torch.zeros(7)
+
+
+class _Planted:
+    def __reduce__(self):
+        return _plant, ("ran",)
+
+
+def _job_for(tmp_path, obj, target) -> streaming.Job:
+    """One item holding ``torch.save(obj)``, its CRC32C recorded as its writer would, to be
+    loaded into ``target``."""
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    item = buf.getvalue()
+    path = tmp_path / "f.distcp"
+    path.write_bytes(item)
+    from types import SimpleNamespace
+    return streaming.Job(req=SimpleNamespace(storage_index="f"), name="f.distcp",
+                         path=str(path), offset=0, length=len(item),
+                         expected=(len(item), writer.crc_hex(crc32c.crc32c(item))),
+                         target=target, nbytes=target.numel() * target.element_size())
+
+
+def test_an_item_that_unpickles_to_code_is_refused_never_run(tmp_path):
+    """An item of another form than one stored tensor is loaded by ``torch.load`` with
+    ``weights_only``: a pickle that would call a function on loading is refused, and the
+    function never runs, even with the item's checksum in order."""
+    job = _job_for(tmp_path, _Planted(), torch.zeros(7))
+    with pytest.raises(Exception, match="[Ww]eights only load failed|weights_only"):
+        streaming.stream_item(job, streaming.DirectLanding(), 0, 1 << 20, threading.Event())
+    assert PLANTED == [] and not job.streamed
+
+
+@pytest.mark.parametrize("stored", [5, 9])
+def test_an_item_whose_tensor_is_not_the_targets_size_is_named(tmp_path, stored):
+    """The stored tensor has fewer or more elements than the target's 7: torch's own reader's
+    error and words (``mismatch sizes``), not a partial copy."""
+    target = torch.full((7,), -1.0)
+    job = _job_for(tmp_path, torch.arange(float(stored)), target)
+    with pytest.raises(AssertionError, match=rf"req f mismatch sizes torch.Size\(\[7\]\) vs "
+                                             rf"torch.Size\(\[{stored}\]\)"):
+        streaming.stream_item(job, streaming.DirectLanding(), 0, 1 << 20, threading.Event())
+    assert torch.equal(target, torch.full((7,), -1.0))
+
+
+def test_only_cpu_and_this_ranks_gpu_targets_stream():
+    """A target elsewhere (the meta device here: no memory to land in) takes the whole-item
+    path, which torch's own rules load."""
+    assert streaming.streamable(torch.zeros(4))
+    assert not streaming.streamable(torch.zeros(4, device="meta"))
+    assert not streaming.streamable(torch.zeros(4, 2).t())          # not contiguous
