@@ -767,6 +767,16 @@ EQUIVALENT.update({
     (_ST, "core/NumberReplacer", "BUFFERS_PER_THREAD = 2"): _TUNING + " (one buffer per "
         "worker too: a buffer is read into again only after the copy out of it is done)",
 })
+_RR = "hpctrain/runtime/checkpoint/reader.py"
+EQUIVALENT.update({
+    (_RR, "core/ReplaceOrWithAnd", "not streaming.streamable(target) or target.numel() == 0:"):
+        "a target `_plain_target` returns is plain and contiguous: `streamable` refuses it only "
+        "on a GPU other than the rank's (CUDA only), and an empty target streams its empty "
+        "record as well",
+    (_RR, "core/NumberReplacer", "DEFAULT_THREADS = 8"): "the number of reading threads, "
+        "chosen for speed: any number reads the same bytes with the same checks (the tests "
+        "give their own, 1 to 8)",
+})
 _TS = "hpctrain/tracking/sender.py"
 EQUIVALENT.update({
     (_TS, "core/NumberReplacer", "self.committed = 0"):

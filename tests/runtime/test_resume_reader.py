@@ -95,7 +95,7 @@ def test_a_parallel_read_loads_what_torchs_own_reader_loads_bit_for_bit(saved, t
     # every tensor streamed into its target, or taken from the item's bytes where it lies
     # without torch.load; the objects (bytes) always read whole
     assert (stats["streamed"], stats["zero_copy"]) == ((3, 0) if streamed else (0, 3))
-    assert tensors == 3 and stats["read_seconds"] > 0
+    assert tensors == 3
 
 
 def test_without_recorded_checksums_the_same_state_loads_through_torch_load(saved):

@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -75,7 +74,7 @@ def _reader_class():
             self.zero_copy = zero_copy
             self.streaming = streamed     # False: every item read whole (a test's reference)
             self.stats = {"bytes": 0, "items": 0, "verified": 0, "zero_copy": 0,
-                          "streamed": 0, "ring_bytes": 0, "read_seconds": 0.0}
+                          "streamed": 0, "ring_bytes": 0}
             self._metadata = None
 
         def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
@@ -112,24 +111,20 @@ def read_data(reader, plan, planner) -> None:
     when ``commit_tensor`` runs every byte is in place, for any stream that reads it next
     (megatron's, the model's). The whole path copies on this thread's stream and synchronizes
     before it lets the arena go. Nothing is committed after a failure."""
-    started = time.monotonic()
+    jobs, rest = _streaming_jobs(reader, plan, planner)
+    run = streaming.Streaming(jobs, reader.threads)
     try:
-        jobs, rest = _streaming_jobs(reader, plan, planner)
-        run = streaming.Streaming(jobs, reader.threads)
-        try:
-            _read_whole(reader, rest, planner)
-        except BaseException:
-            run.finish(cancel=True)
-            raise
-        error = run.finish()
-        if error is not None:
-            raise error
-        reader.stats["ring_bytes"] = max(reader.stats["ring_bytes"], run.ring_bytes)
-        for job in jobs:
-            _count(reader, job.length, verified=True, streamed=job.streamed)
-            planner.commit_tensor(job.req, job.target)
-    finally:
-        reader.stats["read_seconds"] += time.monotonic() - started
+        _read_whole(reader, rest, planner)
+    except BaseException:
+        run.finish(cancel=True)
+        raise
+    error = run.finish()
+    if error is not None:
+        raise error
+    reader.stats["ring_bytes"] = max(reader.stats["ring_bytes"], run.ring_bytes)
+    for job in jobs:
+        _count(reader, job.length, verified=True, streamed=job.streamed)
+        planner.commit_tensor(job.req, job.target)
 
 
 def _count(reader, length: int, verified: bool, streamed: bool = False) -> None:
