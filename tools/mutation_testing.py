@@ -743,6 +743,16 @@ EQUIVALENT.update({
         "a zip archive ends with its central directory, after every record: a record's data "
         "never ends exactly at the archive's end, so `!=` holds where `<=` does (and a view "
         "cut before it fails zipfile first)",
+    (_RD, "core/ReplaceBinaryOperator_Add_Sub",
+     "self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]"):
+        "zipfile reads an archive seeking from its start (0) and its end (2), never from the "
+        "current position: the `whence=1` entry is never looked up (its `-` survives; the "
+        "end's is killed)",
+    (_RD, "core/NumberReplacer",
+     "self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]"):
+        "zipfile reads an archive seeking from its start (0) and its end (2), never from the "
+        "current position: a key of the `whence=1` entry changed is never looked up (the "
+        "others' are killed)",
     (_RD, "core/NumberReplacer", "n = max(0, min(len(b), self.size - self.pos))"):
         "only a read past the end differs: `max(1, ...)` then raises ValueError where 0 gives "
         "zipfile a short read and BadZipFile; record_start returns None for both",
