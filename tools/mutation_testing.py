@@ -783,6 +783,14 @@ EQUIVALENT.update({
         "a target `_plain_target` returns is plain and contiguous: `streamable` refuses it only "
         "on a GPU other than the rank's (CUDA only), and an empty target streams its empty "
         "record as well",
+    (_RR, "core/ReplaceOrWithAnd",
+     "if target is None or target.dtype != dtype or tuple(target.shape) != shape or \\"):
+        "the target is the request's, whose lengths are the stored chunk's shape (checked just "
+        "before): `tuple(target.shape) != shape` never holds, and what the `and` then skips, "
+        "`streamable`, refuses only a GPU target of another rank (CUDA only)",
+    (_RR, "core/ReplaceComparisonOperator_Eq_Is",
+     "if req.type == LoadItemType.BYTE_IO or expected is None or chunk is None or \\"):
+        "LoadItemType's members are singletons: `is` is `==` for them",
     (_RR, "core/NumberReplacer", "DEFAULT_THREADS = 8"): "the number of reading threads, "
         "chosen for speed: any number reads the same bytes with the same checks (the tests "
         "give their own, 1 to 8)",

@@ -12,6 +12,7 @@ machine's speed: where threads must overlap, events order them."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import threading
@@ -188,6 +189,39 @@ def test_a_narrowed_request_is_read_whole_and_loads_what_megatrons_reader_loads(
     serial = _serial(folder, rows, planner=_Rows(30, 70))
     assert _equal(got, serial) and torch.equal(got["w"], state["w"][30:70])
     assert stats["streamed"] == TENSORS - 1 and stats["zero_copy"] == 1
+
+
+class _Twice(DefaultLoadPlanner):
+    """Loads the stored ``w`` into the state's ``w`` and, from the same item, into ``w2``: two
+    requests reading one item whole."""
+
+    def create_local_plan(self):
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+        from torch.distributed.checkpoint.planner import LoadPlan
+        w2 = self.state_dict.pop("w2")       # in no checkpoint: its read is the extra one
+        plan = super().create_local_plan()
+        self.state_dict["w2"] = w2
+        extra = [dataclasses.replace(r, dest_index=MetadataIndex("w2", r.dest_index.offset,
+                                                                 r.dest_index.index))
+                 for r in plan.items if r.dest_index.fqn == "w"]
+        return LoadPlan(list(plan.items) + extra)
+
+    def lookup_tensor(self, index):
+        return self.state_dict[index.fqn]
+
+    def transform_tensor(self, read_item, tensor):
+        return tensor
+
+
+def test_an_item_two_requests_read_is_read_once_and_loads_both(written, landing):
+    """Each request's target gets the item's tensor; the item is read and verified once (the
+    whole path: a streamed item would be read once per request)."""
+    folder, manifest, state = written
+    into = dict(_blank(state), w2=torch.zeros(97, 61))
+    got, stats = _streamed(folder, manifest, state, into=into, planner=_Twice())
+    assert torch.equal(got["w"], state["w"]) and torch.equal(got["w2"], state["w"])
+    assert stats["streamed"] == TENSORS - 1 and stats["zero_copy"] == 2
+    assert stats["items"] == stats["verified"] == TENSORS + 2
 
 
 @pytest.mark.parametrize("target", ["not contiguous", "another dtype"])
