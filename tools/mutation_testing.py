@@ -763,13 +763,9 @@ _CUDA_ONLY = ("runs only where a target is on a GPU (the ring's CUDA copies, str
 _TUNING = ("a size of the streaming ring, chosen for speed: any positive size streams the same "
            "bytes with the same checks (the tests set their own chunk sizes, 64 B to 1 MiB)")
 _RING = "workers, BUFFERS_PER_THREAD, workers * BUFFERS_PER_THREAD * chunk, device))"
+EQUIVALENT.update({(_ST, f"core/ReplaceBinaryOperator_Mul_{op}", _RING): _CUDA_ONLY
+                   for op in ("Sub", "FloorDiv", "Add", "Pow", "Mod", "Div")})
 EQUIVALENT.update({
-    (_ST, "core/ReplaceBinaryOperator_Mul_Sub", _RING): _CUDA_ONLY,
-    (_ST, "core/ReplaceBinaryOperator_Mul_FloorDiv", _RING): _CUDA_ONLY,
-    (_ST, "core/ReplaceBinaryOperator_Mul_Add", _RING): _CUDA_ONLY,
-    (_ST, "core/ReplaceBinaryOperator_Mul_Pow", _RING): _CUDA_ONLY,
-    (_ST, "core/ReplaceBinaryOperator_Mul_Mod", _RING): _CUDA_ONLY,
-    (_ST, "core/ReplaceBinaryOperator_Mul_Div", _RING): _CUDA_ONLY,
     (_ST, "core/ReplaceComparisonOperator_Eq_Lt",
      "return target.device.index == torch.cuda.current_device()"): _CUDA_ONLY,
     (_ST, "core/ReplaceBinaryOperator_LShift_Mul", "CHUNK_BYTES = 16 << 20"): _TUNING,
