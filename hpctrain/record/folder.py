@@ -530,16 +530,17 @@ def _writable(record: dict, problem: Callable[[dict], str | None], path: Path) -
     writes into a run folder passes the same checks as what it reads there (``reader``'s
     ``*_problem``), so no caller (the runtime, a command, the Python API) can write a record
     that makes the run DAMAGED. Else a UsageError naming the file and the field; nothing is
-    written. JSON (without NaN or infinities, which the reader refuses) is the format of every
-    record, run.yaml's fields included."""
+    written. JSON is the format of every record, run.yaml's fields included; a NaN or an
+    infinity is refused where the reader refuses it (a typed field), and written as JSON's
+    literal elsewhere, as the reader's parser takes it (a free-form field of an event)."""
     if not isinstance(record, dict):
         raise UsageError(f"cannot write {path.name}: a record is a mapping, not "
                          f"{type(record).__name__}; nothing was written")
     try:
-        read_back = file_door.loads(json.dumps(record, allow_nan=False))
+        read_back = file_door.loads(json.dumps(record))
     except (TypeError, ValueError, RecursionError) as e:
-        raise UsageError(f"cannot write {path.name}: {show(str(e), 200)} (records are JSON "
-                         "without NaN or infinities); nothing was written") from None
+        raise UsageError(f"cannot write {path.name}: {show(str(e), 200)} (a record is "
+                         "JSON); nothing was written") from None
     found = problem(read_back)
     if found:
         raise UsageError(f"cannot write {path.name}: {found} (its reader would refuse the "
