@@ -72,15 +72,6 @@ def _build(kind: str, layers: int, device: str):
     return mo, tokens
 
 
-def _release(mo) -> None:
-    """The schedule's callbacks on the model's config hold DDP and the optimizer: cleared, so
-    the models are freed once the measurement is done."""
-    for name in ("no_sync_func", "grad_sync_func", "param_sync_func",
-                 "finalize_model_grads_func", "grad_scale_func"):
-        if hasattr(mo.config, name):
-            setattr(mo.config, name, None)
-
-
 def _step_seconds(mo, tokens, device: str) -> float:
     """One training step of the probe: seconds until the forward-backward schedule returned
     (the device synchronized before, never inside)."""
@@ -121,8 +112,9 @@ def issue_seconds(kind: str, device: str) -> dict[int, float]:
                 if step >= STEPS["warmup"]:
                     times[layers].append(seconds)
     finally:
+        from ..runtime.model import release_model
         for mo, _ in built.values():
-            _release(mo)
+            release_model(mo)
         built.clear()
     return {layers: min(t) for layers, t in times.items()}
 

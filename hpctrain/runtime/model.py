@@ -223,3 +223,21 @@ def build_model_and_optimizer(job, layout, device: str) -> ModelAndOptimizer:
     from . import layers
     return ModelAndOptimizer(model=model, optimizer=optimizer, config=config, notes=notes,
                              layers=layers.choose(job, device))
+
+
+def release_model(mo) -> None:
+    """Let the collector free a model, its DDP and its optimizer (a next model in the same
+    process then has the GPU's memory: tools/gpu_check's variants, the kernel table's host
+    probe): the schedule's callbacks on the TransformerConfig (bound methods of DDP and the
+    optimizer) are the link by which something outside Python's view keeps the whole graph
+    alive, so they are cleared; and megatron-core's ``RotaryEmbedding.forward`` is an
+    ``lru_cache`` keyed by the module itself, which keeps the last model alive through its
+    hooks, so it is dropped."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    for name in ("no_sync_func", "grad_sync_func", "param_sync_func",
+                 "finalize_model_grads_func", "grad_scale_func"):
+        if hasattr(mo.config, name):
+            setattr(mo.config, name, None)
+    cached = getattr(RotaryEmbedding.forward, "cache_clear", None)
+    if cached is not None:
+        cached()

@@ -139,3 +139,11 @@ def record_from_tail(fd: int, name: str, offset: int, length: int, nbytes: int) 
         return os.pread(fd, max(0, min(n, length - at)), offset + at)
     return record_start(_MemoryFile(memoryview(tail), length - len(tail), length), nbytes,
                         read_at)
+
+
+def check_size(req, target, tensor) -> None:
+    """The loaded tensor has its target's size: torch's own reader's check and words (an
+    ``AssertionError``, which torch's load reports on every rank)."""
+    if target.size() != tensor.size():
+        raise AssertionError(f"req {req.storage_index} mismatch sizes "
+                             f"{target.size()} vs {tensor.size()}")

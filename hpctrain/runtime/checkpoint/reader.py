@@ -47,7 +47,8 @@ import crc32c
 
 from . import streaming
 # ChecksumMismatch: what the resume catches (as reader.ChecksumMismatch); raised in .items
-from .items import ChecksumMismatch, check_crc, check_length, raw_record, read_exactly  # noqa: F401
+from .items import (ChecksumMismatch, check_crc, check_length, check_size, raw_record,  # noqa: F401
+                    read_exactly)
 from .writer import CHECKSUM
 
 DEFAULT_THREADS = 8
@@ -233,9 +234,7 @@ def _read_whole(reader, requests: list, planner) -> None:
                 tensor = _tensor(reader, req, buf, slots[i])
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
-                if target.size() != tensor.size():
-                    raise AssertionError(f"req {req.storage_index} mismatch sizes "
-                                         f"{target.size()} vs {tensor.size()}")
+                check_size(req, target, tensor)
                 target.copy_(tensor, non_blocking=True)
                 cuda = cuda or target.device.type == "cuda"
                 planner.commit_tensor(req, target)

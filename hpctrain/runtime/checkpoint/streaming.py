@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import crc32c
 
-from .items import check_crc, check_length, raw_record, read_exactly, record_from_tail
+from .items import (check_crc, check_length, check_size, raw_record, read_exactly,
+                    record_from_tail)
 
 # the largest piece read at once; reading and copying overlap across workers, so larger
 # buffers buy nothing once a read is many times a syscall's cost, and the CUDA ring is
@@ -221,9 +222,7 @@ def _whole(fd: int, job: Job, landing, worker: int) -> None:
         landing.copy_whole(worker, target_bytes(job.target), src)
         return
     tensor = torch.load(io.BytesIO(bytes(buf)), map_location="cpu", weights_only=True)
-    if tensor.size() != job.target.size():       # torch's own reader's check and words
-        raise AssertionError(f"req {job.req.storage_index} mismatch sizes "
-                             f"{job.target.size()} vs {tensor.size()}")
+    check_size(job.req, job.target, tensor)
     landing.copy_whole(worker, job.target, tensor)
 
 
